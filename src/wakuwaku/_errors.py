@@ -1,0 +1,231 @@
+"""The one exception tree of wakuwaku.
+
+::
+
+    WakuwakuError
+    ├── ConfigError (also ValueError)           bad settings or declarations
+    │   ├── DuplicateTypeTag                    two event types, one tag
+    │   ├── MissingKeyError                     an event without a usable key
+    │   └── UnsupportedLogURL                   a log URL with an unknown scheme
+    ├── LogError                                the log (broker) failed or refused
+    │   ├── UnknownTopicError
+    │   ├── UnknownPartitionError
+    │   ├── PartitionCountMismatch              (SPEC 6, issue "foundation")
+    │   ├── CorruptLogError                     a damaged or foreign log file
+    │   ├── FencedError                         a stale partition owner (SPEC 15)
+    │   └── LogUnavailableError                 the log cannot be reached now
+    ├── HandleError                             a handler's classified failure
+    │   ├── Transient                           (SPEC 1, 5.6)
+    │   │   └── CircuitOpenError                an open circuit breaker (SPEC 12)
+    │   ├── Retryable                           (SPEC 1, 5.5, 6)
+    │   └── Unrecoverable                       (SPEC 1, 5.7)
+    └── ResultError                             an out-of-band job result (SPEC 10)
+        ├── StepError                           the job said it failed
+        └── ProtocolError                       the result cannot be understood
+
+Code classifies failures by reading :attr:`HandleError.error_class`, not by
+long ``isinstance`` chains (the ``retriable`` flag of aiokafka's errors).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorClass(enum.StrEnum):
+    """What kind of failure a handler met, which decides what the consumer does."""
+
+    TRANSIENT = "transient"
+    """Nothing can succeed right now: retry the same chunk in place, pause the
+    partition (SPEC 5.6)."""
+
+    RETRYABLE = "retryable"
+    """This key failed, others are fine: quarantine the key and retry it from
+    the retry topic on the schedule (SPEC 5.5, 6)."""
+
+    UNRECOVERABLE = "unrecoverable"
+    """Retrying will never help: dead-letter the chunk and go on (SPEC 5.7)."""
+
+
+class WakuwakuError(Exception):
+    """Root of every exception wakuwaku raises on purpose."""
+
+
+class ConfigError(WakuwakuError, ValueError):
+    """A setting, a declaration or an argument is wrong; fix the code or config."""
+
+
+class DuplicateTypeTag(ConfigError):
+    """Two different event types were registered under one type tag."""
+
+    def __init__(self, tag: str, existing: type, new: type) -> None:
+        self.tag = tag
+        self.existing = existing
+        self.new = new
+        super().__init__(
+            f"type tag {tag!r} is already registered to {existing.__module__}."
+            f"{existing.__qualname__}; cannot register {new.__module__}.{new.__qualname__}"
+        )
+
+
+class MissingKeyError(ConfigError):
+    """An event has no usable key (None or empty), so it has no partition or order."""
+
+    def __init__(self, type_tag: str, field: str, value: object) -> None:
+        self.type_tag = type_tag
+        self.field = field
+        self.value = value
+        super().__init__(
+            f"event of type {type_tag!r} has no usable key: field {field!r} is {value!r}"
+        )
+
+
+class UnsupportedLogURL(ConfigError):
+    """A log URL names a scheme no adapter handles."""
+
+    def __init__(self, url: str, supported: tuple[str, ...]) -> None:
+        self.url = url
+        self.supported = supported
+        super().__init__(
+            f"unsupported log URL {url!r}: supported schemes are "
+            + ", ".join(f"{s}://" for s in supported)
+        )
+
+
+class LogError(WakuwakuError):
+    """The log (broker) failed or refused an operation."""
+
+
+class UnknownTopicError(LogError):
+    """A topic that does not exist was used."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"topic {topic!r} does not exist (create it with `wakuwaku topic create`)")
+
+
+class UnknownPartitionError(LogError):
+    """A partition outside ``0 .. partitions-1`` of a topic was used."""
+
+    def __init__(self, topic: str, partition: int, partitions: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.partitions = partitions
+        super().__init__(
+            f"topic {topic!r} has {partitions} partitions; partition {partition} does not exist"
+        )
+
+
+class PartitionCountMismatch(LogError):
+    """A topic exists with another partition count than the one asked for (SPEC 6)."""
+
+    def __init__(self, topic: str, existing: int, requested: int) -> None:
+        self.topic = topic
+        self.existing = existing
+        self.requested = requested
+        super().__init__(
+            f"topic {topic!r} exists with {existing} partitions, but {requested} were requested"
+        )
+
+
+class CorruptLogError(LogError):
+    """A log's storage is damaged or belongs to something else."""
+
+
+class FencedError(LogError):
+    """A partition owner whose lease was taken over tried to write (SPEC 15)."""
+
+    def __init__(self, group: str, topic: str, partition: int, generation: int) -> None:
+        self.group = group
+        self.topic = topic
+        self.partition = partition
+        self.generation = generation
+        super().__init__(
+            f"group {group!r} lost ownership of {topic!r} partition {partition} "
+            f"(generation {generation} is stale)"
+        )
+
+
+class LogUnavailableError(LogError):
+    """The log cannot be reached right now; the consumer treats this as Transient."""
+
+
+class HandleError(WakuwakuError):
+    """A handler's failure, with the class that tells the consumer what to do.
+
+    :param error_class: the class of the failure (:class:`ErrorClass`).
+    :param cause: the underlying exception (chained as ``__cause__``) or a message.
+    """
+
+    error_class: ErrorClass
+
+    def __init__(self, error_class: ErrorClass, cause: BaseException | str | None = None) -> None:
+        self.error_class = ErrorClass(error_class)
+        self.cause = cause
+        if isinstance(cause, BaseException):
+            self.__cause__ = cause
+            text = f"{type(cause).__name__}: {cause}"
+        else:
+            text = cause or self.error_class.value
+        super().__init__(text)
+
+
+class Transient(HandleError):
+    """Nothing can succeed right now; retry the same chunk in place (SPEC 5.6)."""
+
+    def __init__(self, cause: BaseException | str | None = None) -> None:
+        super().__init__(ErrorClass.TRANSIENT, cause)
+
+
+class Retryable(HandleError):
+    """This key failed but may succeed later; quarantine and retry it (SPEC 6)."""
+
+    def __init__(self, cause: BaseException | str | None = None) -> None:
+        super().__init__(ErrorClass.RETRYABLE, cause)
+
+
+class Unrecoverable(HandleError):
+    """Retrying will never help; dead-letter the chunk and go on (SPEC 5.7)."""
+
+    def __init__(self, cause: BaseException | str | None = None) -> None:
+        super().__init__(ErrorClass.UNRECOVERABLE, cause)
+
+
+class CircuitOpenError(Transient):
+    """A circuit breaker is open; the consumer pauses instead of burning retries (SPEC 12)."""
+
+    def __init__(self, name: str, retry_in: float) -> None:
+        self.name = name
+        self.retry_in = retry_in
+        super().__init__(f"circuit {name!r} is open; next probe in {retry_in:.3f} s")
+
+
+class ResultError(WakuwakuError):
+    """An out-of-band job result is a failure or cannot be understood (SPEC 10)."""
+
+
+class StepError(ResultError):
+    """The job reported that its step failed; ``message`` is sanitized (SPEC 10, 13)."""
+
+    def __init__(
+        self, job_id: str, step: str, message: str, retryable: bool | None = None
+    ) -> None:
+        self.job_id = job_id
+        self.step = step
+        self.message = message
+        self.retryable = retryable
+        super().__init__(f"job {job_id!r} step {step!r} failed: {message}")
+
+
+class ProtocolError(ResultError):
+    """A job result broke the contract (not JSON, no status, unknown status...).
+
+    ``reason`` is a stable code such as ``not_json``, ``no_status``,
+    ``status_not_string`` or ``unknown_status``.
+    """
+
+    def __init__(self, job_id: str, step: str, reason: str) -> None:
+        self.job_id = job_id
+        self.step = step
+        self.reason = reason
+        super().__init__(f"job {job_id!r} step {step!r}: protocol error {reason}")

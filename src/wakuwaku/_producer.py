@@ -1,0 +1,165 @@
+"""The producer: typed events in, records with every ``wk-*`` header out (SPEC 2, 3).
+
+Partition = Kafka's murmur2 of the key bytes mod the topic's partition count.
+An event without a usable key is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ConfigError
+from ._events import event_type
+from ._partitioner import partition_for
+from ._records import build_headers
+from .logs._base import Log, OutgoingRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """Where one published event was written."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str
+
+
+class Producer:
+    """Publishes events of declared types to one topic of a log.
+
+    :param log: the log to write to.
+    :param topic: the topic; it must exist (``wakuwaku topic create`` or
+        :meth:`Log.create_topic`).
+
+    The topic's partition count is read once and cached.
+    """
+
+    def __init__(self, log: Log, topic: str) -> None:
+        self.log = log
+        self.topic = topic
+        self._partitions: int | None = None
+
+    async def partitions(self) -> int:
+        """The topic's partition count.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        if self._partitions is None:
+            self._partitions = (await self.log.describe_topic(self.topic)).partitions
+        return self._partitions
+
+    def encode(
+        self, event: Any, properties: Mapping[str, str] | None = None
+    ) -> tuple[str, OutgoingRecord]:
+        """The key and ``(headers, body)`` of ``event``, without writing anything.
+
+        :raises ConfigError: when ``event``'s class is not a declared event type,
+            or a property is not str -> str.
+        :raises MissingKeyError: when the event's key is None or empty (the error
+            names the type and the field).
+        :raises ConfigError: when the codec cannot encode the event.
+        """
+        etype = event_type(event)
+        key = etype.key_of(event)
+        try:
+            body = etype.encode(event)
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot encode an event of type {etype.tag!r} with key {key!r}: {exc}"
+            ) from exc
+        return key, (build_headers(etype, key, properties), body)
+
+    async def publish(
+        self, event: Any, *, properties: Mapping[str, str] | None = None
+    ) -> Published:
+        """Write one event; returns where it went.
+
+        :param properties: string properties (tenant, trace id...) for ``wk-props``.
+        :raises MissingKeyError: when the event has no usable key; nothing is written.
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        return (await self.publish_many([event], properties=properties))[0]
+
+    async def publish_many(
+        self,
+        events: Iterable[Any],
+        *,
+        properties: Mapping[str, str] | None = None,
+    ) -> list[Published]:
+        """Write several events, one append per partition; returns one entry per event.
+
+        Every event is encoded and checked before anything is written, so one
+        bad event refuses the whole call and writes nothing.
+
+        :raises MissingKeyError: naming the first event without a usable key.
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        partitions = await self.partitions()
+        by_partition: dict[int, list[tuple[int, str, OutgoingRecord]]] = {}
+        count = 0
+        for index, event in enumerate(events):
+            key, record = self.encode(event, properties)
+            by_partition.setdefault(partition_for(key, partitions), []).append(
+                (index, key, record)
+            )
+            count = index + 1
+        results: list[Published | None] = [None] * count
+        for partition, items in by_partition.items():
+            offsets = await self.log.append(self.topic, partition, [r for _, _, r in items])
+            for (index, key, _), offset in zip(items, offsets, strict=True):
+                results[index] = Published(self.topic, partition, offset, key)
+        return [r for r in results if r is not None]
+
+
+class SyncProducer:
+    """A blocking wrapper of :class:`Producer` for scripts (its own event loop thread).
+
+    :param log: the log to write to; it is used only from this wrapper's loop.
+    :param topic: the topic (must exist).
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, log: Log, topic: str) -> None:
+        self._producer = Producer(log, topic)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="wakuwaku-sync-producer")
+        self._thread.start()
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def publish(self, event: Any, *, properties: Mapping[str, str] | None = None) -> Published:
+        """Blocking :meth:`Producer.publish`."""
+        result: Published = self._run(self._producer.publish(event, properties=properties))
+        return result
+
+    def publish_many(
+        self, events: Sequence[Any], *, properties: Mapping[str, str] | None = None
+    ) -> list[Published]:
+        """Blocking :meth:`Producer.publish_many`."""
+        result: list[Published] = self._run(
+            self._producer.publish_many(events, properties=properties)
+        )
+        return result
+
+    def close(self) -> None:
+        """Close the log and stop the loop thread."""
+        if self._loop.is_closed():
+            return
+        self._run(self._producer.log.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> SyncProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,259 @@
+"""Records, the wire format version 1 headers, and their validation (SPEC 3, 8, 9).
+
+A record is headers (``str -> bytes``) plus body bytes plus an offset. The
+producer stamps every ``wk-*`` header; the consumer checks them all with
+:func:`validate_headers`, which returns either the parsed headers or one
+:class:`ReasonCode` with a human explanation.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ._errors import ConfigError
+from ._events import Algebra, EventType
+
+WIRE_VERSION = b"1"
+
+H_VERSION = "wk-v"
+H_TYPE = "wk-type"
+H_KEY = "wk-key"
+H_PROPS = "wk-props"
+H_ALG = "wk-alg"
+H_FAILED_AT = "wk-failed-at"
+H_ERROR = "wk-error"
+H_REASON = "wk-reason"
+H_SRC = "wk-src"
+
+Headers = Mapping[str, bytes]
+
+
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """One record read from a log partition.
+
+    :param offset: its offset in the partition (int, monotonic per partition).
+    :param headers: header name -> raw bytes.
+    :param body: the body bytes.
+    :param timestamp: when the log stored it (seconds since the epoch).
+    """
+
+    offset: int
+    headers: dict[str, bytes]
+    body: bytes
+    timestamp: float = 0.0
+
+
+class ReasonCode(enum.StrEnum):
+    """Why a record was dead-lettered (``wk-reason``, SPEC 8)."""
+
+    MALFORMED_HEADER = "malformed_header"
+    """Type tag, key or props missing or broken; unknown header version."""
+    UNKNOWN_TYPE = "unknown_type"
+    """No handler is registered for the type tag."""
+    ALGEBRA_MISMATCH = "algebra_mismatch"
+    """The header's algebra marker differs from the registered type's."""
+    UNDECODABLE_BODY = "undecodable_body"
+    """The codec could not decode the body."""
+    UNSERIALIZABLE_RETRY_RECORD = "unserializable_retry_record"
+    """An event bound for the retry topic could not be encoded again."""
+    RETRY_BACKLOG_FULL = "retry_backlog_full"
+    """A newly failing key would exceed ``max_pending_retry``."""
+    GAVE_UP_RETRY = "gave_up_retry"
+    """The key's last retry attempt failed."""
+    UNRECOVERABLE = "unrecoverable"
+    """A handler raised Unrecoverable (or an unknown exception classified so)."""
+
+
+class Source(msgspec.Struct, frozen=True, array_like=True):
+    """Where a retry or dead-letter record came from (``wk-src``, SPEC 3, 9).
+
+    :param topic: the main topic.
+    :param partition: the main topic's partition.
+    :param offsets: the main-topic offsets the record stands for (a reduced
+        event stands for several).
+    :param ids: message identities (SPEC 9) of those records, in order.
+    """
+
+    topic: str
+    partition: int
+    offsets: tuple[int, ...]
+    ids: tuple[str, ...]
+
+
+_src_encoder = msgspec.json.Encoder()
+_src_decoder = msgspec.json.Decoder(Source)
+_props_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+def encode_source(source: Source) -> bytes:
+    """The ``wk-src`` header value of ``source``."""
+    return _src_encoder.encode(source)
+
+
+def decode_source(raw: bytes) -> Source:
+    """Parse a ``wk-src`` header value.
+
+    :raises msgspec.DecodeError: when it is not a valid source.
+    """
+    return _src_decoder.decode(raw)
+
+
+def message_id(topic: str, partition: int, offset: int, own_id: str | None = None,
+               type_tag: str = "") -> str:
+    """The message identity of one main-topic record (SPEC 9).
+
+    The one function every identity comes from: the inbox's claim, lookup,
+    failure path and index, and the ``wk-src`` of retry and dead-letter copies.
+    It is the event's own id when its type declares one (``id:<tag>:<id>``),
+    otherwise ``<topic>/<partition>/<offset>`` of the record in the main
+    topic. Properties such as a tenant never take part (seed 004's outage:
+    a key whose halves came from different fields never matched its index).
+    """
+    if own_id is not None:
+        return f"id:{type_tag}:{own_id}"
+    return f"{topic}/{partition}/{offset}"
+
+
+@dataclass(frozen=True, slots=True)
+class ValidHeaders:
+    """The parsed ``wk-*`` headers of a valid record."""
+
+    type_tag: str
+    key: str
+    props: dict[str, str]
+    algebra: Algebra
+    event_type: EventType[Any]
+    failed_at: float | None = None
+    source: Source | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidHeaders:
+    """Why a record's headers cannot be used: a reason code and a detail text."""
+
+    reason: ReasonCode
+    detail: str
+
+
+def _text(headers: Headers, name: str) -> str | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return raw
+    return bytes(raw).decode("utf-8")
+
+
+def validate_headers(  # noqa: C901 - one flat check per header, each with its own reason
+    headers: Headers, types: Mapping[str, EventType[Any]]
+) -> ValidHeaders | InvalidHeaders:
+    """Check every header of wire format version 1 (SPEC 3, 8).
+
+    :param headers: the record's headers.
+    :param types: the event types the reader can handle, by type tag.
+    :returns: :class:`ValidHeaders`, or :class:`InvalidHeaders` with reason
+        ``malformed_header`` (version, type, key, props, algebra, failed-at or
+        source missing or broken), ``unknown_type`` (tag not in ``types``) or
+        ``algebra_mismatch`` (marker differs from the registered type's).
+    """
+    malformed = ReasonCode.MALFORMED_HEADER
+    try:
+        version = _text(headers, H_VERSION)
+        tag = _text(headers, H_TYPE)
+        key = _text(headers, H_KEY)
+        props_raw = headers.get(H_PROPS)
+        alg_raw = _text(headers, H_ALG)
+        failed_raw = _text(headers, H_FAILED_AT)
+    except (UnicodeDecodeError, TypeError) as exc:
+        return InvalidHeaders(malformed, f"a wk-* header is not valid UTF-8: {exc}")
+    if version is None:
+        return InvalidHeaders(malformed, "header wk-v is missing")
+    if version != WIRE_VERSION.decode():
+        return InvalidHeaders(malformed, f"unknown header version wk-v={version!r}")
+    if not tag:
+        return InvalidHeaders(malformed, "header wk-type is missing or empty")
+    if not key:
+        return InvalidHeaders(malformed, "header wk-key is missing or empty")
+    props: dict[str, str] = {}
+    if props_raw is not None:
+        try:
+            props = _props_decoder.decode(props_raw)
+        except msgspec.DecodeError as exc:
+            return InvalidHeaders(malformed, f"header wk-props is not a JSON string map: {exc}")
+    if alg_raw is None:
+        return InvalidHeaders(malformed, "header wk-alg is missing")
+    try:
+        algebra = Algebra(alg_raw)
+    except ValueError:
+        return InvalidHeaders(malformed, f"header wk-alg has unknown marker {alg_raw!r}")
+    failed_at: float | None = None
+    if failed_raw is not None:
+        try:
+            failed_at = int(failed_raw) / 1000.0
+        except ValueError:
+            return InvalidHeaders(malformed, f"header wk-failed-at is not ms: {failed_raw!r}")
+    source: Source | None = None
+    src_raw = headers.get(H_SRC)
+    if src_raw is not None:
+        try:
+            source = decode_source(src_raw)
+        except msgspec.DecodeError as exc:
+            return InvalidHeaders(malformed, f"header wk-src is broken: {exc}")
+    event_type = types.get(tag)
+    if event_type is None:
+        return InvalidHeaders(ReasonCode.UNKNOWN_TYPE, f"no handler for type tag {tag!r}")
+    if event_type.algebra is not algebra:
+        return InvalidHeaders(
+            ReasonCode.ALGEBRA_MISMATCH,
+            f"type {tag!r} is registered {event_type.algebra.value} "
+            f"but the record says {algebra.value}",
+        )
+    return ValidHeaders(tag, key, props, algebra, event_type, failed_at, source)
+
+
+def build_headers(
+    event_type: EventType[Any],
+    key: str,
+    properties: Mapping[str, str] | None = None,
+    extra: Iterable[tuple[str, bytes]] = (),
+) -> dict[str, bytes]:
+    """The ``wk-*`` headers the producer stamps on a record of ``event_type``.
+
+    :raises ConfigError: when a property name or value is not a string.
+    """
+    headers = {
+        H_VERSION: WIRE_VERSION,
+        H_TYPE: event_type.tag.encode(),
+        H_KEY: key.encode(),
+        H_ALG: event_type.algebra.value.encode(),
+    }
+    if properties:
+        for name, value in properties.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise ConfigError(
+                    f"properties must map str to str; got {name!r}: {value!r} "
+                    f"on an event of type {event_type.tag!r}"
+                )
+        headers[H_PROPS] = json.dumps(dict(properties), ensure_ascii=False,
+                                      separators=(",", ":")).encode()
+    headers.update(extra)
+    return headers
+
+
+def header_text(headers: Headers, name: str) -> str | None:
+    """A header as text (invalid UTF-8 replaced), or None when absent."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    return bytes(raw).decode("utf-8", "replace")
+
+
+def offsets_of(records: Sequence[Record]) -> list[int]:
+    """The offsets of ``records``, in order."""
+    return [r.offset for r in records]

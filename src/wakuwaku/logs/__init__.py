@@ -1,0 +1,53 @@
+"""Log adapters and :func:`open_log`, which picks one from a URL.
+
+=====================  ==============================================
+URL                    adapter
+=====================  ==============================================
+``sqlite:///path.db``  :class:`~wakuwaku.logs.sqlite.SQLiteLog` (relative path;
+                       ``sqlite:////abs/path.db`` for an absolute one)
+``memory://``          :class:`~wakuwaku.logs.memory.MemoryLog`
+=====================  ==============================================
+
+The default URL is ``sqlite:///wakuwaku.db`` (``./wakuwaku.db``).
+"""
+
+from __future__ import annotations
+
+from .._errors import UnsupportedLogURL
+from ._base import Lease as Lease
+from ._base import Log as Log
+from ._base import OutgoingRecord as OutgoingRecord
+from ._base import TopicInfo as TopicInfo
+from .memory import MemoryLog as MemoryLog
+
+__all__ = ("DEFAULT_LOG_URL", "SUPPORTED_SCHEMES", "Lease", "Log", "MemoryLog",
+           "OutgoingRecord", "TopicInfo", "open_log")
+
+DEFAULT_LOG_URL = "sqlite:///wakuwaku.db"
+SUPPORTED_SCHEMES: tuple[str, ...] = ("sqlite", "memory")
+
+
+def open_log(url: str = DEFAULT_LOG_URL) -> Log:
+    """Create the log adapter a URL names (see the module docstring).
+
+    :raises UnsupportedLogURL: for a scheme no adapter handles (the error
+        lists the supported ones).
+    :raises ConfigError: for a URL of a known scheme that lacks its parts.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
+    scheme = scheme.lower()
+    if scheme == "memory":
+        return MemoryLog()
+    if scheme == "sqlite":
+        from .._errors import ConfigError
+        from .sqlite import SQLiteLog
+
+        # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them.
+        if not rest.startswith("/") or rest == "/":
+            raise ConfigError(
+                f"bad SQLite log URL {url!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
+            )
+        return SQLiteLog(rest[1:])
+    raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)

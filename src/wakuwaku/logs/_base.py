@@ -1,0 +1,199 @@
+"""The log contract: what every adapter (memory, SQLite, Redis, NATS) provides.
+
+A *log* holds topics; a topic has a fixed number of partitions; a partition
+is an ordered sequence of records with int offsets that grow monotonically
+(dense from 0 on the memory and SQLite logs). Consumer groups store their
+*committed offset* per partition: the offset of the next record to read
+(Kafka's convention), so ``end_offset - committed`` is the lag.
+
+Partition ownership (SPEC 15): :meth:`Log.acquire_partition` grants a lease
+with a *generation* number; :meth:`Log.commit` with that generation is
+refused with :class:`~wakuwaku.FencedError` once another member took the
+lease over, so a stale owner cannot store offsets.
+
+The contract suite in ``tests/logs/contract.py`` is written once and run
+against every adapter.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from .._errors import ConfigError, UnknownPartitionError
+from .._records import Record
+
+OutgoingRecord = tuple[Mapping[str, bytes], bytes]
+"""What :meth:`Log.append` takes per record: ``(headers, body)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic's name and partition count."""
+
+    name: str
+    partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Ownership of one partition for one group member (SPEC 15).
+
+    :param generation: the fencing token; grows each time ownership moves.
+    :param expires_at: when the lease lapses unless renewed (seconds since the epoch).
+    """
+
+    group: str
+    topic: str
+    partition: int
+    member: str
+    generation: int
+    expires_at: float
+
+
+def check_topic_name(topic: str) -> None:
+    """Refuse topic names that no adapter can store.
+
+    :raises ConfigError: for an empty name, or one with whitespace, ``/`` or
+        control characters, or longer than 200 characters.
+    """
+    if not isinstance(topic, str) or not topic:
+        raise ConfigError(f"a topic name must be a non-empty string, got {topic!r}")
+    if len(topic) > 200 or any(c.isspace() or c == "/" or ord(c) < 32 for c in topic):
+        raise ConfigError(
+            f"invalid topic name {topic!r}: no whitespace, '/' or control characters, "
+            "at most 200 characters"
+        )
+
+
+def check_partition(topic: str, partition: int, partitions: int) -> None:
+    """:raises UnknownPartitionError: when ``partition`` is outside the topic."""
+    if not 0 <= partition < partitions:
+        raise UnknownPartitionError(topic, partition, partitions)
+
+
+class Log(abc.ABC):
+    """A partitioned log: one abstract base for every adapter.
+
+    Every method may raise :class:`~wakuwaku.LogUnavailableError` when the
+    backing store cannot be reached; the consumer treats that as Transient.
+    """
+
+    url: str = ""
+
+    @abc.abstractmethod
+    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+        """Create ``topic`` with ``partitions`` partitions; idempotent.
+
+        :raises PartitionCountMismatch: when it exists with another count
+            (naming both counts).
+        :raises ConfigError: for a bad name or a count below 1.
+        """
+
+    @abc.abstractmethod
+    async def describe_topic(self, topic: str) -> TopicInfo:
+        """The topic's partition count.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+
+    @abc.abstractmethod
+    async def list_topics(self) -> list[TopicInfo]:
+        """Every topic, sorted by name."""
+
+    @abc.abstractmethod
+    async def append(
+        self, topic: str, partition: int, records: Sequence[OutgoingRecord]
+    ) -> list[int]:
+        """Append ``records`` to one partition, atomically and in order.
+
+        :returns: the offsets given to the records, in order.
+        :raises UnknownTopicError: when the topic does not exist.
+        :raises UnknownPartitionError: when the partition does not exist.
+        """
+
+    @abc.abstractmethod
+    async def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 500,
+        wait: float = 0.0,
+    ) -> list[Record]:
+        """Read up to ``max_records`` records with offsets ``>= offset``.
+
+        :param wait: when nothing is there yet, wait up to this many seconds
+            for a record to arrive (0: return at once).
+        :returns: records in offset order; empty when none arrived in time.
+        :raises UnknownTopicError: / :raises UnknownPartitionError: as :meth:`append`.
+        """
+
+    @abc.abstractmethod
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition, the offset the next appended record will get."""
+
+    @abc.abstractmethod
+    async def start_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition, the lowest offset still stored (retention deletes below)."""
+
+    @abc.abstractmethod
+    async def commit(
+        self,
+        group: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        generation: int | None = None,
+    ) -> None:
+        """Store ``offset`` (the next offset to read) as the group's position.
+
+        :param generation: the lease generation of the committer; when given,
+            a commit from a stale generation is refused.
+        :raises FencedError: when ``generation`` is no longer the partition's
+            current lease generation.
+        """
+
+    @abc.abstractmethod
+    async def committed(self, group: str, topic: str, partition: int) -> int | None:
+        """The group's committed offset, or None when it never committed."""
+
+    @abc.abstractmethod
+    async def acquire_partition(
+        self, group: str, topic: str, partition: int, member: str, ttl: float
+    ) -> Lease | None:
+        """Take or renew the lease on a partition for ``member`` (SPEC 15).
+
+        :param ttl: how long the lease lasts without renewal (seconds).
+        :returns: the lease when ``member`` owns the partition now, None when
+            another live member does. Taking over an expired lease bumps the
+            generation.
+        """
+
+    @abc.abstractmethod
+    async def release_partition(self, lease: Lease) -> None:
+        """Give up a lease (at shutdown) so another member can take it at once."""
+
+    async def apply_retention(self, topic: str) -> int:
+        """Delete records below every group's committed offset; returns how many.
+
+        Adapters without retention keep everything and return 0.
+        """
+        return 0
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release connections and files."""
+
+    async def __aenter__(self) -> Log:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,166 @@
+"""An in-memory log, for tests and for users' unit tests.
+
+Nothing is persisted; several event loops or threads of one process may use
+one instance (a lock guards every change). Offsets are dense from 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+
+from .._errors import ConfigError, FencedError, PartitionCountMismatch, UnknownTopicError
+from .._records import Record
+from ._base import Lease, Log, OutgoingRecord, TopicInfo, check_partition, check_topic_name
+
+_WAIT_STEP = 0.005
+
+
+class MemoryLog(Log):
+    """A :class:`~wakuwaku.logs.Log` kept in this process's memory."""
+
+    url = "memory://"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._topics: dict[str, list[list[Record]]] = {}
+        self._start: dict[tuple[str, int], int] = {}
+        self._offsets: dict[tuple[str, str, int], int] = {}
+        self._leases: dict[tuple[str, str, int], Lease] = {}
+
+    def _partitions(self, topic: str) -> list[list[Record]]:
+        try:
+            return self._topics[topic]
+        except KeyError:
+            raise UnknownTopicError(topic) from None
+
+    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+        check_topic_name(topic)
+        if not isinstance(partitions, int) or partitions < 1:
+            raise ConfigError(f"topic {topic!r}: partition count must be >= 1, got {partitions!r}")
+        with self._lock:
+            existing = self._topics.get(topic)
+            if existing is not None:
+                if len(existing) != partitions:
+                    raise PartitionCountMismatch(topic, len(existing), partitions)
+            else:
+                self._topics[topic] = [[] for _ in range(partitions)]
+        return TopicInfo(topic, partitions)
+
+    async def describe_topic(self, topic: str) -> TopicInfo:
+        with self._lock:
+            return TopicInfo(topic, len(self._partitions(topic)))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        with self._lock:
+            return [TopicInfo(name, len(parts)) for name, parts in sorted(self._topics.items())]
+
+    async def append(
+        self, topic: str, partition: int, records: Sequence[OutgoingRecord]
+    ) -> list[int]:
+        now = time.time()
+        with self._lock:
+            parts = self._partitions(topic)
+            check_partition(topic, partition, len(parts))
+            log = parts[partition]
+            first = self._start.get((topic, partition), 0) + len(log)
+            offsets = list(range(first, first + len(records)))
+            log.extend(
+                Record(offset, dict(headers), bytes(body), now)
+                for offset, (headers, body) in zip(offsets, records, strict=True)
+            )
+        return offsets
+
+    async def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 500,
+        wait: float = 0.0,
+    ) -> list[Record]:
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            with self._lock:
+                parts = self._partitions(topic)
+                check_partition(topic, partition, len(parts))
+                start = self._start.get((topic, partition), 0)
+                index = max(0, offset - start)
+                found = parts[partition][index : index + max(0, max_records)]
+            if found or time.monotonic() >= deadline:
+                return found
+            await asyncio.sleep(_WAIT_STEP)
+
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        with self._lock:
+            parts = self._partitions(topic)
+            return {p: self._start.get((topic, p), 0) + len(log) for p, log in enumerate(parts)}
+
+    async def start_offsets(self, topic: str) -> dict[int, int]:
+        with self._lock:
+            parts = self._partitions(topic)
+            return {p: self._start.get((topic, p), 0) for p in range(len(parts))}
+
+    async def commit(
+        self,
+        group: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        generation: int | None = None,
+    ) -> None:
+        with self._lock:
+            parts = self._partitions(topic)
+            check_partition(topic, partition, len(parts))
+            if generation is not None:
+                lease = self._leases.get((group, topic, partition))
+                if lease is None or lease.generation != generation:
+                    raise FencedError(group, topic, partition, generation)
+            self._offsets[(group, topic, partition)] = int(offset)
+
+    async def committed(self, group: str, topic: str, partition: int) -> int | None:
+        with self._lock:
+            return self._offsets.get((group, topic, partition))
+
+    async def acquire_partition(
+        self, group: str, topic: str, partition: int, member: str, ttl: float
+    ) -> Lease | None:
+        now = time.time()
+        with self._lock:
+            current = self._leases.get((group, topic, partition))
+            if current is not None and current.member != member and current.expires_at > now:
+                return None
+            if current is not None and current.member == member:
+                generation = current.generation
+            else:
+                generation = (current.generation if current is not None else 0) + 1
+            lease = Lease(group, topic, partition, member, generation, now + ttl)
+            self._leases[(group, topic, partition)] = lease
+            return lease
+
+    async def release_partition(self, lease: Lease) -> None:
+        with self._lock:
+            key = (lease.group, lease.topic, lease.partition)
+            current = self._leases.get(key)
+            if current is not None and current.generation == lease.generation:
+                self._leases[key] = Lease(
+                    lease.group, lease.topic, lease.partition, "", lease.generation, 0.0
+                )
+
+    async def apply_retention(self, topic: str) -> int:
+        with self._lock:
+            parts = self._partitions(topic)
+            removed = 0
+            for p, log in enumerate(parts):
+                marks = [o for (g, t, q), o in self._offsets.items() if t == topic and q == p]
+                if not marks:
+                    continue
+                start = self._start.get((topic, p), 0)
+                drop = max(0, min(min(marks) - start, len(log)))
+                del log[:drop]
+                self._start[(topic, p)] = start + drop
+                removed += drop
+            return removed
