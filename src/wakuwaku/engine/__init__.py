@@ -1,0 +1,29 @@
+"""The consumer engine: handlers, planning, execution, retry topic, dead letters (SPEC 5-8)."""
+
+from ._config import DEFAULT_RETRY_DELAYS as DEFAULT_RETRY_DELAYS
+from ._config import ConsumerConfig as ConsumerConfig
+from ._config import DeliveryMode as DeliveryMode
+from ._config import dead_letter_topic_name as dead_letter_topic_name
+from ._config import default_classify as default_classify
+from ._config import retry_topic_name as retry_topic_name
+from ._consumer import Consumer as Consumer
+from ._context import ChunkContext as ChunkContext
+from ._context import current_chunk as current_chunk
+from ._handler import Handler as Handler
+from ._handler import handler as handler
+from ._stats import ConsumerStats as ConsumerStats
+
+__all__ = (
+    "DEFAULT_RETRY_DELAYS",
+    "ChunkContext",
+    "Consumer",
+    "ConsumerConfig",
+    "ConsumerStats",
+    "DeliveryMode",
+    "Handler",
+    "current_chunk",
+    "dead_letter_topic_name",
+    "default_classify",
+    "handler",
+    "retry_topic_name",
+)

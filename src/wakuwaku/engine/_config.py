@@ -1,0 +1,165 @@
+"""Consumer configuration: delivery modes, the retry schedule, classification (SPEC 5-7).
+
+All durations are float seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .._clock import SYSTEM_CLOCK, Clock
+from .._errors import ConfigError, ErrorClass
+
+log = logging.getLogger("wakuwaku.consumer")
+
+DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0)
+"""The default schedule: a Retryable key gets four attempts (SPEC 6)."""
+
+
+class DeliveryMode(enum.Enum):
+    """When the consumer stores a batch's offset (SPEC 5.9, 7)."""
+
+    NO_EVENT_LOSE = "no_event_lose"
+    """Store the offset after the batch completed: at-least-once; a crash
+    re-delivers what came after the last stored offset (default)."""
+
+    NO_DOUBLE_CONSUME = "no_double_consume"
+    """Store the offset before the batch is processed: at-most-once; a crash
+    loses the batch in flight but never handles an event twice."""
+
+
+def default_classify(exc: BaseException) -> ErrorClass:
+    """Classify an exception that is not a ``HandleError``: always Unrecoverable (SPEC 5.8).
+
+    The consumer logs that it classified the exception this way. Ready-made
+    classifiers for database drivers are in :mod:`wakuwaku.engine.classifiers`.
+    """
+    return ErrorClass.UNRECOVERABLE
+
+
+def retry_topic_name(topic: str) -> str:
+    """``retry_<topic>``: where a topic's Retryable work waits (SPEC 6)."""
+    return f"retry_{topic}"
+
+
+def dead_letter_topic_name(topic: str) -> str:
+    """``dlq_<topic>``: where a topic's records that cannot be handled go (SPEC 8)."""
+    return f"dlq_{topic}"
+
+
+def _default_member() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Everything a :class:`~wakuwaku.Consumer` needs besides handlers and a log.
+
+    :param topic: the main topic, or several (each (topic, partition) gets its
+        own task; ordering domains are per (topic, key), SPEC 2).
+    :param group: the consumer group; committed offsets and leases are per group.
+    :param namespace: an optional prefix for every topic name (``ns.topic``,
+        ``ns.retry_topic``...), so several applications can share one log.
+    :param partitions: the partitions to consume, or None for all of them.
+    :param retry_delays: the schedule (seconds) of both the in-place Transient
+        retries (last delay repeating forever) and the Retryable attempts
+        (one attempt per delay, then give up). Default 2, 4, 8, 16.
+    :param max_pending_retry: bound on pending work records per retry
+        partition; a newly failing key beyond it is dead-lettered with
+        ``retry_backlog_full`` (SPEC 6).
+    :param delivery_mode: :class:`DeliveryMode` (default ``NO_EVENT_LOSE``).
+    :param max_poll_records: the most records one poll of a partition returns.
+    :param max_concurrency: how many keys of one partition run at once.
+    :param classify: maps an exception that is not a ``HandleError`` to an
+        :class:`ErrorClass` (SPEC 5.8); default :func:`default_classify`.
+    :param clock: where time comes from (a :class:`~wakuwaku.testing.FakeClock` in tests).
+    :param poll_interval: how long an idle partition waits before polling again.
+    :param shutdown_timeout: how long running chunks may take to finish after
+        a stop was requested, before they are cancelled.
+    :param lease_ttl: how long a partition lease lasts without renewal (SPEC 15).
+    :param member_id: this process's name in the group (default host-pid-random).
+    :param error_text_limit: the longest sanitized error text stored in headers.
+    :raises ConfigError: for an empty topic or group, an empty or negative
+        retry schedule, or a non-positive bound.
+    """
+
+    topic: str | Sequence[str]
+    group: str
+    namespace: str = ""
+    partitions: Sequence[int] | None = None
+    retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS
+    max_pending_retry: int = 100_000
+    delivery_mode: DeliveryMode = DeliveryMode.NO_EVENT_LOSE
+    max_poll_records: int = 500
+    max_concurrency: int = 16
+    classify: Callable[[BaseException], ErrorClass] = default_classify
+    clock: Clock = field(default=SYSTEM_CLOCK)
+    poll_interval: float = 0.05
+    shutdown_timeout: float = 30.0
+    lease_ttl: float = 15.0
+    member_id: str = field(default_factory=_default_member)
+    error_text_limit: int = 1024
+
+    def __post_init__(self) -> None:
+        topics = self.topics
+        if not topics or any(not isinstance(t, str) or not t for t in topics):
+            raise ConfigError(
+                f"ConsumerConfig.topic must name at least one topic, got {self.topic!r}"
+            )
+        if len(set(topics)) != len(topics):
+            raise ConfigError(f"ConsumerConfig.topic names a topic twice: {list(topics)!r}")
+        if not isinstance(self.group, str) or not self.group:
+            raise ConfigError("ConsumerConfig.group must be a non-empty string")
+        delays = tuple(float(d) for d in self.retry_delays)
+        if not delays or any(d < 0 for d in delays):
+            raise ConfigError(
+                f"retry_delays must be a non-empty list of seconds >= 0, got {self.retry_delays!r}"
+            )
+        object.__setattr__(self, "retry_delays", delays)
+        bounds = ("max_pending_retry", "max_poll_records", "max_concurrency", "error_text_limit")
+        for name in bounds:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ConsumerConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("poll_interval", "shutdown_timeout", "lease_ttl"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"ConsumerConfig.{name} must be > 0 seconds")
+        if self.partitions is not None:
+            parts = tuple(self.partitions)
+            if not parts or any(not isinstance(p, int) or p < 0 for p in parts):
+                raise ConfigError(f"ConsumerConfig.partitions must be ints >= 0, got {parts!r}")
+            object.__setattr__(self, "partitions", parts)
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """The main topics, with the namespace prefix applied."""
+        raw = (self.topic,) if isinstance(self.topic, str) else tuple(self.topic)
+        return tuple(self.qualify(t) for t in raw)
+
+    def qualify(self, name: str) -> str:
+        """``name`` with the namespace prefix (``ns.name``), or unchanged without one."""
+        return f"{self.namespace}.{name}" if self.namespace else name
+
+    def retry_topic(self, topic: str) -> str:
+        """The retry topic of a (qualified) main topic: ``[ns.]retry_<topic>``."""
+        return self.qualify(retry_topic_name(self._unqualified(topic)))
+
+    def dead_letter_topic(self, topic: str) -> str:
+        """The dead-letter topic of a (qualified) main topic: ``[ns.]dlq_<topic>``."""
+        return self.qualify(dead_letter_topic_name(self._unqualified(topic)))
+
+    def _unqualified(self, topic: str) -> str:
+        prefix = f"{self.namespace}." if self.namespace else ""
+        return topic[len(prefix):] if prefix and topic.startswith(prefix) else topic
+
+    def delay(self, failures: int) -> float:
+        """The wait (seconds) after the ``failures``-th failure in a row (1-based);
+        the last delay repeats (SPEC 5.6, 6)."""
+        delays = tuple(self.retry_delays)
+        return delays[min(max(failures, 1), len(delays)) - 1]

@@ -1,0 +1,242 @@
+"""The consumer: topics, partition ownership, one task per partition, shutdown (SPEC 5, 6, 14, 15).
+
+::
+
+    consumer = Consumer(ConsumerConfig(topic="orders", group="billing"), [handle_order], log)
+    await consumer.run()        # until SIGINT/SIGTERM or consumer.stop()
+    await consumer.drain()      # until every partition is caught up and no key is quarantined
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .._errors import ConfigError, PartitionCountMismatch, UnknownPartitionError
+from ..logs._base import Lease, Log
+from ._config import ConsumerConfig
+from ._handler import Handler
+from ._partition import PartitionWorker
+from ._stats import ConsumerStats
+
+log = logging.getLogger("wakuwaku.consumer")
+
+
+class Consumer:
+    """Consumes the configured topics with one handler per event type.
+
+    :param config: the :class:`ConsumerConfig`.
+    :param handlers: the handlers, one per event type tag.
+    :param log: the log to read from and write retry and dead-letter records to.
+    :raises ConfigError: when two handlers are given for one type tag, or none.
+    """
+
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        handlers: Iterable[Handler[Any]],
+        log: Log,
+    ) -> None:
+        self.config = config
+        self.log = log
+        by_tag: dict[str, Handler[Any]] = {}
+        for handler in handlers:
+            if not isinstance(handler, Handler):
+                raise ConfigError(f"not a wakuwaku Handler: {handler!r}")
+            tag = handler.event_type.tag
+            if tag in by_tag:
+                raise ConfigError(f"two handlers for event type {tag!r}: "
+                                  f"{by_tag[tag]!r} and {handler!r}")
+            by_tag[tag] = handler
+        if not by_tag:
+            raise ConfigError("a Consumer needs at least one handler")
+        self.handlers: Mapping[str, Handler[Any]] = by_tag
+        self.stats = ConsumerStats()
+        self.workers: dict[tuple[str, int], PartitionWorker] = {}
+        self._assignment: list[tuple[str, int]] = []
+        self._stop = asyncio.Event()
+        self._started = False
+
+    # ------------------------------------------------------------------ setup
+
+    async def start(self) -> list[tuple[str, int]]:
+        """Check the topics and create the retry and dead-letter topics (SPEC 6).
+
+        :returns: the (topic, partition) pairs this consumer will consume.
+        :raises UnknownTopicError: when a main topic does not exist.
+        :raises PartitionCountMismatch: when a retry or dead-letter topic exists
+            with another partition count than its main topic.
+        :raises UnknownPartitionError: when a configured partition does not exist.
+        """
+        assignment: list[tuple[str, int]] = []
+        for topic in self.config.topics:
+            info = await self.log.describe_topic(topic)
+            for extra in (self.config.retry_topic(topic), self.config.dead_letter_topic(topic)):
+                try:
+                    await self.log.create_topic(extra, info.partitions)
+                except PartitionCountMismatch as exc:
+                    raise PartitionCountMismatch(extra, exc.existing, info.partitions) from None
+            wanted = self.config.partitions
+            parts = range(info.partitions) if wanted is None else wanted
+            for p in parts:
+                if not 0 <= p < info.partitions:
+                    raise UnknownPartitionError(topic, p, info.partitions)
+                assignment.append((topic, p))
+        self._assignment = assignment
+        self._started = True
+        return assignment
+
+    # -------------------------------------------------------------------- run
+
+    def stop(self) -> None:
+        """Ask for a graceful stop: no new chunks, running chunks finish (SPEC 14)."""
+        self._stop.set()
+        for worker in self.workers.values():
+            worker.stop()
+
+    async def run(self, *, install_signal_handlers: bool = True) -> ConsumerStats:
+        """Consume until :meth:`stop`, SIGINT or SIGTERM; returns the counters.
+
+        :param install_signal_handlers: install SIGINT/SIGTERM handlers that
+            call :meth:`stop` (only possible in the main thread).
+        :raises: what :meth:`start` raises.
+        """
+        if not self._started:
+            await self.start()
+        installed = self._install_signals() if install_signal_handlers else []
+        supervisors = [
+            asyncio.create_task(self._supervise(topic, p), name=f"wakuwaku:{topic}/{p}")
+            for topic, p in self._assignment
+        ]
+        try:
+            await self._stop.wait()
+            log.info("consumer stopping", extra={"group": self.config.group})
+            done, still = await asyncio.wait(supervisors, timeout=self.config.shutdown_timeout)
+            for task in still:
+                task.cancel()
+            if still:
+                log.warning("shutdown deadline passed; cancelled running chunks",
+                            extra={"partitions": len(still)})
+                await asyncio.gather(*still, return_exceptions=True)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in supervisors:
+                task.cancel()
+            await asyncio.gather(*supervisors, return_exceptions=True)
+            loop = asyncio.get_running_loop()
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+        return self.stats
+
+    async def drain(self, *, install_signal_handlers: bool = False) -> ConsumerStats:
+        """Consume until every partition has read to its end and no key is quarantined.
+
+        For batch jobs, tests and the demo. Records appended while draining
+        are consumed too when they arrive before the consumer goes idle.
+        """
+        runner = asyncio.create_task(self.run(install_signal_handlers=install_signal_handlers))
+        try:
+            while not runner.done():
+                await self.config.clock.sleep(self.config.poll_interval)
+                if self._idle():
+                    self.stop()
+            return await runner
+        finally:
+            if not runner.done():
+                self.stop()
+                await runner
+
+    def _idle(self) -> bool:
+        if len(self.workers) < len(self._assignment):
+            return False
+        return all(
+            w.started and w.caught_up and not w.retry.keys for w in self.workers.values()
+        )
+
+    def _install_signals(self) -> list[signal.Signals]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+        return installed
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("signal received; stopping gracefully", extra={"signal": sig.name})
+        self.stop()
+
+    # -------------------------------------------------------------- ownership
+
+    async def _supervise(self, topic: str, partition: int) -> None:
+        """Own the partition while alive: take the lease, run a worker, renew (SPEC 15)."""
+        clock = self.config.clock
+        ttl = self.config.lease_ttl
+        while not self._stop.is_set():
+            lease = await self._acquire(topic, partition)
+            if lease is None:
+                await self._wait_or_stop(ttl / 3)
+                continue
+            worker = PartitionWorker(
+                log=self.log, config=self.config, topic=topic, partition=partition,
+                handlers=self.handlers, stats=self.stats, generation=lease.generation,
+            )
+            self.workers[(topic, partition)] = worker
+            if self._stop.is_set():
+                worker.stop()
+            renewer = asyncio.create_task(self._renew(lease, worker))
+            try:
+                await worker.run()
+            finally:
+                renewer.cancel()
+                await asyncio.gather(renewer, return_exceptions=True)
+            if self._stop.is_set():
+                with contextlib.suppress(Exception):
+                    await self.log.release_partition(lease)
+                return
+            await clock.sleep(0)
+
+    async def _acquire(self, topic: str, partition: int) -> Lease | None:
+        try:
+            return await self.log.acquire_partition(
+                self.config.group, topic, partition, self.config.member_id, self.config.lease_ttl
+            )
+        except Exception as exc:  # noqa: BLE001 - the log is down: try again later
+            log.warning("cannot take partition lease; retrying",
+                        extra={"topic": topic, "partition": partition, "error": str(exc)})
+            return None
+
+    async def _renew(self, lease: Lease, worker: PartitionWorker) -> None:
+        period = self.config.lease_ttl / 3
+        current = lease
+        while True:
+            await self.config.clock.sleep(period)
+            renewed = await self._acquire(lease.topic, lease.partition)
+            if renewed is not None and renewed.generation == lease.generation:
+                current = renewed
+                continue
+            if renewed is None and time.time() < current.expires_at:
+                continue  # the log is unreachable, but the lease still holds
+            log.warning("partition lease lost; stopping its worker",
+                        extra={"topic": lease.topic, "partition": lease.partition})
+            worker.stop()
+            return
+
+    async def _wait_or_stop(self, seconds: float) -> None:
+        stopper = asyncio.ensure_future(self._stop.wait())
+        sleeper = asyncio.ensure_future(self.config.clock.sleep(seconds))
+        try:
+            await asyncio.wait({stopper, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            sleeper.cancel()

@@ -1,0 +1,663 @@
+"""One (topic, partition) task: poll, plan, execute, route, retry, commit (SPEC 5, 6, 8).
+
+The loop, before every poll, makes one attempt for each due retry key, then
+polls a batch of the main topic and runs it: keys concurrently (bounded by
+``max_concurrency``), runs and chunks of a key strictly in order. The three
+failure classes are handled here:
+
+- ``Transient``: the same chunk is called again on the schedule, forever;
+  the partition's *gate* closes, so no chunk of any key starts until it
+  succeeds, and the partition does not poll (the batch is not finished).
+  The consumer's own log calls get the same treatment.
+- ``Retryable``: the key stops; its unfinished work goes to ``retry_<topic>``
+  and the key is quarantined (or dead-lettered when the backlog is full).
+- ``Unrecoverable``: the chunk is dead-lettered and the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+from .._errors import ErrorClass, FencedError, HandleError
+from .._records import ReasonCode, Record, Source, message_id
+from .._sanitize import sanitize
+from ..logs._base import Log
+from ._config import ConsumerConfig, DeliveryMode
+from ._context import ChunkContext, _current
+from ._handler import Handler
+from ._plan import Item, Reject, Segment, decode_records, plan
+from ._retry import (
+    Outgoing,
+    RetryState,
+    attempt_failed_marker,
+    dead_letter_record,
+    resolved_marker,
+    retry_source,
+    retry_work_record,
+)
+from ._stats import ConsumerStats
+
+log = logging.getLogger("wakuwaku.consumer")
+
+R = TypeVar("R")
+
+ROUTED_ERROR = "routed to the retry topic: the key is quarantined"
+
+
+class Abandon(Exception):
+    """The partition task stops without finishing its batch (shutdown or lost lease)."""
+
+
+class Gate:
+    """Open unless some chunk or log call of the partition is retrying in place (SPEC 5.6)."""
+
+    def __init__(self) -> None:
+        self._holders = 0
+        self._open = asyncio.Event()
+        self._open.set()
+
+    def close(self) -> None:
+        self._holders += 1
+        self._open.clear()
+
+    def reopen(self) -> None:
+        self._holders -= 1
+        if self._holders == 0:
+            self._open.set()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    async def wait(self) -> None:
+        await self._open.wait()
+
+
+@dataclass
+class SegmentOutcome:
+    """How one key's segment ended.
+
+    :param done: items handled or dead-lettered, in order.
+    :param error: the Retryable failure that stopped the key, if any.
+    :param rest: the failed chunk and the rest of its run.
+    :param later: the key's later runs.
+    """
+
+    done: list[Item] = field(default_factory=list)
+    error: BaseException | None = None
+    rest: list[Item] = field(default_factory=list)
+    later: list[Item] = field(default_factory=list)
+
+
+class PartitionWorker:
+    """Consumes one partition of one main topic until stopped or fenced.
+
+    :param log: the log.
+    :param config: the consumer's configuration.
+    :param topic: the (qualified) main topic.
+    :param partition: the partition.
+    :param handlers: handler per type tag.
+    :param stats: counters shared by the consumer's workers.
+    :param generation: the partition lease's generation (fences commits).
+    """
+
+    def __init__(
+        self,
+        *,
+        log: Log,
+        config: ConsumerConfig,
+        topic: str,
+        partition: int,
+        handlers: Mapping[str, Handler[Any]],
+        stats: ConsumerStats,
+        generation: int | None = None,
+    ) -> None:
+        self.log = log
+        self.config = config
+        self.topic = topic
+        self.partition = partition
+        self.retry_topic = config.retry_topic(topic)
+        self.dlq_topic = config.dead_letter_topic(topic)
+        self.handlers = handlers
+        self.types = {tag: h.event_type for tag, h in handlers.items()}
+        self.stats = stats
+        self.generation = generation
+        self.clock = config.clock
+        self.retry = RetryState(config.delay)
+        self.position = 0
+        self.caught_up = False
+        self.started = False
+        self._gate = Gate()
+        self._stop = asyncio.Event()
+        self._retry_committed: int | None = None
+        self._fields = {"topic": topic, "partition": partition}
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        """Ask the worker to stop: no new chunk starts, waits are abandoned."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep on the clock; raise :class:`Abandon` as soon as a stop is asked."""
+        if self._stop.is_set():
+            raise Abandon
+        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            stopper.cancel()
+        if self._stop.is_set():
+            raise Abandon
+
+    async def _through_gate(self) -> None:
+        if self._stop.is_set():
+            raise Abandon
+        if self._gate.is_open:
+            return
+        opener = asyncio.ensure_future(self._gate.wait())
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({opener, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            opener.cancel()
+            stopper.cancel()
+        if self._stop.is_set():
+            raise Abandon
+
+    async def _log_call(self, operation: str, call: Callable[[], Awaitable[R]]) -> R:
+        """Run one of the consumer's own log calls; on failure retry it on the
+        schedule, forever, with the gate closed (SPEC 5.6)."""
+        failures = 0
+        try:
+            while True:
+                try:
+                    return await call()
+                except FencedError as exc:
+                    log.warning("partition lease lost; stopping", extra={**self._fields,
+                                "operation": operation, "error": str(exc)})
+                    raise Abandon from exc
+                except Exception as exc:  # noqa: BLE001 - every log failure is Transient here
+                    failures += 1
+                    self.stats.log_call_retries += 1
+                    if failures == 1:
+                        self._gate.close()
+                    delay = self.config.delay(failures)
+                    log.warning(
+                        "log call failed; retrying",
+                        extra={**self._fields, "operation": operation, "delay": delay,
+                               "failures": failures, "error_class": ErrorClass.TRANSIENT.value,
+                               "error": sanitize(exc, self.config.error_text_limit)},
+                    )
+                    await self._sleep(delay)
+        finally:
+            if failures:
+                self._gate.reopen()
+
+    # --------------------------------------------------------------------- loop
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop` or a lost lease; returns quietly then."""
+        try:
+            await self._restore()
+            self.started = True
+            while not self._stop.is_set():
+                await self._run_due_attempts()
+                records = await self._log_call(
+                    "poll",
+                    lambda: self.log.read(self.topic, self.partition, self.position,
+                                          self.config.max_poll_records),
+                )
+                if not records:
+                    self.caught_up = True
+                    await self._commit_retry()
+                    await self._sleep(self._idle_wait())
+                    continue
+                self.caught_up = False
+                await self._consume(records)
+        except Abandon:
+            return
+
+    def _idle_wait(self) -> float:
+        wait = self.config.poll_interval
+        next_due = self.retry.next_due()
+        if next_due is not None:
+            wait = min(wait, max(0.0, next_due - self.clock.now()))
+        return wait
+
+    async def _restore(self) -> None:
+        """Rebuild retry state from the retry partition and find the start position."""
+        committed = await self._log_call(
+            "load retry offset",
+            lambda: self.log.committed(self.config.group, self.retry_topic, self.partition),
+        )
+        if committed is None:
+            starts = await self._log_call("start offsets",
+                                          lambda: self.log.start_offsets(self.retry_topic))
+            committed = starts.get(self.partition, 0)
+        offset = committed
+        self.retry.end_offset = offset
+        while True:
+            page = await self._log_call(
+                "read retry topic",
+                partial(self.log.read, self.retry_topic, self.partition, offset, 1000),
+            )
+            if not page:
+                break
+            self.retry.apply_all(page)
+            offset = page[-1].offset + 1
+        self._retry_committed = committed
+        position = await self._log_call(
+            "load offset",
+            lambda: self.log.committed(self.config.group, self.topic, self.partition),
+        )
+        if position is None:
+            starts = await self._log_call("start offsets",
+                                          lambda: self.log.start_offsets(self.topic))
+            position = starts.get(self.partition, 0)
+        self.position = position
+        if self.retry.keys:
+            log.info("retry state restored", extra={
+                **self._fields, "keys": len(self.retry.keys),
+                "pending": self.retry.pending_count})
+
+    async def _consume(self, records: list[Record]) -> None:
+        self.stats.polled += len(records)
+        following = records[-1].offset + 1
+        mode = self.config.delivery_mode
+        if mode is DeliveryMode.NO_DOUBLE_CONSUME:
+            await self._commit_main(following)
+        await self._process_batch(records)
+        await self._commit_retry()
+        if mode is DeliveryMode.NO_EVENT_LOSE:
+            await self._commit_main(following)
+        self.position = following
+
+    async def _commit_main(self, offset: int) -> None:
+        await self._log_call(
+            "commit offset",
+            lambda: self.log.commit(self.config.group, self.topic, self.partition, offset,
+                                    generation=self.generation),
+        )
+
+    async def _commit_retry(self) -> None:
+        """Store the retry partition's lowest pending offset (SPEC 6).
+
+        The retry partition has no lease of its own: it belongs to the main
+        partition's owner, so the main lease is confirmed first (SPEC 15).
+        """
+        low = self.retry.low_watermark()
+        if low == self._retry_committed:
+            return
+        await self._confirm_lease()
+        await self._log_call(
+            "commit retry offset",
+            lambda: self.log.commit(self.config.group, self.retry_topic, self.partition, low),
+        )
+        self._retry_committed = low
+
+    async def _confirm_lease(self) -> None:
+        if self.generation is None:
+            return
+        lease = await self._log_call(
+            "renew lease",
+            lambda: self.log.acquire_partition(self.config.group, self.topic, self.partition,
+                                               self.config.member_id, self.config.lease_ttl),
+        )
+        if lease is None or lease.generation != self.generation:
+            log.warning("partition lease lost; stopping", extra=self._fields)
+            raise Abandon
+
+    # -------------------------------------------------------------------- batch
+
+    async def _process_batch(self, records: list[Record]) -> None:
+        items, rejects = decode_records(records, self.topic, self.partition, self.types)
+        await self._dead_letter_rejects(rejects)
+        items = await self._inbox_filter(items)
+        fresh: list[Item] = []
+        routed: dict[str, list[Item]] = {}
+        for item in items:
+            state = self.retry.keys.get(item.key)
+            if state is None:
+                fresh.append(item)
+            elif max(item.main_offsets) <= state.max_main_offset:
+                # Redelivered after a crash: already in the retry topic.
+                self.stats.routed += 1
+            else:
+                routed.setdefault(item.key, []).append(item)
+        for key, key_items in routed.items():
+            state = self.retry.keys[key]
+            self.stats.routed += len(key_items)
+            await self._write_retry(key, key_items, state.first_failed_at, ROUTED_ERROR)
+        segments = plan(fresh)
+        self.stats.reduced_away += len(fresh) - sum(len(run.items)
+                                                     for seg in segments for run in seg.runs)
+        await self._run_segments(segments, self._after_main_segment)
+
+    async def _after_main_segment(self, segment: Segment, outcome: SegmentOutcome) -> None:
+        if outcome.error is None:
+            return
+        key = segment.key
+        work = outcome.rest + outcome.later
+        error = sanitize(outcome.error, self.config.error_text_limit)
+        records = sum(len(i.sources) for i in work)
+        fields = {**self._fields, "key": key, "type": outcome.rest[0].tag,
+                  "offsets": [o for i in outcome.rest[:1] for o in i.main_offsets],
+                  "error_class": ErrorClass.RETRYABLE.value, "error": error}
+        if self.retry.pending_count + len(work) > self.config.max_pending_retry:
+            log.error("retry backlog full", extra={**fields, "records": records,
+                                                   "pending": self.retry.pending_count})
+            await self._dead_letter_items(work, ReasonCode.RETRY_BACKLOG_FULL, error)
+            return
+        await self._write_retry(key, work, self.clock.now(), error)
+        self.stats.quarantined_keys += 1
+        self.stats.retry_written += records
+        log.warning("key quarantined after retryable failure", extra=fields)
+
+    async def _run_segments(
+        self,
+        segments: Sequence[Segment],
+        after: Callable[[Segment, SegmentOutcome], Awaitable[None]],
+        attempts: Mapping[str, int] | None = None,
+    ) -> None:
+        """Run segments, keys concurrently and each key in order; ``after`` sees each outcome."""
+        pending = iter(segments)
+        abandoned = False
+
+        async def worker() -> None:
+            nonlocal abandoned
+            for seg in pending:
+                try:
+                    attempt = attempts.get(seg.key, 0) if attempts else 0
+                    outcome = await self._execute_segment(seg, attempt)
+                    await after(seg, outcome)
+                except Abandon:
+                    abandoned = True
+                    return
+
+        width = min(len(segments), self.config.max_concurrency)
+        if width <= 1:
+            await worker()
+        else:
+            await asyncio.gather(*(worker() for _ in range(width)))
+        if abandoned:
+            raise Abandon
+
+    async def _execute_segment(self, seg: Segment, attempt: int) -> SegmentOutcome:
+        outcome = SegmentOutcome()
+        for run_index, run in enumerate(seg.runs):
+            handler = self.handlers[run.event_type.tag]
+            chunks = run.chunks(handler.max_batch)
+            for chunk_index, chunk in enumerate(chunks):
+                failure = await self._execute_chunk(handler, seg.key, chunk, attempt)
+                if failure is None:
+                    outcome.done.extend(chunk)
+                    self.stats.handled += _main_records(chunk)
+                    continue
+                error_class, exc = failure
+                self.stats.failed_by_class[error_class.value] += 1
+                if error_class is ErrorClass.UNRECOVERABLE:
+                    error = sanitize(exc, self.config.error_text_limit)
+                    log.error(
+                        "dropping chunk after unrecoverable handler failure",
+                        extra={**self._fields, "key": seg.key, "type": run.event_type.tag,
+                               "offsets": [o for i in chunk for o in i.main_offsets],
+                               "error_class": error_class.value, "error": error},
+                    )
+                    await self._dead_letter_items(chunk, ReasonCode.UNRECOVERABLE, error)
+                    outcome.done.extend(chunk)
+                    continue
+                outcome.error = exc
+                outcome.rest = [i for c in chunks[chunk_index:] for i in c]
+                outcome.later = [i for r in seg.runs[run_index + 1 :] for i in r.items]
+                return outcome
+        return outcome
+
+    async def _execute_chunk(
+        self, handler: Handler[Any], key: str, chunk: list[Item], attempt: int
+    ) -> tuple[ErrorClass, BaseException] | None:
+        """Call the handler; retry Transient failures in place, forever (SPEC 5.6)."""
+        await self._through_gate()
+        failure = await self._call(handler, key, chunk, attempt)
+        if failure is None or failure[0] is not ErrorClass.TRANSIENT:
+            return failure
+        self._gate.close()
+        try:
+            failures = 1
+            while True:
+                self.stats.transient_pauses += 1
+                self.stats.failed_by_class[ErrorClass.TRANSIENT.value] += 1
+                delay = self.config.delay(failures)
+                log.warning(
+                    "transient failure; retrying chunk in place",
+                    extra={**self._fields, "key": key, "type": handler.event_type.tag,
+                           "offsets": [o for i in chunk for o in i.main_offsets],
+                           "error_class": ErrorClass.TRANSIENT.value, "delay": delay,
+                           "failures": failures,
+                           "error": sanitize(failure[1], self.config.error_text_limit)},
+                )
+                await self._sleep(delay)
+                failure = await self._call(handler, key, chunk, attempt)
+                if failure is None or failure[0] is not ErrorClass.TRANSIENT:
+                    return failure
+                failures += 1
+        finally:
+            self._gate.reopen()
+
+    async def _call(
+        self, handler: Handler[Any], key: str, chunk: list[Item], attempt: int
+    ) -> tuple[ErrorClass, BaseException] | None:
+        context = ChunkContext(
+            topic=self.topic,
+            partition=self.partition,
+            key=key,
+            type_tag=handler.event_type.tag,
+            message_ids=tuple(i.ids for i in chunk),
+            offsets=tuple(i.main_offsets for i in chunk),
+            props=tuple(i.props for i in chunk),
+            attempt=attempt,
+        )
+        token = _current.set(context)
+        started = time.perf_counter()
+        try:
+            await handler([i.event for i in chunk])
+        except HandleError as exc:
+            return exc.error_class, exc
+        except Exception as exc:  # noqa: BLE001 - every handler exception is classified
+            return self._classify(exc, key, handler), exc
+        finally:
+            self.stats.handler_seconds += time.perf_counter() - started
+            _current.reset(token)
+        self.stats.handler_calls += 1
+        return None
+
+    def _classify(self, exc: Exception, key: str, handler: Handler[Any]) -> ErrorClass:
+        try:
+            error_class = ErrorClass(self.config.classify(exc))
+        except Exception as bad:  # noqa: BLE001 - a broken classifier must not lose the chunk
+            log.error("classifier failed; treating the exception as unrecoverable",
+                      extra={**self._fields, "key": key, "error": sanitize(bad)})
+            error_class = ErrorClass.UNRECOVERABLE
+        log.warning(
+            "handler raised an exception that is not a HandleError; classified as %s",
+            error_class.value,
+            extra={**self._fields, "key": key, "type": handler.event_type.tag,
+                   "error_class": error_class.value,
+                   "error": sanitize(exc, self.config.error_text_limit)},
+        )
+        return error_class
+
+    # ------------------------------------------------------------------- inbox
+
+    async def _inbox_filter(self, items: list[Item]) -> list[Item]:
+        """Drop items whose every message id the handler's inbox already holds (SPEC 9)."""
+        by_inbox: dict[int, tuple[Any, list[str]]] = {}
+        for item in items:
+            inbox = self.handlers[item.tag].inbox
+            if inbox is not None:
+                by_inbox.setdefault(id(inbox), (inbox, []))[1].extend(item.ids)
+        if not by_inbox:
+            return items
+        claimed: set[str] = set()
+        for inbox, ids in by_inbox.values():
+            found: set[str] = await self._log_call("inbox lookup", partial(inbox.claimed, ids))
+            claimed |= found
+        if not claimed:
+            return items
+        kept = []
+        for item in items:
+            if self.handlers[item.tag].inbox is not None and all(i in claimed for i in item.ids):
+                self.stats.inbox_skipped += len(item.sources)
+            else:
+                kept.append(item)
+        return kept
+
+    # ------------------------------------------------------------- retry topic
+
+    async def _append_retry(self, outgoing: list[Outgoing], operation: str) -> None:
+        if not outgoing:
+            return
+        offsets = await self._log_call(
+            operation, lambda: self.log.append(self.retry_topic, self.partition, outgoing)
+        )
+        now = self.clock.now()
+        for (headers, body), offset in zip(outgoing, offsets, strict=True):
+            self.retry.apply(Record(offset, headers, body, now))
+
+    async def _write_retry(self, key: str, items: list[Item], failed_at: float,
+                           error: str) -> None:
+        """Write main-topic items to the retry topic, in order (SPEC 5.5)."""
+        outgoing: list[Outgoing] = []
+        for item in items:
+            try:
+                outgoing.append(retry_work_record(item, self.topic, self.partition, failed_at,
+                                                  error))
+            except Exception as exc:  # noqa: BLE001 - the codec failed: dead-letter, never drop
+                await self._dead_letter_items(
+                    [item], ReasonCode.UNSERIALIZABLE_RETRY_RECORD,
+                    sanitize(exc, self.config.error_text_limit))
+        await self._append_retry(outgoing, "retry write")
+
+    async def _run_due_attempts(self) -> None:
+        """One attempt for every due retry key, before the next poll (SPEC 6)."""
+        while True:
+            keys = self.retry.due_keys(self.clock.now())
+            if not keys:
+                return
+            segments: list[Segment] = []
+            snapshots: dict[str, list[Record]] = {}
+            attempts: dict[str, int] = {}
+            for key in keys:
+                state = self.retry.keys[key]
+                pending = list(state.pending)
+                snapshots[key] = pending
+                attempts[key] = state.failures
+                items, rejects = decode_records(pending, self.topic, self.partition, self.types,
+                                                from_retry=True)
+                await self._dead_letter_rejects(rejects)
+                items = await self._inbox_filter(items)
+                segments.extend(plan(items) or [Segment(key, [])])
+            await self._run_segments(
+                segments,
+                lambda seg, out, taken=snapshots: self._finish_attempt(  # type: ignore[misc]
+                    seg.key, taken[seg.key], out),
+                attempts,
+            )
+            await self._commit_retry()
+
+    async def _finish_attempt(self, key: str, pending: list[Record],
+                              outcome: SegmentOutcome) -> None:
+        self.stats.attempts += 1
+        now = self.clock.now()
+        state = self.retry.keys[key]
+        fields: dict[str, Any] = {**self._fields, "key": key}
+        if outcome.error is None:
+            await self._append_retry([resolved_marker(key, pending[-1].offset, now)],
+                                     "retry marker write")
+            if key not in self.retry.keys:
+                log.info("quarantine lifted", extra=fields)
+            return
+        self.stats.attempts_failed += 1
+        failures = state.failures + 1
+        error = sanitize(outcome.error, self.config.error_text_limit)
+        first_undone = min(r.offset for i in outcome.rest for r in i.sources)
+        fields.update({"type": outcome.rest[0].tag, "error_class": ErrorClass.RETRYABLE.value,
+                       "error": error, "attempt": failures - 1})
+        markers: list[Outgoing] = []
+        if failures > len(tuple(self.config.retry_delays)):
+            gave_up = [r.offset for i in outcome.rest for r in i.sources]
+            fields["offsets"] = [o for i in outcome.rest for o in i.main_offsets]
+            log.error("giving up retry", extra=fields)
+            self.stats.gave_up_keys += 1
+            await self._dead_letter_items(outcome.rest, ReasonCode.GAVE_UP_RETRY, error)
+            markers.append(resolved_marker(key, max(gave_up), now, reset=True))
+        else:
+            done_before = [r.offset for r in pending if r.offset < first_undone]
+            if done_before:
+                markers.append(resolved_marker(key, max(done_before), now))
+            markers.append(attempt_failed_marker(key, failures, now))
+            log.warning("retry attempt failed", extra={
+                **fields, "next_attempt_in": self.config.delay(failures)})
+        await self._append_retry(markers, "retry marker write")
+
+    # ------------------------------------------------------------ dead letters
+
+    async def _dead_letter(self, outgoing: list[Outgoing], reason: ReasonCode,
+                           count: int) -> None:
+        """Append to ``dlq_<topic>`` (retried forever) and count ``count`` main records."""
+        if not outgoing:
+            return
+        await self._log_call(
+            "dead-letter write",
+            lambda: self.log.append(self.dlq_topic, self.partition, outgoing),
+        )
+        self.stats.dead_letters[reason.value] += count
+
+    async def _dead_letter_items(self, items: Iterable[Item], reason: ReasonCode,
+                                 error: str) -> None:
+        outgoing = [
+            dead_letter_record(record, reason, error, origin)
+            for item in items
+            for record, origin in zip(item.sources, item.origins, strict=True)
+        ]
+        await self._dead_letter(outgoing, reason, _main_records(items))
+
+    async def _dead_letter_rejects(self, rejects: list[Reject]) -> None:
+        if not rejects:
+            return
+        outgoing: list[Outgoing] = []
+        for reject in rejects:
+            origin = retry_source(reject.record)
+            if origin is None:
+                ident = message_id(self.topic, self.partition, reject.record.offset)
+                origin = Source(self.topic, self.partition, (reject.record.offset,), (ident,))
+            detail = sanitize(reject.detail, self.config.error_text_limit)
+            log.error(
+                "record dead-lettered: %s", reject.reason.value,
+                extra={**self._fields, "key": reject.key, "offsets": [reject.record.offset],
+                       "reason": reject.reason.value, "error": detail},
+            )
+            outgoing.append(dead_letter_record(reject.record, reject.reason, detail, origin))
+        await self._log_call(
+            "dead-letter write",
+            lambda: self.log.append(self.dlq_topic, self.partition, outgoing),
+        )
+        for reject in rejects:
+            self.stats.dead_letters[reject.reason.value] += 1
+
+
+def _main_records(items: Iterable[Item]) -> int:
+    """How many main-topic records ``items`` stand for."""
+    return sum(len(o.offsets) for item in items for o in item.origins)

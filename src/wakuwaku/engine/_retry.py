@@ -1,0 +1,253 @@
+"""Retry-topic state: quarantined keys, pending work, attempt counters, schedules (SPEC 6).
+
+The retry topic is the durable truth. It holds *work records* (events waiting
+for a retry, already reduced, with ``wk-failed-at`` and ``wk-src``) and small
+*marker records*:
+
+======================  ======================================================
+``wk-marker``           meaning
+======================  ======================================================
+``resolved``            key ``wk-key`` is done through retry offset ``wk-through``;
+                        with ``wk-reset: 1`` (a give-up) the key's other pending
+                        work is due at once with its counter reset
+``attempt-failed``      the key's ``wk-failures``-th failure in a row happened at
+                        ``wk-at`` (ms since the epoch)
+======================  ======================================================
+
+One function, :meth:`RetryState.apply`, turns a record into state. The live
+consumer writes a record, then applies it with its assigned offset; a
+restart reads the retry partition from its committed offset and applies the
+same records in the same order, so pending keys, attempt counters and
+schedules come back exactly (a restart never resets a counter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from .._records import (
+    H_ERROR,
+    H_FAILED_AT,
+    H_KEY,
+    H_REASON,
+    H_SRC,
+    H_VERSION,
+    WIRE_VERSION,
+    ReasonCode,
+    Record,
+    Source,
+    build_headers,
+    decode_source,
+    encode_source,
+    header_text,
+)
+from ._plan import Item
+
+H_MARKER = "wk-marker"
+H_THROUGH = "wk-through"
+H_RESET = "wk-reset"
+H_FAILURES = "wk-failures"
+H_AT = "wk-at"
+
+MARKER_RESOLVED = b"resolved"
+MARKER_ATTEMPT_FAILED = b"attempt-failed"
+
+Outgoing = tuple[dict[str, bytes], bytes]
+
+
+def _ms(seconds: float) -> bytes:
+    return str(round(seconds * 1000)).encode()
+
+
+def resolved_marker(key: str, through: int, at: float, *, reset: bool = False) -> Outgoing:
+    """A marker: ``key`` is resolved through retry offset ``through``."""
+    return (
+        {
+            H_VERSION: WIRE_VERSION,
+            H_MARKER: MARKER_RESOLVED,
+            H_KEY: key.encode(),
+            H_THROUGH: str(through).encode(),
+            H_RESET: b"1" if reset else b"0",
+            H_AT: _ms(at),
+        },
+        b"",
+    )
+
+
+def attempt_failed_marker(key: str, failures: int, at: float) -> Outgoing:
+    """A marker: the ``failures``-th failure in a row of ``key`` happened at ``at``."""
+    return (
+        {
+            H_VERSION: WIRE_VERSION,
+            H_MARKER: MARKER_ATTEMPT_FAILED,
+            H_KEY: key.encode(),
+            H_FAILURES: str(failures).encode(),
+            H_AT: _ms(at),
+        },
+        b"",
+    )
+
+
+def source_of(item: Item, topic: str, partition: int) -> Source:
+    """The ``wk-src`` of an item that came from the main topic."""
+    return Source(topic, partition, item.main_offsets, item.ids)
+
+
+def retry_work_record(
+    item: Item, topic: str, partition: int, failed_at: float, error: str
+) -> Outgoing:
+    """The retry-topic record of one (possibly reduced) main-topic item (SPEC 3, 5.5).
+
+    An item standing for one unchanged record keeps that record's headers and
+    body bytes; a reduced item is encoded again with its type's codec.
+
+    :raises Exception: whatever the codec raises when the event cannot be
+        encoded (the caller dead-letters it as ``unserializable_retry_record``).
+    """
+    extra = {
+        H_FAILED_AT: _ms(failed_at),
+        H_ERROR: error.encode(),
+        H_SRC: encode_source(source_of(item, topic, partition)),
+    }
+    if not item.reduced and len(item.sources) == 1:
+        headers = dict(item.sources[0].headers)
+        headers.update(extra)
+        return headers, item.sources[0].body
+    body = item.event_type.encode(item.event)
+    return build_headers(item.event_type, item.key, item.props, extra.items()), body
+
+
+def dead_letter_record(
+    record: Record,
+    reason: ReasonCode,
+    error: str,
+    source: Source,
+) -> Outgoing:
+    """The dead-letter copy of one record: raw headers and body kept, plus
+    ``wk-reason``, ``wk-error`` (already sanitized) and ``wk-src`` (SPEC 8)."""
+    headers = dict(record.headers)
+    headers.pop(H_MARKER, None)
+    headers[H_REASON] = reason.value.encode()
+    headers[H_ERROR] = error.encode()
+    headers[H_SRC] = encode_source(source)
+    return headers, record.body
+
+
+def main_source(record: Record, topic: str, partition: int, ident: str) -> Source:
+    """The ``wk-src`` of a main-topic record."""
+    return Source(topic, partition, (record.offset,), (ident,))
+
+
+def retry_source(record: Record) -> Source | None:
+    """The ``wk-src`` a retry record carries, or None when it is missing or broken."""
+    raw = record.headers.get(H_SRC)
+    if raw is None:
+        return None
+    try:
+        return decode_source(raw)
+    except Exception:  # noqa: BLE001 - a broken header is reported by the caller
+        return None
+
+
+@dataclass
+class KeyState:
+    """One quarantined key (SPEC 6).
+
+    :param pending: its pending work records in the retry topic, in offset order.
+    :param failures: failures in a row in the current cycle (the failure that
+        quarantined it counts as 1; a give-up resets to 0).
+    :param due: when the next attempt may run (seconds since the epoch).
+    :param first_failed_at: the cycle's first failure, stamped on records
+        routed to the key while it is quarantined.
+    :param max_main_offset: the highest main-topic offset in its pending work;
+        a redelivered main record at or below it is already in the retry topic.
+    """
+
+    pending: list[Record] = field(default_factory=list)
+    failures: int = 1
+    due: float = 0.0
+    first_failed_at: float = 0.0
+    max_main_offset: int = -1
+
+
+class RetryState:
+    """Pending retry work of one retry partition, rebuilt by :meth:`apply` (SPEC 6).
+
+    :param delay: ``delay(failures) -> seconds`` (the config's schedule).
+    """
+
+    def __init__(self, delay: Callable[[int], float]) -> None:
+        self._delay = delay
+        self.keys: dict[str, KeyState] = {}
+        self.pending_count = 0
+        self.end_offset = 0
+
+    def quarantined(self, key: str) -> bool:
+        return key in self.keys
+
+    def due_keys(self, now: float) -> list[str]:
+        """Keys whose next attempt is due at ``now``, earliest first."""
+        due = [(state.due, key) for key, state in self.keys.items() if state.due <= now]
+        return [key for _, key in sorted(due)]
+
+    def next_due(self) -> float | None:
+        """When the earliest attempt is due, or None without quarantined keys."""
+        return min((s.due for s in self.keys.values()), default=None)
+
+    def low_watermark(self) -> int:
+        """The retry partition's committed offset: its lowest pending offset (SPEC 6)."""
+        lows = [s.pending[0].offset for s in self.keys.values() if s.pending]
+        return min(lows) if lows else self.end_offset
+
+    def apply(self, record: Record) -> None:
+        """Fold one retry-topic record (work or marker) into the state."""
+        self.end_offset = max(self.end_offset, record.offset + 1)
+        key = header_text(record.headers, H_KEY)
+        if key is None:
+            return
+        marker = record.headers.get(H_MARKER)
+        if marker is None:
+            self._add_work(key, record)
+        elif marker == MARKER_RESOLVED:
+            self._resolve(key, record)
+        elif marker == MARKER_ATTEMPT_FAILED:
+            state = self.keys.get(key)
+            if state is not None:
+                state.failures = int(record.headers[H_FAILURES])
+                state.due = _seconds(record.headers[H_AT]) + self._delay(state.failures)
+
+    def apply_all(self, records: Iterable[Record]) -> None:
+        for record in records:
+            self.apply(record)
+
+    def _add_work(self, key: str, record: Record) -> None:
+        state = self.keys.get(key)
+        if state is None:
+            raw = record.headers.get(H_FAILED_AT)
+            failed_at = _seconds(raw) if raw is not None else record.timestamp
+            state = KeyState(failures=1, due=failed_at + self._delay(1), first_failed_at=failed_at)
+            self.keys[key] = state
+        state.pending.append(record)
+        self.pending_count += 1
+        source = retry_source(record)
+        if source is not None and source.offsets:
+            state.max_main_offset = max(state.max_main_offset, max(source.offsets))
+
+    def _resolve(self, key: str, record: Record) -> None:
+        state = self.keys.get(key)
+        if state is None:
+            return
+        through = int(record.headers[H_THROUGH])
+        keep = [r for r in state.pending if r.offset > through]
+        self.pending_count -= len(state.pending) - len(keep)
+        state.pending = keep
+        if not keep:
+            del self.keys[key]
+        elif record.headers.get(H_RESET) == b"1":
+            state.failures = 0
+            state.due = _seconds(record.headers[H_AT])
+
+
+def _seconds(raw: bytes) -> float:
+    return int(raw) / 1000.0
