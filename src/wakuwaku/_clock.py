@@ -45,3 +45,32 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+class BlockingCalls:
+    """Counts calls the library has handed to worker threads and not yet got back.
+
+    Adapters wrap thread offloading in :meth:`track`; a fake clock does not
+    jump time while such a call is in flight, so a schedule measured on it
+    stays exact even when a log does real I/O in a thread.
+    """
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+
+    def track(self) -> _Tracker:
+        return _Tracker(self)
+
+
+class _Tracker:
+    def __init__(self, owner: BlockingCalls) -> None:
+        self._owner = owner
+
+    def __enter__(self) -> None:
+        self._owner.in_flight += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._owner.in_flight -= 1
+
+
+BLOCKING_CALLS = BlockingCalls()

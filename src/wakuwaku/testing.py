@@ -13,6 +13,7 @@ import asyncio
 import heapq
 import itertools
 
+from ._clock import BLOCKING_CALLS
 from .logs.memory import MemoryLog as MemoryLog
 
 __all__ = ("FakeClock", "MemoryLog")
@@ -83,6 +84,10 @@ class FakeClock:
                 return
             ready = getattr(loop, "_ready", None)
             if ready is not None and len(ready) > 0:
+                continue
+            if BLOCKING_CALLS.in_flight:
+                # A log call is running in a thread: real time must pass first.
+                await asyncio.sleep(0.0005)
                 continue
             deadline = self._sleepers[0][0]
             if deadline > self._now:

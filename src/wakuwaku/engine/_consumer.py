@@ -155,7 +155,7 @@ class Consumer:
                 await runner
 
     def _idle(self) -> bool:
-        if len(self.workers) < len(self._assignment):
+        if not self._started or len(self.workers) < len(self._assignment):
             return False
         return all(
             w.started and w.caught_up and not w.retry.keys for w in self.workers.values()

@@ -1,0 +1,406 @@
+"""SPEC 5: planning and execution of a batch, one test per rule, on memory and SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+import wakuwaku as wk
+from wakuwaku._records import build_headers
+from wakuwaku.engine import DeliveryMode, Handler, handler
+from wakuwaku.logs import Log
+from wakuwaku.testing import FakeClock
+
+from .conftest import (
+    Add,
+    Item,
+    Put,
+    Running,
+    Script,
+    consumer,
+    dead_letters,
+    read_all,
+    reason,
+    setup_topic,
+    wait_until,
+)
+
+
+async def test_5_1_undecodable_record_is_dead_lettered_and_the_rest_of_its_run_goes_on(
+    log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    bad_headers = build_headers(wk.event_type(Item), "a")
+    await log.append("t", 0, [(bad_headers, b'{"key": "a", "n": "not a number"}')])
+    await producer.publish(Item("a", 3))
+    script = Script(clock)
+    await consumer(log, clock, [Handler(Item, script)]).drain()
+    assert script.handled_ns("a") == [1, 3]
+    dead = await dead_letters(log)
+    assert [reason(r) for r in dead] == ["undecodable_body"]
+    assert dead[0].body == b'{"key": "a", "n": "not a number"}'
+
+
+async def test_5_2_records_of_a_quarantined_key_are_routed_behind_its_pending_records(
+    log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(log)
+    script = Script(clock)
+    script.fail[1] = [wk.Retryable("row not there yet")]
+    await producer.publish(Item("a", 1))
+    c = consumer(log, clock, [Handler(Item, script)], retry_delays=[100.0])
+    async with Running(c):
+        await wait_until(clock, lambda: c.stats.quarantined_keys == 1)
+        await producer.publish_many([Item("a", 2), Item("b", 3)])
+        await wait_until(clock, lambda: c.stats.routed == 1 and 3 in script.handled_ns())
+        retry = await read_all(log, "retry_t")
+        assert [r.headers.get("wk-marker") for r in retry] == [None, None]
+        assert [msgspec_n(r) for r in retry] == [1, 2]
+        # Key a did not run its new event: it waits behind the failed one.
+        assert script.handled_ns("a") == []
+        await wait_until(clock, lambda: script.handled_ns("a") == [1, 2])
+
+
+def msgspec_n(record: wk.Record) -> int:
+    import msgspec
+
+    return int(msgspec.json.decode(record.body)["n"])
+
+
+async def test_5_3_segments_are_reduced_then_split_into_runs_and_chunks(
+    log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(log)
+    await producer.publish_many(
+        [Put("k", 1), Put("k", 1), Put("k", 2), Put("k", 2), Put("k", 2), Put("k", 1)]
+        + [Add("k", 1), Add("k", 2), Add("k", -5), Add("k", 3), Add("k", 4)]
+        + [Item("k", n) for n in range(5)]
+    )
+    puts, adds, items = Script(clock), Script(clock), Script(clock)
+    c = consumer(log, clock, [Handler(Put, puts), Handler(Add, adds),
+                              Handler(Item, items, max_batch=2)])
+    await c.drain()
+    assert [[e.value for e in run] for _, _, run in puts.calls] == [[1], [2], [1]]
+    assert [[e.amount for e in run] for _, _, run in adds.calls] == [[3], [-5], [7]]
+    assert [[e.n for e in run] for _, _, run in items.calls] == [[0, 1], [2, 3], [4]]
+    assert c.stats.handled == 16
+    assert c.stats.reduced_away == 16 - 3 - 3 - 5
+
+
+async def test_5_4_keys_run_concurrently_and_each_key_in_order(
+    log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(log)
+    await producer.publish_many([Item(k, n) for n in range(20) for k in ("a", "b")])
+    script = Script(clock)
+    script.gate["a"] = asyncio.Event()
+    original = script.__call__
+
+    async def body(run: Sequence[Any]) -> None:
+        if run[0].key == "b":
+            script.gate["a"].set()  # a can only finish because b runs meanwhile
+        await original(run)
+
+    await consumer(log, clock, [Handler(Item, body)]).drain()
+    assert script.handled_ns("a") == list(range(20))
+    assert script.handled_ns("b") == list(range(20))
+
+
+async def test_5_5_retryable_stops_the_key_and_writes_its_unfinished_work_to_the_retry_partition(
+    log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(log, partitions=3)
+    events: list[Any] = [Item("a", n) for n in range(1, 7)] + [Add("a", 1), Add("a", 2)]
+    events += [Item("b", n) for n in range(11, 15)]
+    await producer.publish_many(events)
+    partition = wk.partition_for("a", 3)
+    items, adds = Script(clock), Script(clock)
+    items.fail[3] = [wk.Retryable("deadlock")]
+    c = consumer(log, clock, [Handler(Item, items, max_batch=2), Handler(Add, adds)],
+                 retry_delays=[1000.0])
+    async with Running(c):
+        await wait_until(clock, lambda: c.stats.quarantined_keys == 1
+                         and items.handled_ns("b") == [11, 12, 13, 14])
+    assert items.handled_ns("a") == [1, 2]
+    # No later chunk of the key started after the failure.
+    assert [[e.n for e in run] for _, k, run in items.calls if k == "a"] == [[1, 2], [3, 4]]
+    assert adds.calls == []
+    retry = await read_all(log, "retry_t", partition)
+    bodies = [wk.event_type(Item).decode(r.body) if r.headers["wk-type"] == b"test.item"
+              else wk.event_type(Add).decode(r.body) for r in retry]
+    assert bodies == [Item("a", 3), Item("a", 4), Item("a", 5), Item("a", 6), Add("a", 3)]
+    for record in retry:
+        assert record.headers["wk-failed-at"] == b"1700000000000"
+        assert b"deadlock" in record.headers["wk-error"]
+        source = wk._records.decode_source(record.headers["wk-src"])
+        assert source.topic == "t" and source.partition == partition
+    # The reduced Add stands for both of its main-topic records.
+    add_source = wk._records.decode_source(retry[-1].headers["wk-src"])
+    assert len(add_source.offsets) == 2 and len(add_source.ids) == 2
+    assert await read_all(log, "retry_t", (partition + 1) % 3) == []
+
+
+async def test_5_6_transient_retries_the_same_chunk_in_place_and_pauses_the_partition(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    log = memory_log
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("b", 11), Item("a", 2), Item("b", 12),
+                                 Item("a", 3), Item("b", 13)])
+    script = Script(clock)
+    failing = asyncio.Event()
+    script.fail[2] = [wk.Transient("database down")] * 5
+    original = script.__call__
+
+    async def body(run: Sequence[Any]) -> None:
+        if run[0].n == 11:
+            await failing.wait()  # b's chunk is running when a's chunk fails
+        await original(run)
+        if run[0].n == 1:
+            pass
+
+    async def a_body(run: Sequence[Any]) -> None:
+        try:
+            await body(run)
+        except wk.Transient:
+            failing.set()
+            raise
+
+    reads: list[float] = []
+    real_read = log.read
+
+    async def counting_read(*args: Any, **kwargs: Any) -> list[wk.Record]:
+        if args[0] == "t":
+            reads.append(clock.now())
+        return await real_read(*args, **kwargs)
+
+    log.read = counting_read  # type: ignore[method-assign]
+    c = consumer(log, clock, [Handler(Item, a_body)])
+    await c.drain()
+    start = 1_700_000_000.0
+    a2 = [t for t, k, run in script.calls if run[0].n == 2]
+    assert a2 == [0.0, 2.0, 6.0, 14.0, 30.0, 46.0]  # 2, 4, 8, 16, then 16 forever
+    b12 = [t for t, k, run in script.calls if run[0].n == 12]
+    assert b12 == [46.0]  # b finished its running chunk, then waited for a
+    assert script.handled_ns("a") == [1, 2, 3]
+    assert script.handled_ns("b") == [11, 12, 13]
+    # The partition did not poll while the chunk was retried in place.
+    assert not [t for t in reads if start < t < start + 46.0]
+    assert c.stats.transient_pauses == 5
+
+
+class FlakyLog:
+    """Wraps a log; named operations fail a given number of times first."""
+
+    def __init__(self, inner: Log, clock: FakeClock) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.failures: dict[str, int] = {}
+        self.failed_at: dict[str, list[float]] = {}
+
+    def fail(self, operation: str, times: int) -> None:
+        self.failures[operation] = times
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            for operation in (name, f"{name}:{args[0] if args else ''}"):
+                if self.failures.get(operation, 0) > 0:
+                    self.failures[operation] -= 1
+                    self.failed_at.setdefault(operation, []).append(self.clock.now())
+                    raise wk.LogUnavailableError(f"{operation} is down")
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+async def test_5_6_the_consumers_own_log_calls_are_retried_like_transient_failures(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(memory_log)
+    await producer.publish_many([Item("a", 1), Item("a", 2)])
+    flaky = FlakyLog(memory_log, clock)
+    flaky.fail("append:dlq_t", 3)
+    flaky.fail("commit", 2)
+    flaky.fail("read:t", 1)
+    script = Script(clock)
+    script.fail[1] = [wk.Unrecoverable("bad event")]
+    c = wk.engine.Consumer(
+        wk.engine.ConsumerConfig(topic="t", group="g", clock=clock, lease_ttl=3600.0),
+        [Handler(Item, script)], flaky,  # type: ignore[arg-type]
+    )
+    await c.drain()
+    t0 = 1_700_000_000.0
+    # The poll failed once at 0 (2 s wait); the dead-letter write then waits 2, 4 s.
+    assert [t - t0 for t in flaky.failed_at["append:dlq_t"]] == [2.0, 4.0, 8.0]
+    assert len(flaky.failed_at["commit"]) == 2
+    assert len(flaky.failed_at["read:t"]) == 1
+    dead = await dead_letters(memory_log)
+    assert [reason(r) for r in dead] == ["unrecoverable"]  # written once, not skipped
+    assert script.handled_ns() == [2]
+    assert await memory_log.committed("g", "t", 0) == 2
+    assert c.stats.log_call_retries == 6
+
+
+async def test_5_6_offset_is_not_committed_past_a_record_whose_dead_letter_write_failed(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(memory_log)
+    await producer.publish(Item("a", 1))
+    flaky = FlakyLog(memory_log, clock)
+    flaky.fail("append:dlq_t", 1000)
+    script = Script(clock)
+    script.fail[1] = [wk.Unrecoverable("bad event")]
+    c = wk.engine.Consumer(
+        wk.engine.ConsumerConfig(topic="t", group="g", clock=clock, lease_ttl=3600.0),
+        [Handler(Item, script)], flaky,  # type: ignore[arg-type]
+    )
+    async with Running(c):
+        await wait_until(clock, lambda: len(flaky.failed_at.get("append:dlq_t", [])) >= 5)
+    assert await memory_log.committed("g", "t", 0) is None
+    assert await dead_letters(memory_log) == []
+
+
+async def test_5_7_unrecoverable_dead_letters_only_the_poisoned_chunk_and_the_run_goes_on(
+    log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", n) for n in range(250)] + [Item("b", 1000)])
+    script = Script(clock)
+    script.fail[150] = [wk.Unrecoverable("poison")]
+    with caplog.at_level(logging.ERROR, logger="wakuwaku.consumer"):
+        await consumer(log, clock, [Handler(Item, script, max_batch=100)],
+                       max_poll_records=1000).drain()
+    assert script.handled_ns("a") == list(range(100)) + list(range(200, 250))
+    assert script.handled_ns("b") == [1000]
+    dead = await dead_letters(log)
+    assert len(dead) == 100
+    assert {reason(r) for r in dead} == {"unrecoverable"}
+    assert [msgspec_n(r) for r in dead] == list(range(100, 200))
+    messages = [r for r in caplog.records
+                if r.getMessage() == "dropping chunk after unrecoverable handler failure"]
+    assert len(messages) == 1
+    assert messages[0].levelno == logging.ERROR
+    assert messages[0].key == "a"  # type: ignore[attr-defined]
+    assert messages[0].offsets == list(range(100, 200))  # type: ignore[attr-defined]
+
+
+async def test_5_8_an_unknown_exception_is_unrecoverable_by_default_and_logged(
+    log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("a", 2)])
+    script = Script(clock)
+    script.fail[1] = [ZeroDivisionError("boom")]
+    with caplog.at_level(logging.WARNING, logger="wakuwaku.consumer"):
+        await consumer(log, clock, [Handler(Item, script)]).drain()
+    assert script.handled_ns() == [2]
+    dead = await dead_letters(log)
+    assert [reason(r) for r in dead] == ["unrecoverable"]
+    assert b"ZeroDivisionError: boom" in dead[0].headers["wk-error"]
+    assert any("classified as unrecoverable" in r.getMessage() for r in caplog.records)
+
+
+async def test_5_8_a_custom_classify_decides_the_class_of_unknown_exceptions(
+    log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1)])
+    script = Script(clock)
+    script.fail[1] = [KeyError("later"), KeyError("later")]
+
+    def classify(exc: BaseException) -> wk.ErrorClass:
+        return wk.ErrorClass.RETRYABLE if isinstance(exc, KeyError) else wk.ErrorClass.UNRECOVERABLE
+
+    c = consumer(log, clock, [Handler(Item, script)], classify=classify, retry_delays=[1, 1])
+    await c.drain()
+    assert script.handled_ns() == [1]
+    assert c.stats.quarantined_keys == 1 and c.stats.attempts == 2
+
+
+@pytest.mark.parametrize("mode", [DeliveryMode.NO_EVENT_LOSE, DeliveryMode.NO_DOUBLE_CONSUME])
+async def test_5_9_offset_is_stored_after_or_before_the_batch_by_delivery_mode(
+    log: Log, clock: FakeClock, mode: DeliveryMode
+) -> None:
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("a", 2), Item("a", 3)])
+    seen: list[int | None] = []
+
+    @handler(Item)
+    async def body(run: Sequence[Item]) -> None:
+        seen.append(await log.committed("g", "t", 0))
+
+    await consumer(log, clock, [body], delivery_mode=mode).drain()
+    expected = None if mode is DeliveryMode.NO_EVENT_LOSE else 3
+    assert seen == [expected] * 3
+    assert await log.committed("g", "t", 0) == 3
+
+
+async def test_sync_handlers_run_in_a_worker_thread_and_see_the_chunk_context(
+    log: Log, clock: FakeClock
+) -> None:
+    import threading
+
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("a", 2)])
+    threads: list[str] = []
+    contexts: list[wk.engine.ChunkContext] = []
+
+    @handler(Item, max_batch=2)
+    def body(run: Sequence[Item]) -> None:
+        threads.append(threading.current_thread().name)
+        contexts.append(wk.engine.current_chunk())
+
+    await consumer(log, clock, [body]).drain()
+    assert threads and threads[0] != threading.main_thread().name
+    assert contexts[0].key == "a" and contexts[0].offsets == ((0,), (1,))
+    assert contexts[0].message_ids == (("t/0/0",), ("t/0/1",))
+
+
+async def test_graceful_stop_lets_the_running_chunk_finish_and_starts_no_new_one(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    log = memory_log
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("a", 2)])
+    script = Script(clock)
+    script.gate["a"] = asyncio.Event()
+    c = consumer(log, clock, [Handler(Item, script)])
+    async with Running(c):
+        await wait_until(clock, lambda: len(script.calls) == 1)
+        c.stop()
+        script.gate["a"].set()
+    assert script.handled_ns() == [1]  # the running chunk finished
+    assert len(script.calls) == 1  # no new chunk started
+    assert await log.committed("g", "t", 0) is None  # the unfinished batch is delivered again
+
+
+async def test_a_chunk_waiting_out_a_transient_delay_is_abandoned_at_shutdown(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    log = memory_log
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    script = Script(clock)
+    script.fail[1] = [wk.Transient("down")] * 100
+    c = consumer(log, clock, [Handler(Item, script)], retry_delays=[60.0])
+    async with Running(c):
+        await wait_until(clock, lambda: len(script.calls) == 2)
+    assert await log.committed("g", "t", 0) is None
+    restarted = Script(clock)
+    await consumer(log, clock, [Handler(Item, restarted)]).drain()
+    assert restarted.handled_ns() == [1]
+
+
+async def test_two_handlers_for_one_type_are_refused(memory_log: Log, clock: FakeClock) -> None:
+    script = Script(clock)
+    with pytest.raises(wk.ConfigError, match="two handlers for event type 'test.item'"):
+        consumer(memory_log, clock, [Handler(Item, script), Handler(Item, script)])
