@@ -24,7 +24,7 @@ import pytest
 from wakuwaku import event
 from wakuwaku._events import EventType, Registry, event_type
 from wakuwaku._records import H_SRC, Record, Source, build_headers, encode_source
-from wakuwaku.inbox import Claim, EntryStatus, Inbox, InboxKey, record_keys
+from wakuwaku.inbox import Claim, EntryStatus, Inbox, InboxEntry, InboxKey, record_keys
 from wakuwaku.testing import FakeClock
 
 MAX_ATTEMPTS = 3
@@ -96,6 +96,13 @@ class Harness(abc.ABC):
 # -- the core checks (also run against broken inboxes) ---------------------------------
 
 
+async def entry_of(h: Harness, key: str) -> InboxEntry:
+    """The row of ``key``; a missing row fails the check (AssertionError, not KeyError)."""
+    found = (await h.inbox.entries([key])).get(key)
+    assert found is not None, f"no inbox row for {key!r}"
+    return found
+
+
 async def check_claim_then_lookup(h: Harness, key_fn: KeyFunction = record_keys) -> None:
     """A claim followed by a lookup with the same inputs finds the row (SPEC 9)."""
     keys = key_fn("charges", 2, charged_record(41, tenant="acme"))
@@ -153,7 +160,7 @@ async def check_failure_path(h: Harness) -> None:
             await h.apply([key], fail=True)
         outcome = await h.inbox.record_failure(key, Boom(f"attempt {attempt}"))
         assert (outcome.attempts, outcome.dead_lettered) == (attempt, False)
-        entry = (await h.inbox.entries([key.message_key]))[key.message_key]
+        entry = await entry_of(h, key.message_key)
         assert (entry.status, entry.attempts) == (EntryStatus.FAILING, attempt)
         assert entry.last_error == f"Boom: attempt {attempt}"
         assert (entry.source_topic, entry.source_partition, entry.source_offset) == (
@@ -161,7 +168,7 @@ async def check_failure_path(h: Harness) -> None:
         assert await h.inbox.claimed([key.message_key]) == set()
     outcome = await h.inbox.record_failure(key, "attempt 3 at /srv/app/handler.py")
     assert (outcome.attempts, outcome.dead_lettered) == (MAX_ATTEMPTS, True)
-    entry = (await h.inbox.entries([key.message_key]))[key.message_key]
+    entry = await entry_of(h, key.message_key)
     assert (entry.status, entry.attempts) == (EntryStatus.DEAD, MAX_ATTEMPTS)
     assert entry.last_error is not None and "/srv/app" not in entry.last_error
     stats = await h.inbox.stats()
@@ -180,7 +187,7 @@ async def check_claim_and_failure_share_the_row(h: Harness) -> None:
     await h.inbox.record_failure(failing, "first try failed")
     # A failing key is not applied: the next claim of it is new.
     assert (await h.apply([failing])).new == [failing.message_key]
-    entry = (await h.inbox.entries([failing.message_key]))[failing.message_key]
+    entry = await entry_of(h, failing.message_key)
     assert (entry.status, entry.attempts) == (EntryStatus.DONE, 1)
     # A failure recorded for an applied key finds its row and changes nothing.
     outcome = await h.inbox.record_failure(failing, "late failure")

@@ -1,0 +1,135 @@
+"""``wakuwaku inbox stats`` and ``wakuwaku inbox dead``: look into an inbox (SPEC 9, 14).
+
+``--db`` is a SQLite file path (or ``sqlite:///path``) or a ``postgresql://``
+DSN. Both commands only read: a SQLite file is opened read-only, and a
+missing file or missing inbox tables is an error (exit 3), never created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import sqlite3
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import click
+
+from .._errors import ConfigError, WakuwakuError
+from .._sanitize import sanitize
+from ..inbox._base import DEFAULT_TABLE, Inbox
+from ..inbox.sqlite import SQLiteInbox
+from . import ExitCode
+
+T = TypeVar("T")
+
+_PG_SCHEMES = ("postgresql://", "postgres://")
+
+
+def open_inbox(db: str, group: str, table: str = DEFAULT_TABLE) -> Inbox:
+    """The inbox ``--db`` names, opened for reading.
+
+    :raises ConfigError: when the SQLite file does not exist, the table name
+        is invalid, or ``db`` is a DSN and psycopg is not installed (the
+        message gives the ``pip install`` line).
+    """
+    if db.startswith(_PG_SCHEMES):
+        try:
+            from ..inbox.postgres import PostgresInbox
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from exc
+        return PostgresInbox(db, group, table=table)
+    path = Path(db.removeprefix("sqlite:///")) if db.startswith("sqlite:///") else Path(db)
+    if not path.is_file():
+        raise ConfigError(f"no SQLite database at {str(path)!r}")
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(uri, uri=True, timeout=5.0)
+
+    return SQLiteInbox(connect, group, table=table)
+
+
+def _run(inbox: Inbox, work: Callable[[], Awaitable[T]]) -> T:
+    """Run ``work`` and turn a missing table or a database error into a WakuwakuError."""
+    try:
+        return asyncio.run(_call(work))
+    except WakuwakuError:
+        raise
+    except Exception as exc:
+        text = sanitize(exc, 300)
+        if "no such table" in text or "does not exist" in text:
+            raise ConfigError(
+                f"no inbox table {inbox.table!r} in that database ({text}); "
+                "the consumer creates it with ensure_schema()"
+            ) from exc
+        raise WakuwakuError(f"cannot read the inbox: {text}") from exc
+
+
+async def _call(work: Callable[[], Awaitable[T]]) -> T:
+    return await work()
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (keys are shown exactly)."""
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+
+
+def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--table", default=DEFAULT_TABLE, show_default=True,
+                      help="Claims table (the dead letters are in <table>_dead).")(fn)
+    fn = click.option("--group", "-g", required=True, help="Consumer group.")(fn)
+    fn = click.option("--db", required=True, metavar="PATH|DSN",
+                      help="SQLite file (or sqlite:///path) or postgresql:// DSN.")(fn)
+    return fn
+
+
+@click.group("inbox")
+def inbox_group() -> None:
+    """Look into an inbox (deduplication store, SPEC 9)."""
+
+
+@inbox_group.command("stats")
+@_options
+def stats_command(db: str, group: str, table: str) -> int:
+    """Count the group's applied claims, failing keys and dead letters."""
+    inbox = open_inbox(db, group, table)
+    stats = _run(inbox, inbox.stats)
+    click.echo(f"claims   {stats.claims}")
+    click.echo(f"failing  {stats.failing}")
+    click.echo(f"dead     {stats.dead}")
+    return ExitCode.OK
+
+
+@inbox_group.command("dead")
+@_options
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1),
+              help="List at most this many, most recent first.")
+def dead_command(db: str, group: str, table: str, limit: int) -> int:
+    """List poisoned messages: key, attempts, when, source and sanitized error."""
+    inbox = open_inbox(db, group, table)
+    dead = _run(inbox, lambda: inbox.dead(limit))
+    if not dead:
+        click.echo(f"no dead letters for group {group!r}")
+        return ExitCode.OK
+    for item in dead:
+        source = (f"{item.source_topic}/{item.source_partition}@{item.source_offset}"
+                  if item.source_topic is not None else "-")
+        error = sanitize(item.last_error or "", 300)
+        click.echo(f"{_printable(item.message_key)}\tattempts={item.attempts}\t"
+                   f"dead_at={_when(item.dead_at)}\tsource={source}\terror={error}")
+    return ExitCode.OK
+
+
+def register(group: click.Group) -> None:
+    """Attach the ``inbox`` commands to the ``wakuwaku`` group."""
+    group.add_command(inbox_group)
