@@ -19,6 +19,7 @@ from .logs.memory import MemoryLog as MemoryLog
 __all__ = ("FakeClock", "MemoryLog")
 
 _IDLE_YIELDS = 50
+_US = 1_000_000
 
 
 class FakeClock:
@@ -31,18 +32,20 @@ class FakeClock:
     """
 
     def __init__(self, start: float = 1_700_000_000.0, *, autojump: bool = True) -> None:
-        self._now = float(start)
-        self._start = float(start)
+        # Whole microseconds: sums of float steps would drift, and a deadline
+        # computed as ``due - now`` must land exactly on ``due``.
+        self._now_us = round(start * _US)
+        self._start_us = self._now_us
         self._autojump = autojump
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._driver: asyncio.Task[None] | None = None
 
     def now(self) -> float:
-        return self._now
+        return self._now_us / _US
 
     def monotonic(self) -> float:
-        return self._now - self._start
+        return (self._now_us - self._start_us) / _US
 
     async def sleep(self, seconds: float) -> None:
         if seconds <= 0:
@@ -50,7 +53,8 @@ class FakeClock:
             return
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), future))
+        deadline = self._now_us + max(1, round(seconds * _US))
+        heapq.heappush(self._sleepers, (deadline, next(self._seq), future))
         if self._autojump and (self._driver is None or self._driver.done()):
             self._driver = loop.create_task(self._drive())
         await future
@@ -59,11 +63,11 @@ class FakeClock:
         """Move time forward by ``seconds`` and wake every sleeper now due."""
         if seconds < 0:
             raise ValueError("a clock cannot go backwards")
-        self._now += seconds
+        self._now_us += round(seconds * _US)
         self._wake_due()
 
     def _wake_due(self) -> None:
-        while self._sleepers and self._sleepers[0][0] <= self._now:
+        while self._sleepers and self._sleepers[0][0] <= self._now_us:
             _, _, future = heapq.heappop(self._sleepers)
             if not future.done():
                 future.set_result(None)
@@ -90,6 +94,6 @@ class FakeClock:
                 await asyncio.sleep(0.0005)
                 continue
             deadline = self._sleepers[0][0]
-            if deadline > self._now:
-                self._now = deadline
+            if deadline > self._now_us:
+                self._now_us = deadline
             self._wake_due()

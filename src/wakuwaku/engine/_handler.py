@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .._clock import BLOCKING_CALLS
 from .._errors import ConfigError
 from .._events import EventType, event_type
 
@@ -53,7 +54,9 @@ class Handler(Generic[T]):
         self.inbox = inbox
         self._fn = fn
         target = fn if fn is not None else self.handle
-        self._is_async = inspect.iscoroutinefunction(target)
+        self._is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+            getattr(target, "__call__", None)  # noqa: B004 - async callable objects
+        )
         self.name = getattr(fn, "__qualname__", type(self).__qualname__)
 
     def handle(self, run: Sequence[T]) -> Awaitable[None] | None:
@@ -72,7 +75,8 @@ class Handler(Generic[T]):
             if result is not None:
                 await result
             return
-        outcome = await asyncio.to_thread(self.handle, run)
+        with BLOCKING_CALLS.track():
+            outcome = await asyncio.to_thread(self.handle, run)
         if inspect.isawaitable(outcome):
             await outcome
 

@@ -14,6 +14,10 @@ for a retry, already reduced, with ``wk-failed-at`` and ``wk-src``) and small
                         ``wk-at`` (ms since the epoch)
 ======================  ======================================================
 
+Work records carry ``wk-seg``, the id of the write that produced them (one
+failure's unfinished work, or one batch's records routed during a
+quarantine): an attempt plans each write apart, so runs never cross writes.
+
 One function, :meth:`RetryState.apply`, turns a record into state. The live
 consumer writes a record, then applies it with its assigned offset; a
 restart reads the retry partition from its committed offset and applies the
@@ -49,6 +53,7 @@ H_THROUGH = "wk-through"
 H_RESET = "wk-reset"
 H_FAILURES = "wk-failures"
 H_AT = "wk-at"
+H_SEG = "wk-seg"
 
 MARKER_RESOLVED = b"resolved"
 MARKER_ATTEMPT_FAILED = b"attempt-failed"
