@@ -402,5 +402,5 @@ async def test_a_chunk_waiting_out_a_transient_delay_is_abandoned_at_shutdown(
 
 async def test_two_handlers_for_one_type_are_refused(memory_log: Log, clock: FakeClock) -> None:
     script = Script(clock)
-    with pytest.raises(wk.ConfigError, match="two handlers for event type 'test.item'"):
+    with pytest.raises(wk.ConfigError, match=r"two handlers for event type 'test\.item'"):
         consumer(memory_log, clock, [Handler(Item, script), Handler(Item, script)])
