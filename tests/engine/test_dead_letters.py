@@ -93,7 +93,7 @@ async def test_8_unknown_type(log: Log, clock: FakeClock) -> None:
 async def test_8_algebra_mismatch(log: Log, clock: FakeClock) -> None:
     headers = build_headers(wk.event_type(Put), "a")
     headers["wk-alg"] = b"plain"  # a producer built with another algebra
-    script, dead, _ = await run_one(log, clock, headers, b'{"key":"a","value":1}')
+    _, dead, _ = await run_one(log, clock, headers, b'{"key":"a","value":1}')
     assert [reason(r) for r in dead] == ["algebra_mismatch"]
     assert dead[0].headers["wk-alg"] == b"plain"
 
