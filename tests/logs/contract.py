@@ -1,0 +1,397 @@
+"""The log contract suite, written once and run against every adapter.
+
+Subclass :class:`LogContract` in ``tests/logs/test_<adapter>.py`` and give it
+a ``log`` fixture that yields a fresh, empty log (and closes it). Set
+``multiprocess = True`` when other processes can open the same log through
+``log.url`` (SQLite; Redis and NATS later), which runs the concurrent
+appenders test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from collections.abc import AsyncIterator
+from typing import ClassVar
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wakuwaku import (
+    ConfigError,
+    FencedError,
+    PartitionCountMismatch,
+    Record,
+    UnknownPartitionError,
+    UnknownTopicError,
+    open_log,
+    partition_for,
+)
+from wakuwaku.logs import Log, TopicInfo
+
+HEADERS = {"wk-v": b"1", "wk-type": b"t.created", "wk-key": b"k1", "wk-alg": b"plain"}
+
+header_names = st.text(min_size=1, max_size=20)
+header_maps = st.dictionaries(header_names, st.binary(max_size=64), max_size=8)
+
+
+def rec(body: bytes = b"{}", **headers: bytes) -> tuple[dict[str, bytes], bytes]:
+    return ({**HEADERS, **headers}, body)
+
+
+async def read_all(log: Log, topic: str, partition: int) -> list[Record]:
+    out: list[Record] = []
+    offset = 0
+    while page := await log.read(topic, partition, offset, 200):
+        out.extend(page)
+        offset = page[-1].offset + 1
+    return out
+
+
+class LogContract:
+    """What every :class:`~wakuwaku.logs.Log` adapter must do (``logs/_base.py``)."""
+
+    multiprocess: ClassVar[bool] = False
+
+    @pytest.fixture
+    async def log(self) -> AsyncIterator[Log]:
+        raise NotImplementedError("an adapter's test class provides the log fixture")
+        yield  # pragma: no cover
+
+    # -- topics -----------------------------------------------------------
+
+    async def test_create_topic_is_idempotent(self, log: Log) -> None:
+        assert await log.create_topic("orders", 3) == TopicInfo("orders", 3)
+        assert await log.create_topic("orders", 3) == TopicInfo("orders", 3)
+        assert await log.list_topics() == [TopicInfo("orders", 3)]
+
+    async def test_partition_count_mismatch_names_both_counts(self, log: Log) -> None:
+        await log.create_topic("orders", 3)
+        with pytest.raises(PartitionCountMismatch) as caught:
+            await log.create_topic("orders", 5)
+        assert (caught.value.topic, caught.value.existing, caught.value.requested) == (
+            "orders", 3, 5)
+        assert "3" in str(caught.value) and "5" in str(caught.value)
+        assert await log.describe_topic("orders") == TopicInfo("orders", 3)
+
+    async def test_describe_and_list_sorted_by_name(self, log: Log) -> None:
+        for name, count in (("zeta", 1), ("alpha", 4), ("mid.dle-name_2", 2)):
+            await log.create_topic(name, count)
+        assert await log.describe_topic("alpha") == TopicInfo("alpha", 4)
+        assert await log.list_topics() == [
+            TopicInfo("alpha", 4), TopicInfo("mid.dle-name_2", 2), TopicInfo("zeta", 1)]
+
+    async def test_empty_log_lists_no_topic(self, log: Log) -> None:
+        assert await log.list_topics() == []
+
+    async def test_unknown_topic_is_refused_everywhere(self, log: Log) -> None:
+        calls = [
+            log.describe_topic("nope"),
+            log.append("nope", 0, [rec()]),
+            log.read("nope", 0, 0),
+            log.end_offsets("nope"),
+            log.start_offsets("nope"),
+            log.commit("g", "nope", 0, 1),
+        ]
+        for call in calls:
+            with pytest.raises(UnknownTopicError) as caught:
+                await call
+            assert caught.value.topic == "nope"
+            assert "'nope'" in str(caught.value)
+
+    @pytest.mark.parametrize("partition", [-1, 2, 99])
+    async def test_unknown_partition_is_refused(self, log: Log, partition: int) -> None:
+        await log.create_topic("orders", 2)
+        for call in (log.append("orders", partition, [rec()]),
+                     log.read("orders", partition, 0),
+                     log.commit("g", "orders", partition, 0)):
+            with pytest.raises(UnknownPartitionError) as caught:
+                await call
+            assert (caught.value.topic, caught.value.partition, caught.value.partitions) == (
+                "orders", partition, 2)
+        assert await log.end_offsets("orders") == {0: 0, 1: 0}
+
+    @pytest.mark.parametrize("name", ["", "with space", "a/b", "tab\there", "nul\x00", "x" * 201])
+    async def test_bad_topic_names_are_refused(self, log: Log, name: str) -> None:
+        with pytest.raises(ConfigError, match="topic name"):
+            await log.create_topic(name, 1)
+        assert await log.list_topics() == []
+
+    async def test_longest_allowed_topic_name(self, log: Log) -> None:
+        name = "n" * 200
+        await log.create_topic(name, 1)
+        assert await log.describe_topic(name) == TopicInfo(name, 1)
+
+    @pytest.mark.parametrize("count", [0, -1, 1.5, "3", None])
+    async def test_bad_partition_counts_are_refused(self, log: Log, count: object) -> None:
+        with pytest.raises(ConfigError, match="partition count"):
+            await log.create_topic("orders", count)  # type: ignore[arg-type]
+        assert await log.list_topics() == []
+
+    # -- append and read --------------------------------------------------
+
+    async def test_append_gives_dense_offsets_per_partition(self, log: Log) -> None:
+        await log.create_topic("orders", 2)
+        assert await log.append("orders", 0, [rec(b"a"), rec(b"b"), rec(b"c")]) == [0, 1, 2]
+        assert await log.append("orders", 0, [rec(b"d"), rec(b"e")]) == [3, 4]
+        assert await log.append("orders", 1, [rec(b"x")]) == [0]
+        assert await log.append("orders", 0, []) == []
+        assert await log.end_offsets("orders") == {0: 5, 1: 1}
+        records = await read_all(log, "orders", 0)
+        assert [(r.offset, r.body) for r in records] == [
+            (0, b"a"), (1, b"b"), (2, b"c"), (3, b"d"), (4, b"e")]
+
+    async def test_read_from_an_offset_bounded_and_past_the_end(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        await log.append("orders", 0, [rec(str(i).encode()) for i in range(10)])
+        page = await log.read("orders", 0, 3, max_records=4)
+        assert [(r.offset, r.body) for r in page] == [(3, b"3"), (4, b"4"), (5, b"5"), (6, b"6")]
+        assert [r.offset for r in await log.read("orders", 0, 7, max_records=100)] == [7, 8, 9]
+        assert await log.read("orders", 0, 10) == []
+        assert await log.read("orders", 0, 1_000) == []
+        # Pages in a row follow each other without gaps or repeats.
+        seen: list[int] = []
+        offset = 0
+        while page := await log.read("orders", 0, offset, max_records=3):
+            seen.extend(r.offset for r in page)
+            offset = page[-1].offset + 1
+        assert seen == list(range(10))
+
+    async def test_read_sees_appends_after_an_earlier_read(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        await log.append("orders", 0, [rec(b"%d" % i) for i in range(3)])
+        assert len(await log.read("orders", 0, 0, max_records=1)) == 1
+        await log.append("orders", 0, [rec(b"late")])
+        page = await log.read("orders", 0, 1, max_records=10)
+        assert [r.body for r in page] == [b"1", b"2", b"late"]
+
+    async def test_read_waits_for_a_record_that_arrives(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        reader = asyncio.create_task(log.read("orders", 0, 0, wait=30.0))
+        await asyncio.sleep(0.1)
+        assert not reader.done(), "read returned before anything was appended"
+        await log.append("orders", 0, [rec(b"arrived")])
+        page = await asyncio.wait_for(reader, 10.0)
+        assert [(r.offset, r.body) for r in page] == [(0, b"arrived")]
+
+    async def test_read_wait_times_out_empty(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        started = time.monotonic()
+        assert await log.read("orders", 0, 0, wait=0.2) == []
+        assert time.monotonic() - started >= 0.19
+
+    async def test_read_without_wait_returns_at_once_when_empty(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        assert await asyncio.wait_for(log.read("orders", 0, 0), 5.0) == []
+
+    async def test_records_carry_the_append_time(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        before = time.time()
+        await log.append("orders", 0, [rec()])
+        after = time.time()
+        (record,) = await log.read("orders", 0, 0)
+        assert before - 0.01 <= record.timestamp <= after + 0.01
+
+    @pytest.mark.parametrize(
+        ("headers", "body"),
+        [
+            pytest.param(HEADERS, b"", id="empty-body"),
+            pytest.param({}, b"no headers", id="no-headers"),
+            pytest.param({"wk-key": "東京/ß/🎉".encode(), "wk-props": '{"t":"é"}'.encode()},
+                         "本文 ✓".encode(), id="non-ascii"),
+            pytest.param({"bin": b"\x00\xff\x00", "empty": b""}, bytes(range(256)) * 4,
+                         id="binary-with-nul"),
+            pytest.param(HEADERS, b"\x00" + b"x" * (1 << 20) + b"\xff", id="1MiB-body"),
+        ],
+    )
+    async def test_headers_and_body_round_trip_byte_for_byte(
+        self, log: Log, headers: dict[str, bytes], body: bytes
+    ) -> None:
+        await log.create_topic("orders", 1)
+        await log.append("orders", 0, [rec(b"before"), (headers, body), rec(b"after")])
+        records = await log.read("orders", 0, 0)
+        assert [r.body for r in records] == [b"before", body, b"after"]
+        assert records[1].headers == headers
+        assert all(type(v) is bytes for v in records[1].headers.values())
+        assert type(records[1].body) is bytes
+
+    # One log serves every example (topic creation is idempotent), and each
+    # adapter's subclass runs the same test: both are intended.
+    @settings(max_examples=40, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                     HealthCheck.differing_executors])
+    @given(batch=st.lists(st.tuples(header_maps, st.binary(max_size=300)), min_size=1,
+                          max_size=5))
+    async def test_any_headers_and_bodies_round_trip(
+        self, log: Log, batch: list[tuple[dict[str, bytes], bytes]]
+    ) -> None:
+        await log.create_topic("prop", 1)  # idempotent: the log lives across examples
+        offsets = await log.append("prop", 0, batch)
+        records = await log.read("prop", 0, offsets[0], max_records=len(batch))
+        assert [r.offset for r in records] == offsets
+        assert [(r.headers, r.body) for r in records] == batch
+
+    # -- offsets ------------------------------------------------------------
+
+    async def test_commit_and_committed_per_group(self, log: Log) -> None:
+        await log.create_topic("orders", 2)
+        assert await log.committed("g1", "orders", 0) is None
+        await log.commit("g1", "orders", 0, 3)
+        await log.commit("g2", "orders", 0, 7)
+        await log.commit("g1", "orders", 1, 1)
+        assert await log.committed("g1", "orders", 0) == 3
+        assert await log.committed("g2", "orders", 0) == 7
+        assert await log.committed("g1", "orders", 1) == 1
+        assert await log.committed("g2", "orders", 1) is None
+        await log.commit("g1", "orders", 0, 2)  # going back is allowed (a reset)
+        assert await log.committed("g1", "orders", 0) == 2
+
+    async def test_start_and_end_offsets(self, log: Log) -> None:
+        await log.create_topic("orders", 3)
+        assert await log.start_offsets("orders") == {0: 0, 1: 0, 2: 0}
+        assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 0}
+        await log.append("orders", 2, [rec(), rec()])
+        assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 2}
+        assert await log.start_offsets("orders") == {0: 0, 1: 0, 2: 0}
+
+    # -- retention ------------------------------------------------------------
+
+    async def test_retention_keeps_everything_without_commits(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        await log.append("orders", 0, [rec() for _ in range(5)])
+        assert await log.apply_retention("orders") == 0
+        assert await log.start_offsets("orders") == {0: 0}
+        assert len(await read_all(log, "orders", 0)) == 5
+
+    async def test_retention_deletes_below_the_slowest_group(self, log: Log) -> None:
+        await log.create_topic("orders", 2)
+        await log.append("orders", 0, [rec(b"%d" % i) for i in range(10)])
+        await log.append("orders", 1, [rec() for _ in range(4)])
+        await log.commit("fast", "orders", 0, 8)
+        await log.commit("slow", "orders", 0, 3)
+        assert await log.apply_retention("orders") == 3
+        assert await log.start_offsets("orders") == {0: 3, 1: 0}
+        assert await log.end_offsets("orders") == {0: 10, 1: 4}
+        page = await log.read("orders", 0, 0)
+        assert [(r.offset, r.body) for r in page[:2]] == [(3, b"3"), (4, b"4")]
+        assert len(await read_all(log, "orders", 1)) == 4
+        assert await log.apply_retention("orders") == 0
+        # New records keep counting from the end, not from the start.
+        assert await log.append("orders", 0, [rec()]) == [10]
+
+    async def test_retention_never_passes_the_end(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        await log.append("orders", 0, [rec() for _ in range(5)])
+        await log.commit("g", "orders", 0, 100)
+        assert await log.apply_retention("orders") == 5
+        assert await log.start_offsets("orders") == {0: 5}
+        assert await log.end_offsets("orders") == {0: 5}
+        assert await log.read("orders", 0, 0) == []
+        assert await log.append("orders", 0, [rec(b"next")]) == [5]
+        assert [r.body for r in await log.read("orders", 0, 0)] == [b"next"]
+
+    # -- leases (SPEC 15) -------------------------------------------------
+
+    async def test_lease_refuses_a_second_member_while_it_lives(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        first = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        assert first is not None
+        assert (first.member, first.partition) == ("a", 0)
+        assert first.expires_at > time.time() + 50
+        assert await log.acquire_partition("g", "orders", 0, "b", ttl=60.0) is None
+        renewed = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        assert renewed is not None and renewed.generation == first.generation
+        # Another group is another owner domain.
+        assert await log.acquire_partition("other", "orders", 0, "b", ttl=60.0) is not None
+
+    async def test_lease_moves_after_expiry_with_a_higher_generation(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        old = await log.acquire_partition("g", "orders", 0, "a", ttl=0.05)
+        assert old is not None
+        new = None
+        deadline = time.monotonic() + 10.0
+        while new is None and time.monotonic() < deadline:
+            new = await log.acquire_partition("g", "orders", 0, "b", ttl=60.0)
+            if new is None:
+                await asyncio.sleep(0.01)
+        assert new is not None and new.member == "b"
+        assert new.generation > old.generation
+        # The old owner is fenced: it can neither store offsets nor take the lease back.
+        with pytest.raises(FencedError) as caught:
+            await log.commit("g", "orders", 0, 5, generation=old.generation)
+        assert (caught.value.group, caught.value.topic, caught.value.partition,
+                caught.value.generation) == ("g", "orders", 0, old.generation)
+        assert await log.committed("g", "orders", 0) is None
+        assert await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is None
+        await log.commit("g", "orders", 0, 5, generation=new.generation)
+        assert await log.committed("g", "orders", 0) == 5
+
+    async def test_commit_with_a_generation_but_no_lease_is_fenced(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        with pytest.raises(FencedError):
+            await log.commit("g", "orders", 0, 1, generation=1)
+        assert await log.committed("g", "orders", 0) is None
+
+    async def test_release_lets_another_member_in_at_once(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        lease = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        assert lease is not None
+        await log.release_partition(lease)
+        taken = await log.acquire_partition("g", "orders", 0, "b", ttl=60.0)
+        assert taken is not None and taken.generation > lease.generation
+        with pytest.raises(FencedError):
+            await log.commit("g", "orders", 0, 1, generation=lease.generation)
+        # Releasing a lease that was taken over does not free the new owner's.
+        await log.release_partition(lease)
+        assert await log.acquire_partition("g", "orders", 0, "c", ttl=60.0) is None
+
+    # -- several processes ------------------------------------------------
+
+    @pytest.mark.slow
+    async def test_concurrent_appenders_in_several_processes(self, log: Log) -> None:
+        if not self.multiprocess:
+            pytest.skip(f"{type(log).__name__} lives in one process")
+        producers, count, partitions = 4, 500, 3
+        await log.create_topic("shared", partitions)
+        context = multiprocessing.get_context("spawn")
+        start = context.Event()
+        workers = [context.Process(target=append_worker,
+                                   args=(log.url, "shared", n, count, partitions, start))
+                   for n in range(producers)]
+        for worker in workers:
+            worker.start()
+        start.set()
+        loop = asyncio.get_running_loop()
+        for worker in workers:
+            await loop.run_in_executor(None, worker.join, 120)
+            assert worker.exitcode == 0, f"appender process failed with {worker.exitcode}"
+        seen: set[tuple[int, int]] = set()
+        for partition in range(partitions):
+            records = await read_all(log, "shared", partition)
+            assert [r.offset for r in records] == list(range(len(records)))
+            last: dict[int, int] = {}
+            for record in records:
+                producer, seq = map(int, record.body.split(b":"))
+                assert (producer, seq) not in seen, f"{producer}:{seq} stored twice"
+                seen.add((producer, seq))
+                assert seq > last.get(producer, -1), "a producer's records are out of order"
+                last[producer] = seq
+                assert record.headers["wk-key"] == f"p{producer}-k{seq % 7}".encode()
+        assert seen == {(p, s) for p in range(producers) for s in range(count)}
+
+
+def append_worker(url: str, topic: str, producer: int, count: int, partitions: int,
+                  start: object) -> None:
+    """One appender process: ``count`` records, one append each, keys over all partitions."""
+    start.wait(60)  # type: ignore[attr-defined]
+
+    async def run() -> None:
+        async with open_log(url) as log:
+            for seq in range(count):
+                key = f"p{producer}-k{seq % 7}"
+                record = ({**HEADERS, "wk-key": key.encode()}, f"{producer}:{seq}".encode())
+                await log.append(topic, partition_for(key, partitions), [record])
+
+    asyncio.run(run())

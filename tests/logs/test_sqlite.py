@@ -1,0 +1,279 @@
+"""The log contract on :class:`wakuwaku.logs.sqlite.SQLiteLog`, and what only SQLite has."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from wakuwaku import (
+    ConfigError,
+    CorruptLogError,
+    LogError,
+    LogUnavailableError,
+    UnknownTopicError,
+    open_log,
+)
+from wakuwaku.logs import Log, TopicInfo
+from wakuwaku.logs.sqlite import APPLICATION_ID, SCHEMA_VERSION, SQLiteLog
+
+from .contract import LogContract
+
+
+class TestSQLiteLog(LogContract):
+    multiprocess = True
+
+    @pytest.fixture
+    async def log(self, tmp_path: Path) -> AsyncIterator[Log]:
+        log = SQLiteLog(tmp_path / "log.db")
+        yield log
+        await log.close()
+
+
+HEADERS = {"wk-v": b"1", "wk-type": b"t", "wk-key": b"k", "wk-alg": b"plain"}
+
+
+@pytest.fixture
+async def log(tmp_path: Path) -> AsyncIterator[SQLiteLog]:
+    log = SQLiteLog(tmp_path / "log.db")
+    yield log
+    await log.close()
+
+
+async def test_random_bytes_file_is_a_corrupt_log(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.db"
+    garbage = random.Random(0).randbytes(16_384)
+    path.write_bytes(garbage)
+    log = SQLiteLog(path)
+    with pytest.raises(CorruptLogError, match=re.escape(str(path))):
+        await log.list_topics()
+    await log.close()
+    assert path.read_bytes() == garbage
+
+
+async def test_foreign_sqlite_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("INSERT INTO users VALUES (1, 'ann')")
+        db.commit()
+    before = path.read_bytes()
+    log = SQLiteLog(path)
+    with pytest.raises(CorruptLogError, match="not a wakuwaku log") as caught:
+        await log.create_topic("orders", 1)
+    assert str(path) in str(caught.value)
+    await log.close()
+    assert path.read_bytes() == before  # not even switched to WAL
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT name FROM users").fetchall() == [("ann",)]
+
+
+async def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SQLiteLog(path) as log:
+        await log.create_topic("orders", 1)
+    with closing(sqlite3.connect(path)) as db:
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    log = SQLiteLog(path)
+    with pytest.raises(CorruptLogError, match="schema version 2"):
+        await log.list_topics()
+    await log.close()
+
+
+async def test_file_is_created_in_a_fresh_directory_with_wal(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "nested" / "log.db"
+    async with SQLiteLog(path) as log:
+        assert log.url == f"sqlite:///{path}"
+        await log.create_topic("orders", 2)
+    assert path.is_file()
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert db.execute("PRAGMA application_id").fetchone() == (APPLICATION_ID,)
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+async def test_an_empty_file_becomes_a_log(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    async with SQLiteLog(path) as log:
+        await log.create_topic("orders", 1)
+        assert await log.list_topics() == [TopicInfo("orders", 1)]
+
+
+async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SQLiteLog(path) as log:
+        await log.create_topic("orders", 2)
+        await log.append("orders", 1, [(HEADERS, b"kept")])
+        await log.commit("g", "orders", 1, 1)
+        lease = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    async with SQLiteLog(path) as log:
+        assert await log.list_topics() == [TopicInfo("orders", 2)]
+        (record,) = await log.read("orders", 1, 0)
+        assert (record.headers, record.body) == (HEADERS, b"kept")
+        assert await log.committed("g", "orders", 1) == 1
+        assert await log.acquire_partition("g", "orders", 0, "b", ttl=60.0) is None
+        again = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        assert again is not None and lease is not None
+        assert again.generation == lease.generation
+
+
+async def test_two_instances_on_one_file_share_everything(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SQLiteLog(path) as one, SQLiteLog(path) as two:
+        await one.create_topic("orders", 1)
+        assert await two.describe_topic("orders") == TopicInfo("orders", 1)
+        reader = asyncio.create_task(two.read("orders", 0, 0, wait=30.0))
+        await asyncio.sleep(0.1)
+        assert not reader.done()
+        assert await one.append("orders", 0, [(HEADERS, b"a")]) == [0]
+        assert [r.body for r in await asyncio.wait_for(reader, 10.0)] == [b"a"]
+        assert await two.append("orders", 0, [(HEADERS, b"b")]) == [1]
+        assert await one.append("orders", 0, [(HEADERS, b"c")]) == [2]
+        assert [r.body for r in await one.read("orders", 0, 0)] == [b"a", b"b", b"c"]
+        assert [r.body for r in await two.read("orders", 0, 2)] == [b"c"]
+        lease = await one.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        assert lease is not None
+        assert await two.acquire_partition("g", "orders", 0, "b", ttl=60.0) is None
+        await two.commit("g", "orders", 0, 3, generation=lease.generation)
+        assert await one.committed("g", "orders", 0) == 3
+
+
+async def test_a_write_lock_held_too_long_is_log_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SQLiteLog(path) as log:
+        await log.create_topic("orders", 1)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        async with SQLiteLog(path, busy_timeout=0.05) as log:
+            with pytest.raises(LogUnavailableError, match="locked"):
+                await log.append("orders", 0, [(HEADERS, b"x")])
+            # Reads go on while another connection writes (WAL).
+            assert await log.read("orders", 0, 0) == []
+            blocker.execute("ROLLBACK")
+            assert await log.append("orders", 0, [(HEADERS, b"x")]) == [0]
+    finally:
+        blocker.close()
+
+
+async def test_close_is_idempotent_and_final(log: SQLiteLog) -> None:
+    await log.create_topic("orders", 1)
+    await log.close()
+    await log.close()
+    with pytest.raises(LogError, match="closed"):
+        await log.list_topics()
+    with pytest.raises(LogError, match="closed"):
+        await log.read("orders", 0, 0)
+
+
+async def test_close_without_use_opens_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "never.db"
+    await SQLiteLog(path).close()
+    assert not path.exists()
+
+
+async def test_bad_records_are_refused_before_anything_is_written(log: SQLiteLog) -> None:
+    await log.create_topic("orders", 1)
+    bad: list[object] = [
+        [(HEADERS, b"ok"), ({"wk-key": "text"}, b"x")],
+        [(HEADERS, b"ok"), ({1: b"x"}, b"x")],
+        [(HEADERS, "body as text")],
+    ]
+    for records in bad:
+        with pytest.raises(ConfigError):
+            await log.append("orders", 0, records)  # type: ignore[arg-type]
+    assert await log.end_offsets("orders") == {0: 0}
+
+
+async def test_bytes_like_values_are_stored_as_bytes(log: SQLiteLog) -> None:
+    await log.create_topic("orders", 1)
+    headers: dict[str, object] = {"a": bytearray(b"x"), "b": memoryview(b"y")}
+    await log.append("orders", 0, [(headers, bytearray(b"body"))])  # type: ignore[list-item]
+    (record,) = await log.read("orders", 0, 0)
+    assert record.headers == {"a": b"x", "b": b"y"}
+    assert type(record.headers["a"]) is bytes and type(record.body) is bytes
+
+
+async def test_reads_after_retention_do_not_serve_deleted_records(log: SQLiteLog) -> None:
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [(HEADERS, b"%d" % i) for i in range(10)])
+    assert [r.offset for r in await log.read("orders", 0, 0, max_records=2)] == [0, 1]
+    await log.commit("g", "orders", 0, 6)
+    assert await log.apply_retention("orders") == 6
+    assert [r.offset for r in await log.read("orders", 0, 2, max_records=2)] == [6, 7]
+
+
+async def test_automatic_retention_after_commits(tmp_path: Path) -> None:
+    async with SQLiteLog(tmp_path / "log.db", retention=True) as log:
+        await log.create_topic("orders", 2)
+        await log.append("orders", 0, [(HEADERS, b"x")] * 10)
+        await log.commit("g", "orders", 0, 4)
+        assert await log.start_offsets("orders") == {0: 4, 1: 0}
+        assert [r.offset for r in await log.read("orders", 0, 0, max_records=1)] == [4]
+
+
+async def test_without_retention_commits_delete_nothing(log: SQLiteLog) -> None:
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [(HEADERS, b"x")] * 10)
+    await log.commit("g", "orders", 0, 4)
+    assert await log.start_offsets("orders") == {0: 0}
+
+
+async def test_group_offsets_lists_every_group(log: SQLiteLog) -> None:
+    await log.create_topic("orders", 2)
+    await log.create_topic("other", 1)
+    await log.commit("b", "orders", 1, 7)
+    await log.commit("a", "orders", 0, 3)
+    await log.commit("a", "other", 0, 9)
+    assert await log.group_offsets("orders") == {"a": {0: 3}, "b": {1: 7}}
+    with pytest.raises(UnknownTopicError):
+        await log.group_offsets("missing")
+
+
+async def test_many_pages_read_in_order_through_read_ahead(log: SQLiteLog) -> None:
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [(HEADERS, b"%d" % i) for i in range(6000)])
+    bodies: list[bytes] = []
+    offset = 0
+    while page := await log.read("orders", 0, offset, max_records=7):
+        bodies.extend(r.body for r in page)
+        offset = page[-1].offset + 1
+    assert bodies == [b"%d" % i for i in range(6000)]
+    # Going back re-reads what is there.
+    assert [r.offset for r in await log.read("orders", 0, 3, max_records=2)] == [3, 4]
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [("sqlite:///relative/log.db", "relative/log.db"), ("sqlite:////abs/log.db", "/abs/log.db")],
+)
+async def test_open_log_builds_sqlite_logs(url: str, path: str) -> None:
+    log = open_log(url)
+    assert isinstance(log, SQLiteLog)
+    assert (log.path, log.url) == (path, url)
+    await log.close()
+
+
+@pytest.mark.parametrize("path", ["", ":memory:"])
+def test_a_file_path_is_required(path: str) -> None:
+    with pytest.raises(ConfigError, match="file path"):
+        SQLiteLog(path)
+
+
+def test_a_negative_busy_timeout_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="busy_timeout"):
+        SQLiteLog(tmp_path / "x.db", busy_timeout=-1.0)
+
+
+async def test_bad_lease_arguments_are_refused(log: SQLiteLog) -> None:
+    with pytest.raises(ConfigError):
+        await log.acquire_partition("g", "orders", 0, "", ttl=1.0)
+    with pytest.raises(ConfigError):
+        await log.acquire_partition("g", "orders", 0, "a", ttl=0.0)
