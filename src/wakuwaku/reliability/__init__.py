@@ -11,7 +11,9 @@
 * :mod:`wakuwaku.reliability.breaker` (SPEC 12): a circuit breaker that
   does not count domain failures and cannot be flipped by stale calls.
 
-The error-text sanitizer (SPEC 13) is :func:`wakuwaku._sanitize.sanitize`.
+* :func:`sanitize` (SPEC 13), re-exported from :mod:`wakuwaku._sanitize`:
+  make untrusted error text safe to store.
+
 See ``docs/reliability.md``.
 """
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .._sanitize import DEFAULT_LIMIT as DEFAULT_LIMIT
+from .._sanitize import sanitize as sanitize
 from .breaker import BreakerCall as BreakerCall
 from .breaker import BreakerConfig as BreakerConfig
 from .breaker import BreakerState as BreakerState
@@ -70,6 +74,7 @@ _WAITER_NAMES = frozenset(
 )
 
 __all__ = (
+    "DEFAULT_LIMIT",
     "AttemptLimit",
     "Backoff",
     "BreakerCall",
@@ -95,6 +100,7 @@ __all__ = (
     "publish_result",
     "result_channel",
     "result_key",
+    "sanitize",
     "wait_for_result",
 )
 
