@@ -173,6 +173,8 @@ class StubPubSub:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
 
     async def subscribe(self, channel: str) -> None:
+        if self.owner.subscribe_hangs:
+            await asyncio.Event().wait()
         if self.owner.subscribe_errors:
             raise self.owner.subscribe_errors.popleft()
         self.owner.subscriptions += 1
@@ -200,6 +202,7 @@ class StubRedis:
         self.scripts = {name: deque(steps) for name, steps in scripts.items()}
         self.calls: list[tuple[str, float]] = []
         self.subscribe_errors: deque[BaseException] = deque()
+        self.subscribe_hangs = False
         self.subscriptions = 0
         self.closed = 0
         self.pubsubs: list[StubPubSub] = []
@@ -422,3 +425,12 @@ async def test_destructive_read_retries_a_claim_that_never_reached_redis() -> No
         stub, JOB, STEP, 60, mode=ReadMode.DESTRUCTIVE, clock=clock  # type: ignore[arg-type]
     )
     assert result.content == "ok"
+
+
+async def test_a_hanging_subscription_delays_polling_by_one_interval_only() -> None:
+    clock = FakeClock()
+    stub = StubRedis(clock, get=[None, DONE])
+    stub.subscribe_hangs = True
+    result = await wait_for_result(stub, JOB, STEP, 60, poll_interval=2, clock=clock)  # type: ignore[arg-type]
+    assert result.content == "ok"
+    assert times(stub, "get") == [2.0, 4.0]

@@ -524,7 +524,9 @@ class _Wait:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
 
     async def _poll(self) -> Result:
-        await self.ready.wait()
+        # Normally the subscription is confirmed (or failed) within a round
+        # trip; if it hangs, polling starts after one interval anyway.
+        await self._sleep_or(self.ready, self.poll_interval)
         failures = 0
         while True:
             self.nudge.clear()  # before the read: a nudge during the read wakes us again
@@ -545,13 +547,13 @@ class _Wait:
                 failures += 1
                 delay = self.backoff.delay(failures)
                 self._transient(outcome, delay)
-                await self._sleep_or_nudge(delay)
+                await self._sleep_or(self.nudge, delay)
             else:
                 if self.last_error is not None:
                     logger.info("result store reachable again", extra=self._fields())
                     self.last_error = None
                 failures = 0
-                await self._sleep_or_nudge(self.poll_interval)
+                await self._sleep_or(self.nudge, self.poll_interval)
 
     async def _read(self) -> Result | None:
         if self.mode is ReadMode.NON_DESTRUCTIVE:
@@ -581,16 +583,17 @@ class _Wait:
             raise ProtocolError(self.job_id, self.step, ProtocolReason.RESULT_LOST)
         return raw
 
-    async def _sleep_or_nudge(self, seconds: float) -> None:
-        if self.nudge.is_set():
+    async def _sleep_or(self, event: asyncio.Event, seconds: float) -> None:
+        """Sleep ``seconds`` on the clock, or less if ``event`` is (or gets) set."""
+        if event.is_set():
             return
         sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        nudged = asyncio.ensure_future(self.nudge.wait())
+        woken = asyncio.ensure_future(event.wait())
         try:
-            await asyncio.wait({sleeper, nudged}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             sleeper.cancel()
-            nudged.cancel()
+            woken.cancel()
 
     def _transient(self, error: BaseException, delay: float) -> None:
         first = self.last_error is None
