@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 import msgspec
 
@@ -269,6 +269,10 @@ def _has_member(cls: type, name: str) -> bool:
     return False
 
 
+@overload
+def event_type(cls_or_event: type[T]) -> EventType[T]: ...
+@overload
+def event_type(cls_or_event: T) -> EventType[T]: ...
 def event_type(cls_or_event: type[T] | T) -> EventType[T]:
     """The :class:`EventType` of an event class or instance.
 
