@@ -70,7 +70,7 @@ class ReasonCode(enum.StrEnum):
     """A handler raised Unrecoverable (or an unknown exception classified so)."""
 
 
-class Source(msgspec.Struct, frozen=True, array_like=True):
+class Source(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """Where a retry or dead-letter record came from (``wk-src``, SPEC 3, 9).
 
     :param topic: the main topic.

@@ -8,40 +8,62 @@ Sync handlers see the same context: worker threads get a copy of it.
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from .._errors import WakuwakuError
+from ._plan import Item
 
 
-@dataclass(frozen=True, slots=True)
 class ChunkContext:
     """The chunk a handler is handling right now.
 
-    :param topic: the main topic.
-    :param partition: its partition.
-    :param key: the chunk's key.
-    :param type_tag: the events' type tag.
-    :param message_ids: per event, the message ids (SPEC 9) of the records it
-        stands for (several for a reduced event).
-    :param offsets: per event, the main-topic offsets it stands for.
-    :param props: per event, the ``wk-props`` of its first record.
-    :param attempt: 0 when handling the main topic, N for the N-th retry
-        attempt of a quarantined key.
+    :ivar topic: the main topic.
+    :ivar partition: its partition.
+    :ivar key: the chunk's key.
+    :ivar type_tag: the events' type tag.
+    :ivar attempt: 0 when handling the main topic, N for the N-th retry
+        attempt of a quarantined key (the failures so far in its cycle).
+
+    Per-event details (:attr:`message_ids`, :attr:`offsets`, :attr:`props`)
+    are computed when asked for, so handlers that never look cost nothing.
     """
 
-    topic: str
-    partition: int
-    key: str
-    type_tag: str
-    message_ids: tuple[tuple[str, ...], ...]
-    offsets: tuple[tuple[int, ...], ...]
-    props: tuple[dict[str, str], ...]
-    attempt: int
+    __slots__ = ("_items", "attempt", "key", "partition", "topic", "type_tag")
+
+    def __init__(self, topic: str, partition: int, key: str, type_tag: str,
+                 items: Sequence[Item], attempt: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.key = key
+        self.type_tag = type_tag
+        self.attempt = attempt
+        self._items = items
+
+    @property
+    def message_ids(self) -> tuple[tuple[str, ...], ...]:
+        """Per event, the message ids (SPEC 9) of the records it stands for
+        (several for a reduced event)."""
+        return tuple(item.ids for item in self._items)
+
+    @property
+    def offsets(self) -> tuple[tuple[int, ...], ...]:
+        """Per event, the main-topic offsets it stands for."""
+        return tuple(item.main_offsets for item in self._items)
+
+    @property
+    def props(self) -> tuple[dict[str, str], ...]:
+        """Per event, the ``wk-props`` of its first record."""
+        return tuple(item.props for item in self._items)
 
     @property
     def all_message_ids(self) -> tuple[str, ...]:
         """Every message id of the chunk, in order."""
-        return tuple(i for ids in self.message_ids for i in ids)
+        return tuple(i for item in self._items for i in item.ids)
+
+    def __repr__(self) -> str:
+        return (f"ChunkContext(topic={self.topic!r}, partition={self.partition}, "
+                f"key={self.key!r}, type_tag={self.type_tag!r}, events={len(self._items)}, "
+                f"attempt={self.attempt})")
 
 
 _current: contextvars.ContextVar[ChunkContext] = contextvars.ContextVar("wakuwaku_chunk")

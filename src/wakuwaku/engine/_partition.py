@@ -460,16 +460,8 @@ class PartitionWorker:
     async def _call(
         self, handler: Handler[Any], key: str, chunk: list[Item], attempt: int
     ) -> tuple[ErrorClass, BaseException] | None:
-        context = ChunkContext(
-            topic=self.topic,
-            partition=self.partition,
-            key=key,
-            type_tag=handler.event_type.tag,
-            message_ids=tuple(i.ids for i in chunk),
-            offsets=tuple(i.main_offsets for i in chunk),
-            props=tuple(i.props for i in chunk),
-            attempt=attempt,
-        )
+        context = ChunkContext(self.topic, self.partition, key, handler.event_type.tag, chunk,
+                               attempt)
         token = _current.set(context)
         started = time.perf_counter()
         try:

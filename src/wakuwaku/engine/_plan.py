@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from .._events import Algebra, EventType
 from .._records import (
+    H_ALG,
     H_KEY,
+    H_TYPE,
+    H_VERSION,
+    WIRE_VERSION,
     InvalidHeaders,
     ReasonCode,
     Record,
@@ -29,8 +35,7 @@ from .._records import (
 log = logging.getLogger("wakuwaku.consumer")
 
 
-@dataclass(slots=True)
-class Item:
+class Item(msgspec.Struct, gc=False):
     """One event on its way to a handler: a decoded record, or several reduced into one.
 
     :param key: the ordering key.
@@ -50,7 +55,7 @@ class Item:
     event: Any
     sources: tuple[Record, ...]
     origins: tuple[Source, ...]
-    props: dict[str, str] = field(default_factory=dict)
+    props: dict[str, str] = msgspec.field(default_factory=dict)
     failed_at: float | None = None
     reduced: bool = False
 
@@ -126,38 +131,72 @@ def decode_records(
     """
     items: list[Item] = []
     rejects: list[Reject] = []
+    fast = _fast_signatures(types)
     for record in records:
-        checked = validate_headers(record.headers, types)
-        if isinstance(checked, InvalidHeaders):
-            key = _safe_key(record)
-            rejects.append(Reject(record, checked.reason, checked.detail, key))
-            continue
-        etype = checked.event_type
+        headers = record.headers
+        etype = fast.get((headers.get(H_VERSION), headers.get(H_TYPE), headers.get(H_ALG)))
+        raw_key = headers.get(H_KEY)
+        key: str | None = None
+        if etype is not None and raw_key and len(headers) == 4:
+            # The common case: exactly the four headers a producer stamps, all
+            # known good; only the key needs decoding.
+            try:
+                key = raw_key.decode("utf-8")
+            except UnicodeDecodeError:
+                key = None
+        props: dict[str, str] = {}
+        failed_at: float | None = None
+        source: Source | None = None
+        if key is None:
+            checked = validate_headers(headers, types)
+            if isinstance(checked, InvalidHeaders):
+                rejects.append(Reject(record, checked.reason, checked.detail, _safe_key(record)))
+                continue
+            etype, key = checked.event_type, checked.key
+            props, failed_at, source = checked.props, checked.failed_at, checked.source
+        assert etype is not None
         try:
             value = etype.decode(record.body)
         except Exception as exc:  # noqa: BLE001 - any codec failure is a bad body
             rejects.append(
                 Reject(record, ReasonCode.UNDECODABLE_BODY,
-                       f"cannot decode {etype.tag!r}: {type(exc).__name__}: {exc}", checked.key)
+                       f"cannot decode {etype.tag!r}: {type(exc).__name__}: {exc}", key)
             )
             continue
         if from_retry:
-            if checked.source is None:
+            if source is None:
                 rejects.append(Reject(record, ReasonCode.MALFORMED_HEADER,
-                                      "retry record without wk-src", checked.key))
+                                      "retry record without wk-src", key))
                 continue
-            origin = checked.source
-        elif checked.source is not None:
+            origin = source
+        elif source is not None:
             # A replayed dead letter keeps the identity of the record it was (SPEC 9).
-            origin = Source(topic, partition, (record.offset,), checked.source.ids)
+            origin = Source(topic, partition, (record.offset,), source.ids)
         else:
             ident = message_id(topic, partition, record.offset, etype.id_of(value), etype.tag)
             origin = Source(topic, partition, (record.offset,), (ident,))
-        items.append(
-            Item(checked.key, etype, value, (record,), (origin,), checked.props,
-                 checked.failed_at)
-        )
+        items.append(Item(key, etype, value, (record,), (origin,), props, failed_at))
     return items, rejects
+
+
+_FAST: dict[int, tuple[Mapping[str, EventType[Any]], dict[tuple[Any, ...], EventType[Any]]]] = {}
+
+
+def _fast_signatures(
+    types: Mapping[str, EventType[Any]],
+) -> dict[tuple[Any, ...], EventType[Any]]:
+    """``(wk-v, wk-type, wk-alg)`` raw values known to be valid, per type table."""
+    cached = _FAST.get(id(types))
+    if cached is not None and cached[0] is types:
+        return cached[1]
+    table = {
+        (WIRE_VERSION, tag.encode(), etype.algebra.value.encode()): etype
+        for tag, etype in types.items()
+    }
+    if len(_FAST) > 64:
+        _FAST.clear()
+    _FAST[id(types)] = (types, table)
+    return table
 
 
 def _safe_key(record: Record) -> str | None:
