@@ -627,7 +627,9 @@ async def wait_for_result(
 
     Subscribes to the nudge channel, waits for the subscription to be
     confirmed, and only then reads the key, so a result written at any moment
-    is either seen by that read or announced by a nudge we receive. It reads
+    is either seen by that read or announced by a nudge we receive (a
+    subscription that takes longer than ``poll_interval`` to confirm does not
+    hold polling back). It reads
     again on every nudge, every ``poll_interval`` and after every
     (re)subscription. Every read outcome goes through :func:`classify`.
 
