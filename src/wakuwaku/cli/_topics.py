@@ -1,0 +1,404 @@
+"""``wakuwaku topic create|describe|list``, ``wakuwaku produce`` and ``wakuwaku tail`` (SPEC 14).
+
+Every command takes ``--log URL`` (env ``WAKUWAKU_LOG``, default
+``sqlite:///wakuwaku.db``). Only ``topic create`` may create a new SQLite
+file; the others refuse a path that does not exist, so a typo is reported
+instead of showing an empty log.
+
+``produce`` writes raw records with every ``wk-*`` header (SPEC 3) without
+the Python event class: one JSON document per line, either an envelope
+``{"type": T, "key": K, "body": {...}, "props": {...}, "alg": A}`` or, with
+``--type T --key-field F``, the body object itself. ``tail`` prints one JSON
+object per record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar
+
+import click
+import msgspec
+
+from .._errors import ConfigError
+from .._events import Algebra, EventType, JsonCodec
+from .._partitioner import partition_for
+from .._records import Record, build_headers
+from ..logs import DEFAULT_LOG_URL, Log, OutgoingRecord, open_log
+from . import ExitCode
+
+__all__ = ("LOG_ENV", "log_option", "record_json", "register", "run_on_log")
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+LOG_ENV = "WAKUWAKU_LOG"
+"""The environment variable the commands read the log URL from."""
+
+_PRODUCE_BATCH = 500
+_TAIL_DEFAULT = 10
+_FOLLOW_POLL = 0.2
+_ALGEBRAS = click.Choice([a.value for a in Algebra])
+
+
+def log_option(fn: F) -> F:
+    """``--log URL`` (env ``WAKUWAKU_LOG``, default ``sqlite:///wakuwaku.db``)."""
+    return click.option(
+        "--log", "log_url", envvar=LOG_ENV, default=DEFAULT_LOG_URL, show_default=True,
+        metavar="URL", help=f"The log (sqlite:///file.db, memory://); env {LOG_ENV}.",
+    )(fn)
+
+
+def run_on_log(url: str, work: Callable[[Log], Awaitable[T]], *, create: bool = False) -> T:
+    """Open the log ``url`` names, run ``work(log)`` on a new event loop, close the log.
+
+    :param create: allow a new SQLite file; otherwise a missing one is refused.
+    :raises ConfigError: for a missing SQLite file (unless ``create``) or a bad URL.
+    :raises UnsupportedLogURL: for an unknown scheme (naming the supported ones).
+    """
+    scheme, _, rest = url.partition("://")
+    if not create and scheme.lower() == "sqlite" and rest.startswith("/") and rest != "/":
+        path = rest[1:]
+        if not os.path.exists(path):
+            raise ConfigError(f"no log at {path!r} (from --log {url!r}); pass --log or set "
+                              f"{LOG_ENV}, or create a topic first")
+
+    async def main() -> T:
+        log = open_log(url)
+        try:
+            return await work(log)
+        finally:
+            await log.close()
+
+    return asyncio.run(main())
+
+
+# -- topic ---------------------------------------------------------------------
+
+
+@click.group("topic")
+def topic_group() -> None:
+    """Create, describe and list topics."""
+
+
+@topic_group.command("create")
+@click.argument("name")
+@click.option("--partitions", "-p", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Partition count (fixed once created).")
+@log_option
+def create_command(name: str, partitions: int, log_url: str) -> None:
+    """Create topic NAME; nothing happens when it exists with the same count.
+
+    A different count fails with PartitionCountMismatch (exit 3).
+    """
+
+    async def work(log: Log) -> bool:
+        existed = name in {t.name for t in await log.list_topics()}
+        await log.create_topic(name, partitions)
+        return existed
+
+    existed = run_on_log(log_url, work, create=True)
+    verb = "exists" if existed else "created"
+    click.echo(f"topic {name} {verb} with {partitions} partition{'s' * (partitions != 1)}")
+
+
+@dataclass(frozen=True)
+class _Description:
+    partitions: int
+    start: dict[int, int]
+    end: dict[int, int]
+    groups: dict[str, dict[int, int]] | None
+
+
+async def _describe(log: Log, name: str) -> _Description:
+    info = await log.describe_topic(name)
+    start, end = await log.start_offsets(name), await log.end_offsets(name)
+    lister = getattr(log, "group_offsets", None)  # not part of the Log contract
+    groups = await lister(name) if lister is not None else None
+    return _Description(info.partitions, start, end, groups)
+
+
+@topic_group.command("describe")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@log_option
+def describe_command(name: str, as_json: bool, log_url: str) -> None:
+    """Partitions of topic NAME with their start/end offsets, and committed groups."""
+    found = run_on_log(log_url, lambda log: _describe(log, name))
+    if as_json:
+        click.echo(json.dumps({
+            "topic": name, "partitions": found.partitions,
+            "offsets": [{"partition": p, "start": found.start[p], "end": found.end[p]}
+                        for p in range(found.partitions)],
+            "groups": {g: {str(p): o for p, o in parts.items()}
+                       for g, parts in (found.groups or {}).items()},
+        }, ensure_ascii=False))
+        return
+    click.echo(f"topic {name}: {found.partitions} partitions")
+    click.echo(f"{'partition':>9}  {'start':>12}  {'end':>12}  {'records':>12}")
+    for p in range(found.partitions):
+        click.echo(f"{p:>9}  {found.start[p]:>12}  {found.end[p]:>12}  "
+                   f"{found.end[p] - found.start[p]:>12}")
+    if found.groups is None:
+        return
+    if not found.groups:
+        click.echo("no consumer group has committed on this topic")
+    for group, parts in found.groups.items():
+        lag = sum(max(0, found.end[p] - o) for p, o in parts.items())
+        where = ", ".join(f"p{p}={o}" for p, o in sorted(parts.items()))
+        click.echo(f"group {group}: lag {lag} ({where})")
+
+
+@topic_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per topic.")
+@log_option
+def list_command(as_json: bool, log_url: str) -> None:
+    """Every topic with its partition count, sorted by name."""
+    topics = run_on_log(log_url, lambda log: log.list_topics())
+    for info in topics:
+        if as_json:
+            click.echo(json.dumps({"topic": info.name, "partitions": info.partitions},
+                                  ensure_ascii=False))
+        else:
+            click.echo(f"{info.name}\t{info.partitions}")
+
+
+# -- produce -------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """One input line that cannot become a record; the message says why."""
+
+
+class _LineParser:
+    """Turns input lines into ``(key, record)`` with the headers of SPEC 3."""
+
+    def __init__(self, type_tag: str | None, key_field: str | None, algebra: str) -> None:
+        self.type_tag = type_tag
+        self.key_field = key_field
+        self.algebra = Algebra(algebra)
+        self._types: dict[tuple[str, Algebra], EventType[Any]] = {}
+
+    def _type(self, tag: str, algebra: Algebra) -> EventType[Any]:
+        # The type as the CLI knows it: a tag and an algebra, no class. build_headers
+        # reads only those two, so the headers are exactly the producer's.
+        found = self._types.get((tag, algebra))
+        if found is None:
+            found = EventType(tag, dict, self.key_field or "key", algebra, JsonCodec(dict))
+            self._types[(tag, algebra)] = found
+        return found
+
+    def parse(self, line: str) -> tuple[str, OutgoingRecord]:
+        try:
+            document = msgspec.json.decode(line)
+        except msgspec.DecodeError as exc:
+            raise _Refused(f"not JSON: {exc}") from None
+        if not isinstance(document, dict):
+            raise _Refused(f"expected a JSON object, got {type(document).__name__}")
+        if self.type_tag is not None:
+            assert self.key_field is not None
+            key = _key(document.get(self.key_field), f"field {self.key_field!r}")
+            return self._record(self.type_tag, key, document, None, self.algebra)
+        tag = document.get("type")
+        if not isinstance(tag, str) or not tag:
+            raise _Refused('the envelope needs a non-empty string "type" '
+                           "(or use --type and --key-field for plain bodies)")
+        if "body" not in document:
+            raise _Refused('the envelope has no "body"')
+        key = _key(document.get("key"), '"key"')
+        alg_raw = document.get("alg", self.algebra.value)
+        try:
+            algebra = Algebra(alg_raw)
+        except ValueError:
+            raise _Refused(f'unknown algebra "alg": {alg_raw!r}') from None
+        props = document.get("props")
+        if props is not None and not (
+            isinstance(props, dict) and all(isinstance(v, str) for v in props.values())
+        ):
+            raise _Refused('"props" must be an object of strings')
+        return self._record(tag, key, document["body"], props, algebra)
+
+    def _record(self, tag: str, key: str, body: object, props: dict[str, str] | None,
+                algebra: Algebra) -> tuple[str, OutgoingRecord]:
+        headers = build_headers(self._type(tag, algebra), key, props)
+        return key, (headers, msgspec.json.encode(body))
+
+
+def _key(value: object, where: str) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and value:
+        return value
+    raise _Refused(f"no usable key: {where} is {json.dumps(value)}")
+
+
+async def _produce(log: Log, topic: str, lines: Iterable[str], parser: _LineParser,
+                   refuse: Callable[[int, str], None]) -> int:
+    partitions = (await log.describe_topic(topic)).partitions
+    pending: dict[int, list[OutgoingRecord]] = {}
+    written = waiting = 0
+
+    async def flush() -> None:
+        nonlocal written, waiting
+        for partition, records in pending.items():
+            written += len(await log.append(topic, partition, records))
+        pending.clear()
+        waiting = 0
+
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            key, record = parser.parse(line)
+        except _Refused as exc:
+            refuse(number, str(exc))
+            continue
+        pending.setdefault(partition_for(key, partitions), []).append(record)
+        waiting += 1
+        if waiting >= _PRODUCE_BATCH:
+            await flush()
+    await flush()
+    return written
+
+
+@click.command("produce")
+@click.argument("topic")
+@click.argument("file", type=click.File("r", encoding="utf-8"), default="-")
+@click.option("--type", "type_tag", metavar="TAG",
+              help="Lines are plain bodies of this type (needs --key-field).")
+@click.option("--key-field", metavar="FIELD", help="The body field that holds the key.")
+@click.option("--algebra", type=_ALGEBRAS, default="plain", show_default=True,
+              help="The wk-alg marker, unless an envelope says \"alg\".")
+@log_option
+def produce_command(topic: str, file: IO[str], type_tag: str | None, key_field: str | None,
+                    algebra: str, log_url: str) -> int:
+    """Write JSON lines from FILE (default stdin) to TOPIC, one record each.
+
+    A line is an envelope {"type": ..., "key": ..., "body": {...}, "props": {...}}
+    or, with --type and --key-field, the body object itself. The partition is
+    murmur2(key) like every producer's. A line that is not JSON or has no
+    usable key is reported with its number and not written; the exit status
+    is then 1.
+    """
+    if (type_tag is None) != (key_field is None):
+        raise click.UsageError("--type and --key-field go together")
+    if type_tag is not None and not type_tag.strip():
+        raise click.UsageError("--type needs a non-empty type tag")
+    refused: list[int] = []
+
+    def refuse(number: int, why: str) -> None:
+        refused.append(number)
+        click.echo(f"line {number}: {why}", err=True)
+
+    parser = _LineParser(type_tag, key_field, algebra)
+    written = run_on_log(log_url, lambda log: _produce(log, topic, file, parser, refuse))
+    click.echo(f"produced {written} record{'s' * (written != 1)} to {topic}", err=True)
+    if refused:
+        click.echo(f"refused {len(refused)} line{'s' * (len(refused) != 1)} "
+                   f"(not written)", err=True)
+        return ExitCode.FAILURE
+    return ExitCode.OK
+
+
+# -- tail ----------------------------------------------------------------------
+
+
+def _header_value(raw: bytes) -> str | dict[str, str]:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(raw).decode("ascii")}
+
+
+def record_json(topic: str, partition: int, record: Record) -> str:
+    """One record as a JSON line: headers as text (``{"base64": ...}`` when not
+    UTF-8); exactly one of ``body`` (the body parsed as JSON), ``body_text``
+    (UTF-8 that is not JSON) or ``body_base64``."""
+    out: dict[str, Any] = {
+        "topic": topic, "partition": partition, "offset": record.offset,
+        "timestamp": record.timestamp,
+        "headers": {name: _header_value(value) for name, value in record.headers.items()},
+    }
+    try:
+        out["body"] = msgspec.json.decode(record.body)
+    except msgspec.DecodeError:
+        try:
+            out["body_text"] = record.body.decode("utf-8")
+        except UnicodeDecodeError:
+            out["body_base64"] = base64.b64encode(record.body).decode("ascii")
+    return json.dumps(out, ensure_ascii=False)
+
+
+async def _tail(log: Log, topic: str, partition: int | None, start: str | int,
+                follow: bool, limit: int | None) -> None:
+    info = await log.describe_topic(topic)
+    if partition is not None and not 0 <= partition < info.partitions:
+        raise ConfigError(f"topic {topic!r} has {info.partitions} partitions; "
+                          f"--partition {partition} does not exist")
+    chosen = [partition] if partition is not None else list(range(info.partitions))
+    firsts, ends = await log.start_offsets(topic), await log.end_offsets(topic)
+    position: dict[int, int] = {}
+    for p in chosen:
+        if start == "beginning":
+            position[p] = firsts[p]
+        elif start == "end":
+            position[p] = max(firsts[p], ends[p] - _TAIL_DEFAULT)
+        else:
+            assert isinstance(start, int)
+            position[p] = start
+    printed = 0
+    while True:
+        got_any = False
+        for p in chosen:
+            want = 500 if limit is None else min(500, limit - printed)
+            records = await log.read(topic, p, position[p], max_records=want)
+            for record in records:
+                click.echo(record_json(topic, p, record))
+            if records:
+                got_any = True
+                printed += len(records)
+                position[p] = records[-1].offset + 1
+            if limit is not None and printed >= limit:
+                return
+        if not got_any:
+            if not follow:
+                return
+            await asyncio.sleep(_FOLLOW_POLL)
+
+
+@click.command("tail")
+@click.argument("topic")
+@click.option("--partition", "-p", type=click.IntRange(min=0), default=None,
+              help="Only this partition (default: all).")
+@click.option("--from-beginning", is_flag=True, help="Start at the oldest stored record.")
+@click.option("--offset", type=click.IntRange(min=0), default=None,
+              help="Start at this offset in each chosen partition.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new records until Ctrl-C.")
+@click.option("--max", "limit", type=click.IntRange(min=1), default=None,
+              help="Stop after this many records.")
+@log_option
+def tail_command(topic: str, partition: int | None, from_beginning: bool, offset: int | None,
+                 follow: bool, limit: int | None, log_url: str) -> None:
+    """Print records of TOPIC as JSON lines (default: the last 10 of each partition).
+
+    Each line has topic, partition, offset, timestamp (seconds since the
+    epoch), headers (UTF-8 text, or {"base64": ...}) and the body as "body"
+    (parsed JSON), "body_text" or "body_base64".
+    """
+    if from_beginning and offset is not None:
+        raise click.UsageError("--from-beginning and --offset exclude each other")
+    start: str | int = "beginning" if from_beginning else offset if offset is not None else "end"
+    run_on_log(log_url, lambda log: _tail(log, topic, partition, start, follow, limit))
+
+
+def register(group: click.Group) -> None:
+    """Add ``topic``, ``produce`` and ``tail`` to the ``wakuwaku`` group."""
+    group.add_command(topic_group)
+    group.add_command(produce_command)
+    group.add_command(tail_command)
+

@@ -1,0 +1,324 @@
+"""``wakuwaku topic``, ``produce`` and ``tail`` on SQLite files in tmp_path (SPEC 3, 14)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from wakuwaku import Producer, Registry, event, partition_for
+from wakuwaku.cli import ExitCode, main
+from wakuwaku.logs.sqlite import SQLiteLog
+
+registry = Registry()
+
+
+@event("shop.order-placed", key="order", algebra="idempotent", registry=registry)
+class Placed(msgspec.Struct):
+    order: str
+    total: int
+
+
+class CLI:
+    """Runs ``wakuwaku`` in this process against one SQLite file."""
+
+    def __init__(self, path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self.capsys = capsys
+
+    def __call__(self, *args: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        code = main([*args, "--log", self.url])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def records(self, topic: str, partition: int) -> list[Any]:
+        async def read() -> list[Any]:
+            async with SQLiteLog(self.path) as log:
+                return await log.read(topic, partition, 0, max_records=10_000)
+
+        return asyncio.run(read())
+
+    def commit(self, group: str, topic: str, partition: int, offset: int) -> None:
+        async def commit() -> None:
+            async with SQLiteLog(self.path) as log:
+                await log.commit(group, topic, partition, offset)
+
+        asyncio.run(commit())
+
+
+@pytest.fixture
+def cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> CLI:
+    return CLI(tmp_path / "log.db", capsys)
+
+
+def lines_file(tmp_path: Path, *lines: str) -> str:
+    path = tmp_path / "input.jsonl"
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+# -- topic ------------------------------------------------------------------
+
+
+def test_create_is_idempotent_and_refuses_another_count(cli: CLI) -> None:
+    assert cli("topic", "create", "orders", "--partitions", "3") == (
+        ExitCode.OK, "topic orders created with 3 partitions\n", "")
+    again = cli("topic", "create", "orders", "-p", "3")
+    assert again == (ExitCode.OK, "topic orders exists with 3 partitions\n", "")
+    code, out, err = cli("topic", "create", "orders", "-p", "5")
+    assert code == ExitCode.ERROR and out == ""
+    assert "exists with 3 partitions, but 5 were requested" in err
+
+
+def test_create_refuses_bad_names_and_counts(cli: CLI) -> None:
+    code, _, err = cli("topic", "create", "bad name", "-p", "1")
+    assert code == ExitCode.ERROR and "invalid topic name" in err
+    code, _, err = cli("topic", "create", "orders", "-p", "0")
+    assert code == ExitCode.USAGE
+
+
+def test_list_and_describe(cli: CLI) -> None:
+    cli("topic", "create", "orders", "-p", "2")
+    cli("topic", "create", "audit", "-p", "1")
+    assert cli("topic", "list")[1] == "audit\t1\norders\t2\n"
+    assert [json.loads(line) for line in cli("topic", "list", "--json")[1].splitlines()] == [
+        {"topic": "audit", "partitions": 1}, {"topic": "orders", "partitions": 2}]
+    file = lines_file(cli.path.parent, *(json.dumps({"type": "t", "key": "k", "body": i})
+                                          for i in range(4)))
+    cli("produce", "orders", file)
+    partition = partition_for("k", 2)
+    cli.commit("billing", "orders", partition, 1)
+    code, out, _ = cli("topic", "describe", "orders")
+    assert code == ExitCode.OK
+    assert out.splitlines()[0] == "topic orders: 2 partitions"
+    rows = {int(line.split()[0]): line.split()[1:] for line in out.splitlines()[2:4]}
+    assert rows[partition] == ["0", "4", "4"] and rows[1 - partition] == ["0", "0", "0"]
+    assert f"group billing: lag 3 (p{partition}=1)" in out
+    described = json.loads(cli("topic", "describe", "orders", "--json")[1])
+    assert described["groups"] == {"billing": {str(partition): 1}}
+    assert described["offsets"][partition] == {"partition": partition, "start": 0, "end": 4}
+
+
+def test_commands_other_than_create_refuse_a_missing_file(cli: CLI) -> None:
+    for args in (("topic", "list"), ("topic", "describe", "x"), ("tail", "x"),
+                 ("produce", "x", lines_file(cli.path.parent, "{}"))):
+        code, _, err = cli(*args)
+        assert code == ExitCode.ERROR
+        assert "no log at" in err and str(cli.path) in err
+    assert not cli.path.exists()
+
+
+def test_unknown_topic_is_an_error(cli: CLI) -> None:
+    cli("topic", "create", "orders")
+    for args in (("topic", "describe", "nope"), ("tail", "nope"),
+                 ("produce", "nope", lines_file(cli.path.parent, "{}"))):
+        code, _, err = cli(*args)
+        assert code == ExitCode.ERROR and "topic 'nope' does not exist" in err
+
+
+def test_unknown_log_scheme_names_the_supported_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["topic", "list", "--log", "kafka://broker:9092"]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert "kafka://broker:9092" in err and "sqlite://" in err and "memory://" in err
+
+
+def test_log_url_from_the_environment(
+    cli: CLI, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WAKUWAKU_LOG", cli.url)
+    assert main(["topic", "create", "from-env", "-p", "2"]) == ExitCode.OK
+    assert main(["topic", "list"]) == ExitCode.OK
+    assert capsys.readouterr().out.endswith("from-env\t2\n")
+
+
+# -- produce ----------------------------------------------------------------
+
+
+def test_produce_envelopes_writes_what_the_python_producer_writes(cli: CLI) -> None:
+    cli("topic", "create", "orders", "-p", "4")
+    envelope = {"type": "shop.order-placed", "key": "o-17", "alg": "idempotent",
+                "body": {"order": "o-17", "total": 5}, "props": {"tenant": "東京"}}
+    code, out, err = cli("produce", "orders", lines_file(cli.path.parent, json.dumps(envelope)))
+    assert (code, out) == (ExitCode.OK, "")
+    assert "produced 1 record to orders" in err
+
+    async def python_producer() -> Any:
+        async with SQLiteLog(cli.path) as log:
+            published = await Producer(log, "orders").publish(
+                Placed("o-17", 5), properties={"tenant": "東京"})
+            return published, await log.read("orders", published.partition, 0)
+
+    published, (from_cli, from_python) = asyncio.run(python_producer())
+    assert published.partition == partition_for("o-17", 4)
+    assert from_cli.headers == from_python.headers
+    assert from_cli.body == from_python.body
+
+
+def test_produce_plain_bodies_with_type_and_key_field(cli: CLI) -> None:
+    cli("topic", "create", "stock", "-p", "3")
+    file = lines_file(cli.path.parent, '{"sku": "a-1", "n": 2}', '{"sku": 42, "n": 1}')
+    code, _, err = cli("produce", "stock", file, "--type", "stock.added", "--key-field", "sku",
+                       "--algebra", "associative")
+    assert code == ExitCode.OK and "produced 2 records" in err
+    for key, body in (("a-1", {"sku": "a-1", "n": 2}), ("42", {"sku": 42, "n": 1})):
+        records = cli.records("stock", partition_for(key, 3))
+        match = [r for r in records if r.headers["wk-key"] == key.encode()]
+        assert len(match) == 1
+        assert match[0].headers == {"wk-v": b"1", "wk-type": b"stock.added",
+                                    "wk-key": key.encode(), "wk-alg": b"associative"}
+        assert msgspec.json.decode(match[0].body) == body
+
+
+def test_produce_reports_each_refused_line_and_writes_only_the_good_ones(cli: CLI) -> None:
+    cli("topic", "create", "orders", "-p", "1")
+    good = json.dumps({"type": "t", "key": "k", "body": {"n": 1}})
+    file = lines_file(
+        cli.path.parent,
+        good,                                                      # 1
+        "not json",                                                # 2
+        json.dumps({"type": "t", "body": {}}),                     # 3 no key
+        json.dumps({"type": "t", "key": None, "body": {}}),        # 4
+        json.dumps({"type": "t", "key": "", "body": {}}),          # 5
+        json.dumps({"type": "t", "key": True, "body": {}}),        # 6
+        json.dumps({"key": "k", "body": {}}),                      # 7 no type
+        json.dumps({"type": "t", "key": "k"}),                     # 8 no body
+        json.dumps({"type": "t", "key": "k", "body": 1, "alg": "x"}),  # 9
+        json.dumps({"type": "t", "key": "k", "body": 1, "props": {"n": 1}}),  # 10
+        "[1, 2]",                                                  # 11
+        "",                                                        # 12 blank: skipped
+        good,                                                      # 13
+    )
+    code, out, err = cli("produce", "orders", file)
+    assert code == ExitCode.FAILURE and out == ""
+    reported = [int(line.split(":")[0].removeprefix("line ")) for line in err.splitlines()
+                if line.startswith("line ")]
+    assert reported == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert "line 2: not JSON" in err and 'line 3: no usable key: "key" is null' in err
+    assert "refused 10 lines (not written)" in err and "produced 2 records" in err
+    assert len(cli.records("orders", 0)) == 2
+
+
+def test_produce_plain_body_without_the_key_field_is_refused(cli: CLI) -> None:
+    cli("topic", "create", "stock")
+    file = lines_file(cli.path.parent, '{"n": 1}', '{"sku": "a"}')
+    code, _, err = cli("produce", "stock", file, "--type", "s", "--key-field", "sku")
+    assert code == ExitCode.FAILURE
+    assert "line 1: no usable key: field 'sku' is null" in err
+    assert len(cli.records("stock", 0)) == 1
+
+
+@pytest.mark.parametrize("args", [("--type", "t"), ("--key-field", "k"),
+                                  ("--type", " ", "--key-field", "k"), ("--algebra", "nope")])
+def test_produce_usage_errors(cli: CLI, args: tuple[str, ...]) -> None:
+    cli("topic", "create", "orders")
+    code, _, _ = cli("produce", "orders", lines_file(cli.path.parent, "{}"), *args)
+    assert code == ExitCode.USAGE
+    assert cli.records("orders", 0) == []
+
+
+def test_produce_reads_stdin(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    wakuwaku = [sys.executable, "-m", "wakuwaku"]
+    subprocess.run([*wakuwaku, "topic", "create", "orders", "--log", url], check=True,
+                   capture_output=True)
+    lines = "".join(json.dumps({"type": "t", "key": f"k{i}", "body": i}) + "\n" for i in range(3))
+    done = subprocess.run([*wakuwaku, "produce", "orders", "--log", url], input=lines,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "produced 3 records to orders" in done.stderr
+
+
+# -- tail ---------------------------------------------------------------------
+
+
+def produce_numbers(cli: CLI, topic: str, count: int, key: str = "k") -> None:
+    cli("produce", topic, lines_file(cli.path.parent, *(
+        json.dumps({"type": "t", "key": key, "body": i}) for i in range(count))))
+
+
+def tailed(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_tail_prints_the_last_ten_by_default(cli: CLI) -> None:
+    cli("topic", "create", "orders")
+    produce_numbers(cli, "orders", 25)
+    code, out, _ = cli("tail", "orders")
+    assert code == ExitCode.OK
+    assert [r["body"] for r in tailed(out)] == list(range(15, 25))
+    first = tailed(out)[0]
+    assert (first["topic"], first["partition"], first["offset"]) == ("orders", 0, 15)
+    assert first["headers"] == {"wk-v": "1", "wk-type": "t", "wk-key": "k", "wk-alg": "plain"}
+    assert isinstance(first["timestamp"], float)
+
+
+def test_tail_from_beginning_offset_partition_and_max(cli: CLI) -> None:
+    cli("topic", "create", "orders", "-p", "2")
+    produce_numbers(cli, "orders", 5, key="a")
+    produce_numbers(cli, "orders", 3, key="d")
+    pa, pb = partition_for("a", 2), partition_for("d", 2)
+    assert pa != pb
+    everything = tailed(cli("tail", "orders", "--from-beginning")[1])
+    assert sorted((r["partition"], r["offset"]) for r in everything) == sorted(
+        [(pa, o) for o in range(5)] + [(pb, o) for o in range(3)])
+    only_a = tailed(cli("tail", "orders", "--partition", str(pa), "--offset", "3")[1])
+    assert [(r["partition"], r["body"]) for r in only_a] == [(pa, 3), (pa, 4)]
+    capped = tailed(cli("tail", "orders", "--from-beginning", "--max", "6")[1])
+    assert len(capped) == 6
+    code, _, err = cli("tail", "orders", "--partition", "2")
+    assert code == ExitCode.ERROR and "--partition 2 does not exist" in err
+    code, _, _ = cli("tail", "orders", "--from-beginning", "--offset", "1")
+    assert code == ExitCode.USAGE
+
+
+def test_tail_shows_bodies_and_headers_that_are_not_json_or_utf8(cli: CLI) -> None:
+    cli("topic", "create", "raw")
+
+    async def append() -> None:
+        async with SQLiteLog(cli.path) as log:
+            await log.append("raw", 0, [
+                ({"bin": b"\xff\x00", "text": "é".encode()}, b"\xff\xfe\x00"),
+                ({}, "plain words, ü".encode()),
+                ({}, b""),
+                ({}, b'{"a": [1, null]}'),
+            ])
+
+    asyncio.run(append())
+    records = tailed(cli("tail", "raw", "--from-beginning")[1])
+    assert records[0]["headers"] == {"bin": {"base64": "/wA="}, "text": "é"}
+    assert records[0]["body_base64"] == "//4A" and "body" not in records[0]
+    assert records[1]["body_text"] == "plain words, ü"
+    assert records[2]["body_text"] == ""
+    assert records[3]["body"] == {"a": [1, None]}
+
+
+def test_tail_follow_prints_records_as_they_arrive(cli: CLI) -> None:
+    cli("topic", "create", "orders")
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "wakuwaku", "tail", "orders", "--follow", "--max", "3",
+         "--log", cli.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert follower.stdout is not None
+        produce_numbers(cli, "orders", 1)
+        first = json.loads(follower.stdout.readline())  # printed while it keeps following
+        assert first["body"] == 0
+        assert follower.poll() is None
+        produce_numbers(cli, "orders", 2)
+        rest, err = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+        follower.wait()
+    assert follower.returncode == 0, err
+    assert [json.loads(line)["body"] for line in rest.splitlines()] == [0, 1]
