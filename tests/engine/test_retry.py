@@ -109,20 +109,47 @@ async def test_6_schedule_attempts_at_failure_plus_2_4_8_16_then_give_up(
 async def test_6_events_routed_during_quarantine_are_attempted_at_once_after_give_up(
     log: Log, clock: FakeClock
 ) -> None:
+    from .conftest import Add
+
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    items, adds = Script(clock), Script(clock)
+    items.fail[1] = list(ALWAYS)
+    adds.fail[Add("a", 5)] = [wk.Retryable("once")]
+    c = consumer(log, clock, [Handler(Item, items), Handler(Add, adds)])
+    async with Running(c):
+        await wait_until(clock, lambda: c.stats.quarantined_keys == 1)
+        await producer.publish(Add("a", 5))  # routed: a later run of the key
+        await wait_until(clock, lambda: [e.amount for e in adds.handled] == [5])
+    # Given up at 30: the routed event runs at once, fails, and its counter
+    # starts again (+2).
+    assert adds.times("a") == [30.0, 32.0]
+    assert items.times("a") == [0.0, 2.0, 6.0, 14.0, 30.0]
+    assert [reason(r) for r in await dead_letters(log)] == ["gave_up_retry"]
+
+
+async def test_6_events_routed_into_the_failed_run_are_given_up_with_it(
+    log: Log, clock: FakeClock
+) -> None:
     producer = await setup_topic(log)
     await producer.publish(Item("a", 1))
     script = Script(clock)
     script.fail[1] = list(ALWAYS)
-    script.fail[2] = [wk.Retryable("once")]
     c = consumer(log, clock, [Handler(Item, script)])
     async with Running(c):
         await wait_until(clock, lambda: c.stats.quarantined_keys == 1)
-        await producer.publish(Item("a", 2))
-        await wait_until(clock, lambda: script.handled_ns() == [2])
-    calls_of_2 = [t for t, _, run in script.calls if run[0].n == 2]
-    # Given up at 30: event 2 runs at once, fails, and its counter starts again (+2).
-    assert calls_of_2 == [30.0, 32.0]
-    assert script.times("a")[:5] == [0.0, 2.0, 6.0, 14.0, 30.0]
+        await producer.publish(Item("a", 2))  # same type: planned into the failed run
+        await wait_until(clock, lambda: c.stats.gave_up_keys == 1)
+    # The attempt plans all pending work as one batch: [1, 2] is one run, and
+    # the failed run's remaining records are dead-lettered (SPEC 6).
+    assert [msgspec_n(r) for r in await dead_letters(log)] == [1, 2]
+    assert script.handled_ns() == []
+
+
+def msgspec_n(record: wk.Record) -> int:
+    import msgspec
+
+    return int(msgspec.json.decode(record.body)["n"])
 
 
 async def test_6_quarantine_ends_when_the_key_has_no_pending_records(

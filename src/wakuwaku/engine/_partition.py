@@ -31,9 +31,8 @@ from ..logs._base import Log
 from ._config import ConsumerConfig, DeliveryMode
 from ._context import ChunkContext, _current
 from ._handler import Handler
-from ._plan import Item, Reject, Run, Segment, decode_records, plan
+from ._plan import Item, Reject, Segment, decode_records, plan
 from ._retry import (
-    H_SEG,
     Outgoing,
     RetryState,
     attempt_failed_marker,
@@ -533,13 +532,10 @@ class PartitionWorker:
                            error: str) -> None:
         """Write main-topic items to the retry topic, in order (SPEC 5.5)."""
         outgoing: list[Outgoing] = []
-        write = str(self.retry.end_offset).encode()  # this write's id: runs never cross it
         for item in items:
             try:
-                headers, body = retry_work_record(item, self.topic, self.partition, failed_at,
-                                                  error)
-                headers[H_SEG] = write
-                outgoing.append((headers, body))
+                outgoing.append(retry_work_record(item, self.topic, self.partition, failed_at,
+                                                  error))
             except Exception as exc:  # noqa: BLE001 - the codec failed: dead-letter, never drop
                 await self._dead_letter_items(
                     [item], ReasonCode.UNSERIALIZABLE_RETRY_RECORD,
@@ -564,7 +560,7 @@ class PartitionWorker:
                                                 from_retry=True)
                 await self._dead_letter_rejects(rejects)
                 items = await self._inbox_filter(items)
-                segments.append(self._plan_pending(key, items))
+                segments.extend(plan(items) or [Segment(key, [])])
             await self._run_segments(
                 segments,
                 lambda seg, out, taken=snapshots: self._finish_attempt(  # type: ignore[misc]
@@ -572,27 +568,6 @@ class PartitionWorker:
                 attempts,
             )
             await self._commit_retry()
-
-    @staticmethod
-    def _plan_pending(key: str, items: list[Item]) -> Segment:
-        """Plan a key's pending work as one segment whose runs never cross a write.
-
-        Each retry write (one failure's unfinished work, or one batch's records
-        routed during quarantine) is planned apart, so events routed during a
-        quarantine never join the run that keeps failing, and survive its
-        give-up (SPEC 6).
-        """
-        runs: list[Run] = []
-        group: list[Item] = []
-        for item in items:
-            if group and item.sources[0].headers.get(H_SEG) != group[0].sources[0].headers.get(
-                H_SEG
-            ):
-                runs.extend(run for seg in plan(group) for run in seg.runs)
-                group = []
-            group.append(item)
-        runs.extend(run for seg in plan(group) for run in seg.runs)
-        return Segment(key, runs)
 
     async def _finish_attempt(self, key: str, pending: list[Record],
                               outcome: SegmentOutcome) -> None:

@@ -14,9 +14,10 @@ for a retry, already reduced, with ``wk-failed-at`` and ``wk-src``) and small
                         ``wk-at`` (ms since the epoch)
 ======================  ======================================================
 
-Work records carry ``wk-seg``, the id of the write that produced them (one
-failure's unfinished work, or one batch's records routed during a
-quarantine): an attempt plans each write apart, so runs never cross writes.
+An attempt plans all of a key's pending work records as one new batch
+(SPEC 6), so records routed during a quarantine join the failed run when
+they are of its type (and are given up with it), and form later runs when
+they are not (and are attempted at once after a give-up).
 
 One function, :meth:`RetryState.apply`, turns a record into state. The live
 consumer writes a record, then applies it with its assigned offset; a
@@ -53,7 +54,6 @@ H_THROUGH = "wk-through"
 H_RESET = "wk-reset"
 H_FAILURES = "wk-failures"
 H_AT = "wk-at"
-H_SEG = "wk-seg"
 
 MARKER_RESOLVED = b"resolved"
 MARKER_ATTEMPT_FAILED = b"attempt-failed"
