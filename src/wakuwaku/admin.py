@@ -1,0 +1,742 @@
+"""Operations on a topic's dead letters and a group's state: what ``wakuwaku dlq``
+and ``wakuwaku status`` run (SPEC 6, 8, 14).
+
+Every function is async, takes an open :class:`~wakuwaku.logs.Log` and the
+*main* topic's name (``orders``, not ``dlq_orders``); ``namespace`` is the
+:attr:`ConsumerConfig.namespace <wakuwaku.engine.ConsumerConfig.namespace>`
+of the consumer that wrote the retry and dead-letter topics.
+
+- :func:`list_dead_letters` reads ``dlq_<topic>``, every partition, and
+  parses each record into a :class:`DeadLetter`. A dead letter whose
+  headers are broken is listed with its :attr:`DeadLetter.problems`, never
+  left out.
+- :func:`replay_dead_letters` writes dead letters back into the main topic.
+  The copy keeps ``wk-src``, so the consumer handles it under the message
+  identity of the record it was (SPEC 9) and an inbox skips a replay of
+  something that was applied after all. Replay remembers what it replayed
+  in a ledger topic ``replayed_<topic>`` (one ledger record per replayed
+  dead letter), so a second run does not replay it again; ``everything=True``
+  (``--all``) ignores the ledger.
+- :func:`consumer_status` reports a group's lag per partition, its
+  quarantined keys with their next attempt time, the retry backlog and the
+  dead letters per reason, rebuilding the retry state from ``retry_<topic>``
+  exactly as a restarting consumer does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ._errors import ConfigError, PartitionCountMismatch, UnknownTopicError
+from ._partitioner import partition_for
+from ._records import (
+    H_ALG,
+    H_ERROR,
+    H_KEY,
+    H_PROPS,
+    H_REASON,
+    H_SRC,
+    H_TYPE,
+    H_VERSION,
+    WIRE_VERSION,
+    ReasonCode,
+    Record,
+    Source,
+    decode_source,
+    header_text,
+)
+from ._sanitize import sanitize
+from .engine._config import DEFAULT_RETRY_DELAYS, ConsumerConfig
+from .engine._retry import H_MARKER, RetryState
+from .logs._base import Log, OutgoingRecord
+
+logger = logging.getLogger("wakuwaku.admin")
+
+__all__ = (
+    "DeadLetter",
+    "PartitionStatus",
+    "QuarantinedKey",
+    "ReplayReport",
+    "ReplayedDeadLetter",
+    "SkippedDeadLetter",
+    "Status",
+    "consumer_status",
+    "list_dead_letters",
+    "replay_dead_letters",
+    "replay_ledger_topic_name",
+)
+
+_PAGE = 500
+H_DLQ_OFFSET = "wk-dlq-offset"
+"""Ledger records: the dead letter's offset in its ``dlq_<topic>`` partition."""
+H_REPLAYED_TO = "wk-replayed-to"
+"""Ledger records: ``<partition>@<offset>`` of the copy in the main topic."""
+MARKER_REPLAYED = b"replayed"
+
+# The wk-* headers a replayed copy keeps: the event's own (SPEC 3) and its identity.
+# Every other wk-* header describes the failure (wk-reason, wk-error, wk-failed-at)
+# or the retry topic's bookkeeping (a dead letter of a retry record carries it).
+_KEPT_ON_REPLAY = frozenset({H_VERSION, H_TYPE, H_KEY, H_PROPS, H_ALG, H_SRC})
+
+
+def replay_ledger_topic_name(topic: str) -> str:
+    """``replayed_<topic>``: which dead letters of ``topic`` were replayed already."""
+    return f"replayed_{topic}"
+
+
+# ------------------------------------------------------------------ dead letters
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One record of ``dlq_<topic>``, parsed (SPEC 8).
+
+    :param partition: its partition in ``dlq_<topic>`` (the main record's partition).
+    :param offset: its offset there.
+    :param reason: ``wk-reason`` as written (a :class:`ReasonCode` value when
+        well-formed), None when missing.
+    :param error: ``wk-error``, the sanitized error text, None when missing.
+    :param key: ``wk-key``, None when missing or not valid UTF-8.
+    :param type_tag: ``wk-type``, None when missing.
+    :param source: ``wk-src``: the main-topic partition, offsets and message
+        ids (SPEC 9) it stands for; None when missing or broken.
+    :param headers: every header, raw.
+    :param body: the body, raw.
+    :param timestamp: when the log stored it (seconds since the epoch).
+    :param problems: what is broken about its headers (empty for a
+        well-formed dead letter); such a record is listed, never dropped.
+    """
+
+    partition: int
+    offset: int
+    reason: str | None
+    error: str | None
+    key: str | None
+    type_tag: str | None
+    source: Source | None
+    headers: Mapping[str, bytes]
+    body: bytes
+    timestamp: float = 0.0
+    problems: tuple[str, ...] = ()
+
+    @property
+    def reason_code(self) -> ReasonCode | None:
+        """:attr:`reason` as a :class:`ReasonCode`, None when missing or unknown."""
+        try:
+            return ReasonCode(self.reason) if self.reason is not None else None
+        except ValueError:
+            return None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view: header values as text (invalid UTF-8 replaced);
+        the body as ``body`` text when it is UTF-8, else as ``body_hex``."""
+        out: dict[str, Any] = {
+            "partition": self.partition,
+            "offset": self.offset,
+            "reason": self.reason,
+            "error": self.error,
+            "key": self.key,
+            "type": self.type_tag,
+            "source": None if self.source is None else {
+                "topic": self.source.topic,
+                "partition": self.source.partition,
+                "offsets": list(self.source.offsets),
+                "ids": list(self.source.ids),
+            },
+            "timestamp": self.timestamp,
+            "headers": {name: bytes(value).decode("utf-8", "replace")
+                        for name, value in sorted(self.headers.items())},
+            "problems": list(self.problems),
+        }
+        try:
+            out["body"] = self.body.decode("utf-8")
+        except UnicodeDecodeError:
+            out["body_hex"] = self.body.hex()
+        return out
+
+
+def parse_dead_letter(partition: int, record: Record) -> DeadLetter:
+    """Parse one ``dlq_<topic>`` record; broken headers become :attr:`DeadLetter.problems`."""
+    headers = record.headers
+    problems: list[str] = []
+    reason = header_text(headers, H_REASON)
+    if reason is None:
+        problems.append("no wk-reason header")
+    elif reason not in _REASONS:
+        problems.append(f"unknown reason {sanitize(reason, 80)!r}")
+    key: str | None = None
+    raw_key = headers.get(H_KEY)
+    if raw_key is None or raw_key == b"":
+        problems.append("no wk-key header: it cannot be routed")
+    else:
+        try:
+            key = bytes(raw_key).decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append("wk-key is not valid UTF-8: it cannot be routed")
+    source: Source | None = None
+    raw_src = headers.get(H_SRC)
+    if raw_src is None:
+        problems.append("no wk-src header: the original message identity is unknown")
+    else:
+        try:
+            source = decode_source(bytes(raw_src))
+        except msgspec.DecodeError as exc:
+            problems.append(f"wk-src is broken: {sanitize(exc, 200)}")
+    return DeadLetter(
+        partition=partition,
+        offset=record.offset,
+        reason=reason,
+        error=header_text(headers, H_ERROR),
+        key=key,
+        type_tag=header_text(headers, H_TYPE),
+        source=source,
+        headers=dict(headers),
+        body=bytes(record.body),
+        timestamp=record.timestamp,
+        problems=tuple(problems),
+    )
+
+
+_REASONS = frozenset(r.value for r in ReasonCode)
+
+
+def _check_reason(reason: ReasonCode | str | None) -> str | None:
+    if reason is None:
+        return None
+    try:
+        return ReasonCode(reason).value
+    except ValueError:
+        raise ConfigError(
+            f"unknown dead-letter reason {reason!r}; use one of "
+            + ", ".join(r.value for r in ReasonCode)
+        ) from None
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"limit must be an int >= 1 or None, got {limit!r}")
+
+
+def _names(topic: str, namespace: str) -> ConsumerConfig:
+    """A config that only serves to qualify names exactly as the consumer does."""
+    return ConsumerConfig(topic=topic, group="wakuwaku-admin", namespace=namespace)
+
+
+async def _partitions_or_none(log: Log, topic: str) -> int | None:
+    try:
+        return (await log.describe_topic(topic)).partitions
+    except UnknownTopicError:
+        return None
+
+
+async def _scan(log: Log, topic: str, partition: int, start: int, end: int,
+                ) -> AsyncGenerator[list[Record], None]:
+    """Pages of ``topic``/``partition`` from ``start`` up to (not including) ``end``."""
+    offset = start
+    while offset < end:
+        page = await log.read(topic, partition, offset, min(_PAGE, end - offset))
+        page = [r for r in page if r.offset < end]
+        if not page:
+            return
+        yield page
+        offset = page[-1].offset + 1
+
+
+async def _dead_letter_pages(
+    log: Log, dlq: str, partitions: int
+) -> AsyncGenerator[tuple[int, list[DeadLetter]], None]:
+    starts = await log.start_offsets(dlq)
+    ends = await log.end_offsets(dlq)
+    for p in range(partitions):
+        async for page in _scan(log, dlq, p, starts.get(p, 0), ends.get(p, 0)):
+            yield p, [parse_dead_letter(p, r) for r in page]
+
+
+def _matches(letter: DeadLetter, reason: str | None, key: str | None) -> bool:
+    return (reason is None or letter.reason == reason) and (key is None or letter.key == key)
+
+
+async def list_dead_letters(
+    log: Log,
+    topic: str,
+    *,
+    reason: ReasonCode | str | None = None,
+    key: str | None = None,
+    limit: int | None = None,
+    namespace: str = "",
+) -> list[DeadLetter]:
+    """The dead letters of ``topic``, by dlq partition then offset (SPEC 8).
+
+    :param log: the log.
+    :param topic: the main topic (its dead letters are in ``dlq_<topic>``).
+    :param reason: only dead letters with this reason code.
+    :param key: only dead letters of this key.
+    :param limit: at most this many (the first ones in partition, offset order).
+    :param namespace: the consumer's namespace prefix, if it had one.
+    :returns: the matching dead letters; an empty list when the consumer
+        never created ``dlq_<topic>``. Dead letters with broken headers are
+        included, with :attr:`DeadLetter.problems` saying what is wrong.
+    :raises UnknownTopicError: when the main topic does not exist.
+    :raises ConfigError: for an unknown reason code or a limit below 1.
+    """
+    wanted = _check_reason(reason)
+    _check_limit(limit)
+    names = _names(topic, namespace)
+    main = names.topics[0]
+    await log.describe_topic(main)
+    dlq = names.dead_letter_topic(main)
+    partitions = await _partitions_or_none(log, dlq)
+    if partitions is None:
+        return []
+    found: list[DeadLetter] = []
+    async with aclosing(_dead_letter_pages(log, dlq, partitions)) as pages:
+        async for _, page in pages:
+            for letter in page:
+                if _matches(letter, wanted, key):
+                    found.append(letter)
+                    if limit is not None and len(found) >= limit:
+                        return found
+    return found
+
+
+# ------------------------------------------------------------------------ replay
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedDeadLetter:
+    """One dead letter written (or, in a dry run, to be written) into the main topic.
+
+    :param dlq_partition: / :param dlq_offset: where the dead letter is.
+    :param key: its key.
+    :param partition: the main-topic partition (murmur2 of the key).
+    :param offset: the copy's offset in the main topic; None in a dry run.
+    """
+
+    dlq_partition: int
+    dlq_offset: int
+    key: str
+    partition: int
+    offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedDeadLetter:
+    """A matching dead letter that was not replayed, and why (never silently dropped)."""
+
+    dlq_partition: int
+    dlq_offset: int
+    key: str | None
+    reason: str
+
+
+@dataclass
+class ReplayReport:
+    """What :func:`replay_dead_letters` did (or, with ``dry_run``, would do).
+
+    :param topic: the main topic written to.
+    :param dry_run: true when nothing was written.
+    :param replayed: the dead letters replayed, in the order written.
+    :param skipped: matching dead letters that cannot be replayed, with why.
+    :param already_replayed: matching dead letters left alone because the
+        ledger says an earlier run replayed them.
+    """
+
+    topic: str
+    dry_run: bool
+    replayed: list[ReplayedDeadLetter] = field(default_factory=list)
+    skipped: list[SkippedDeadLetter] = field(default_factory=list)
+    already_replayed: int = 0
+
+    @property
+    def matched(self) -> int:
+        """Dead letters that matched the filters and were not replayed before."""
+        return len(self.replayed) + len(self.skipped)
+
+    @property
+    def by_partition(self) -> dict[int, int]:
+        """How many were replayed per main-topic partition."""
+        counts = Counter(r.partition for r in self.replayed)
+        return dict(sorted(counts.items()))
+
+
+def _replay_copy(letter: DeadLetter) -> OutgoingRecord:
+    headers = {name: bytes(value) for name, value in letter.headers.items()
+               if name in _KEPT_ON_REPLAY or not name.startswith("wk-")}
+    return headers, letter.body
+
+
+def _why_not_replayable(letter: DeadLetter) -> str | None:
+    if letter.key is None:
+        return next((p for p in letter.problems if "wk-key" in p), "no usable wk-key")
+    if H_SRC in letter.headers and letter.source is None:
+        return next((p for p in letter.problems if "wk-src" in p), "wk-src is broken")
+    if letter.source is None:
+        return "no wk-src header: the original message identity is unknown"
+    return None
+
+
+def _ledger_record(letter: DeadLetter, partition: int, offset: int) -> OutgoingRecord:
+    return (
+        {
+            H_VERSION: WIRE_VERSION,
+            H_MARKER: MARKER_REPLAYED,
+            H_KEY: (letter.key or "").encode(),
+            H_DLQ_OFFSET: str(letter.offset).encode(),
+            H_REPLAYED_TO: f"{partition}@{offset}".encode(),
+        },
+        b"",
+    )
+
+
+async def _read_ledger(log: Log, ledger: str) -> dict[int, set[int]]:
+    partitions = await _partitions_or_none(log, ledger)
+    done: dict[int, set[int]] = {}
+    if partitions is None:
+        return done
+    starts = await log.start_offsets(ledger)
+    ends = await log.end_offsets(ledger)
+    for p in range(partitions):
+        async for page in _scan(log, ledger, p, starts.get(p, 0), ends.get(p, 0)):
+            for record in page:
+                raw = header_text(record.headers, H_DLQ_OFFSET)
+                try:
+                    done.setdefault(p, set()).add(int(raw or ""))
+                except ValueError:
+                    log_text = sanitize(raw or "<missing>", 40)
+                    _warn_ledger(ledger, p, record.offset, log_text)
+    return done
+
+
+def _warn_ledger(ledger: str, partition: int, offset: int, raw: str) -> None:
+    logger.warning("broken replay ledger record ignored", extra={
+        "topic": ledger, "partition": partition, "offset": offset, "value": raw})
+
+
+async def replay_dead_letters(
+    log: Log,
+    topic: str,
+    *,
+    reason: ReasonCode | str | None = None,
+    key: str | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+    everything: bool = False,
+    namespace: str = "",
+) -> ReplayReport:
+    """Write matching dead letters of ``topic`` back into ``topic`` (SPEC 8, 9).
+
+    Each copy carries the dead letter's body and headers unchanged, except
+    that of the ``wk-*`` headers only the event's own (``wk-v``, ``wk-type``,
+    ``wk-key``, ``wk-props``, ``wk-alg``) and ``wk-src`` are kept: the
+    failure's ``wk-reason``, ``wk-error``, ``wk-failed-at`` and the retry
+    topic's bookkeeping headers are dropped. ``wk-src`` being kept, the
+    consumer handles the copy under its original message identity and an
+    inbox skips it when the original was applied after all. The copy goes to partition ``murmur2(key) mod N`` of the main
+    topic, after everything already there: a replayed event is handled
+    after the key's newer events.
+
+    Every replayed dead letter is noted in the ledger topic
+    ``replayed_<topic>`` (created on first use with the dead-letter topic's
+    partition count), after its copy was written. A later run skips what the
+    ledger holds, unless ``everything`` is true. A crash between the two
+    writes replays that dead letter again on the next run, under the same
+    identity (at-least-once, like the consumer).
+
+    :param log: the log.
+    :param topic: the main topic.
+    :param reason: / :param key: only dead letters with this reason / key.
+    :param limit: replay at most this many (matched dead letters, in dlq
+        partition then offset order; the ledger's are not counted).
+    :param dry_run: write nothing (neither copies nor ledger); the report
+        says what would be replayed.
+    :param everything: ignore the ledger and replay every match again.
+    :param namespace: the consumer's namespace prefix, if it had one.
+    :returns: a :class:`ReplayReport`. Matching dead letters without a usable
+        ``wk-key`` (they cannot be routed) or without a valid ``wk-src``
+        (the identity would be lost) are in :attr:`ReplayReport.skipped`.
+    :raises UnknownTopicError: when the main topic does not exist.
+    :raises PartitionCountMismatch: when the ledger topic exists with another
+        partition count than the dead-letter topic.
+    :raises ConfigError: for an unknown reason code or a limit below 1.
+    """
+    wanted = _check_reason(reason)
+    _check_limit(limit)
+    names = _names(topic, namespace)
+    main = names.topics[0]
+    main_partitions = (await log.describe_topic(main)).partitions
+    dlq = names.dead_letter_topic(main)
+    ledger = names.qualify(replay_ledger_topic_name(topic))
+    report = ReplayReport(main, dry_run)
+    dlq_partitions = await _partitions_or_none(log, dlq)
+    if dlq_partitions is None:
+        return report
+    if not dry_run:
+        try:
+            await log.create_topic(ledger, dlq_partitions)
+        except PartitionCountMismatch as exc:
+            raise PartitionCountMismatch(ledger, exc.existing, dlq_partitions) from None
+    done = {} if everything else await _read_ledger(log, ledger)
+    remaining = limit
+    async with aclosing(_dead_letter_pages(log, dlq, dlq_partitions)) as pages:
+        async for p, page in pages:
+            batch: list[tuple[DeadLetter, str]] = []
+            for letter in page:
+                if remaining is not None and remaining <= 0:
+                    break
+                if not _matches(letter, wanted, key):
+                    continue
+                if letter.offset in done.get(p, ()):
+                    report.already_replayed += 1
+                    continue
+                if remaining is not None:
+                    remaining -= 1
+                why = _why_not_replayable(letter)
+                if why is not None or letter.key is None:
+                    why = why or "no usable wk-key"
+                    report.skipped.append(SkippedDeadLetter(p, letter.offset, letter.key, why))
+                    logger.warning("dead letter not replayed", extra={
+                        "topic": dlq, "partition": p, "offset": letter.offset,
+                        "key": letter.key, "reason": why})
+                    continue
+                batch.append((letter, letter.key))
+            await _replay_page(log, main, main_partitions, ledger, p, batch, report)
+            if remaining is not None and remaining <= 0:
+                break
+    return report
+
+
+async def _replay_page(log: Log, main: str, partitions: int, ledger: str, dlq_partition: int,
+                       letters: Sequence[tuple[DeadLetter, str]], report: ReplayReport) -> None:
+    """Write one page's copies (one append per main partition, in dlq order), then
+    their ledger records."""
+    targets: dict[int, list[DeadLetter]] = {}
+    for letter, key in letters:
+        targets.setdefault(partition_for(key, partitions), []).append(letter)
+    written: dict[int, tuple[int, int | None]] = {}
+    for partition, group in targets.items():
+        if report.dry_run:
+            offsets: Iterable[int | None] = [None] * len(group)
+        else:
+            offsets = await log.append(main, partition, [_replay_copy(x) for x in group])
+        for letter, offset in zip(group, offsets, strict=True):
+            written[letter.offset] = (partition, offset)
+    entries = [
+        ReplayedDeadLetter(dlq_partition, letter.offset, key, *written[letter.offset])
+        for letter, key in letters
+    ]
+    if not report.dry_run and entries:
+        await log.append(ledger, dlq_partition, [
+            _ledger_record(letter, entry.partition, entry.offset or 0)
+            for (letter, _), entry in zip(letters, entries, strict=True)
+        ])
+    report.replayed.extend(entries)
+
+
+# ------------------------------------------------------------------------ status
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    """One partition of the main topic, seen from one group.
+
+    :param partition: the partition.
+    :param start_offset: its lowest stored offset.
+    :param end_offset: the offset the next record will get.
+    :param committed: the group's committed offset (next to read), None
+        when the group never committed on it.
+    :param lag: records not yet consumed: ``end - committed`` (``end - start``
+        without a commit).
+    :param retry_pending: work records pending in ``retry_<topic>`` partition.
+    :param quarantined: quarantined keys of the partition.
+    :param retry_committed: the group's committed offset in the retry
+        partition (its lowest pending record), None when never committed.
+    """
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    committed: int | None
+    lag: int
+    retry_pending: int = 0
+    quarantined: int = 0
+    retry_committed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinedKey:
+    """A key waiting in the retry topic (SPEC 6).
+
+    :param partition: its partition.
+    :param key: the key.
+    :param pending: its pending work records.
+    :param failures: failures in a row of the current cycle; the next
+        attempt runs with ``ChunkContext.attempt`` equal to it, and the key
+        gives up when that attempt fails and ``failures`` equals the number
+        of retry delays. 0 after a give-up: its other records are due at once.
+    :param next_attempt_at: when the next attempt may run (seconds since the
+        epoch, on the consumer's clock).
+    :param first_failed_at: the cycle's first failure (seconds since the epoch).
+    """
+
+    partition: int
+    key: str
+    pending: int
+    failures: int
+    next_attempt_at: float
+    first_failed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A group's position on a topic: lag, retry state and dead letters (SPEC 14).
+
+    :param topic: the (qualified) main topic.
+    :param group: the consumer group.
+    :param partitions: per partition, in order.
+    :param quarantined: quarantined keys, earliest next attempt first.
+    :param dead_letters: dead letters per ``wk-reason`` (``"<missing>"`` for
+        records without one).
+    :param problems: broken records met in the retry topic, each naming
+        topic, partition and offset (the consumer would stop on them too).
+    """
+
+    topic: str
+    group: str
+    partitions: tuple[PartitionStatus, ...]
+    quarantined: tuple[QuarantinedKey, ...]
+    dead_letters: Mapping[str, int]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def lag(self) -> int:
+        """Total lag over all partitions (records)."""
+        return sum(p.lag for p in self.partitions)
+
+    @property
+    def backlog(self) -> int:
+        """Pending work records in the retry topic, all partitions."""
+        return sum(p.retry_pending for p in self.partitions)
+
+    @property
+    def dead_lettered(self) -> int:
+        """All dead letters."""
+        return sum(self.dead_letters.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "topic": self.topic,
+            "group": self.group,
+            "lag": self.lag,
+            "backlog": self.backlog,
+            "partitions": [
+                {"partition": p.partition, "start_offset": p.start_offset,
+                 "end_offset": p.end_offset, "committed": p.committed, "lag": p.lag,
+                 "retry_pending": p.retry_pending, "quarantined": p.quarantined,
+                 "retry_committed": p.retry_committed}
+                for p in self.partitions
+            ],
+            "quarantined": [
+                {"partition": q.partition, "key": q.key, "pending": q.pending,
+                 "failures": q.failures, "next_attempt_at": q.next_attempt_at,
+                 "first_failed_at": q.first_failed_at}
+                for q in self.quarantined
+            ],
+            "dead_letters": dict(self.dead_letters),
+            "problems": list(self.problems),
+        }
+
+
+MISSING_REASON = "<missing>"
+
+
+async def _retry_state(log: Log, retry: str, group: str, partition: int,
+                       config: ConsumerConfig, problems: list[str],
+                       ) -> tuple[RetryState, int | None]:
+    """Rebuild one retry partition's state exactly as the worker's ``_restore`` does."""
+    state = RetryState(config.delay)
+    committed = await log.committed(group, retry, partition)
+    start = committed
+    if start is None:
+        start = (await log.start_offsets(retry)).get(partition, 0)
+    state.end_offset = start
+    end = (await log.end_offsets(retry)).get(partition, 0)
+    async for page in _scan(log, retry, partition, start, end):
+        for record in page:
+            try:
+                state.apply(record)
+            except Exception as exc:  # noqa: BLE001 - report the broken record, go on
+                problems.append(
+                    f"{retry} partition {partition} offset {record.offset} "
+                    f"(key {header_text(record.headers, H_KEY)!r}): broken retry record: "
+                    f"{sanitize(exc, 200)}"
+                )
+    return state, committed
+
+
+async def consumer_status(
+    log: Log,
+    topic: str,
+    group: str,
+    *,
+    retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
+    namespace: str = "",
+) -> Status:
+    """Lag, quarantined keys, retry backlog and dead letters of ``group`` on ``topic``.
+
+    The retry state is rebuilt by reading ``retry_<topic>`` from the group's
+    committed retry offset through :class:`~wakuwaku.engine._retry.RetryState`,
+    exactly as a restarting consumer does (SPEC 6), so the next attempt
+    times are the ones the consumer will use, provided ``retry_delays`` is
+    the consumer's schedule.
+
+    :param log: the log.
+    :param topic: the main topic.
+    :param group: the consumer group.
+    :param retry_delays: the consumer's ``retry_delays`` (seconds).
+    :param namespace: the consumer's namespace prefix, if it had one.
+    :raises UnknownTopicError: when the main topic does not exist.
+    :raises ConfigError: for an empty group or a bad retry schedule.
+    """
+    config = ConsumerConfig(topic=topic, group=group, namespace=namespace,
+                            retry_delays=retry_delays)
+    main = config.topics[0]
+    partitions = (await log.describe_topic(main)).partitions
+    starts = await log.start_offsets(main)
+    ends = await log.end_offsets(main)
+    retry = config.retry_topic(main)
+    has_retry = await _partitions_or_none(log, retry) is not None
+    problems: list[str] = []
+    rows: list[PartitionStatus] = []
+    quarantined: list[QuarantinedKey] = []
+    for p in range(partitions):
+        committed = await log.committed(group, main, p)
+        start, end = starts.get(p, 0), ends.get(p, 0)
+        lag = max(0, end - (committed if committed is not None else start))
+        pending = keys = 0
+        retry_committed: int | None = None
+        if has_retry:
+            state, retry_committed = await _retry_state(log, retry, group, p, config, problems)
+            pending, keys = state.pending_count, len(state.keys)
+            quarantined.extend(
+                QuarantinedKey(p, key, len(s.pending), s.failures, s.due, s.first_failed_at)
+                for key, s in state.keys.items()
+            )
+        rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys,
+                                    retry_committed))
+    quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
+    dead: Counter[str] = Counter()
+    dlq = config.dead_letter_topic(main)
+    dlq_partitions = await _partitions_or_none(log, dlq)
+    if dlq_partitions is not None:
+        async for _, page in _dead_letter_pages(log, dlq, dlq_partitions):
+            dead.update(letter.reason or MISSING_REASON for letter in page)
+    return Status(main, group, tuple(rows), tuple(quarantined), dict(sorted(dead.items())),
+                  tuple(problems))

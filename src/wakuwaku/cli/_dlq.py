@@ -1,0 +1,151 @@
+"""``wakuwaku dlq list`` and ``wakuwaku dlq replay``: a topic's dead letters (SPEC 8).
+
+``list`` only reads ``dlq_<topic>``. ``replay`` writes matching dead letters
+back into the main topic (keeping ``wk-src``, the message identity) and notes
+each one in the ledger topic ``replayed_<topic>`` so that running it again
+does not replay it twice; ``--all`` ignores the ledger. See
+:func:`wakuwaku.admin.replay_dead_letters` and ``docs/operations.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from .._records import ReasonCode, Source
+from .._sanitize import sanitize
+from ..admin import DeadLetter, ReplayReport, list_dead_letters, replay_dead_letters
+from ..engine._config import ConsumerConfig
+from . import ExitCode
+from ._status import log_option, namespace_option, printable, when, with_log
+
+_REASON = click.Choice([r.value for r in ReasonCode])
+
+
+def _dlq_name(topic: str, namespace: str) -> str:
+    config = ConsumerConfig(topic=topic, group="wakuwaku-cli", namespace=namespace)
+    return config.dead_letter_topic(config.topics[0])
+
+
+def _filters(fn: Any) -> Any:
+    fn = click.option("--limit", type=click.IntRange(min=1), default=None,
+                      help="At most this many dead letters.")(fn)
+    fn = click.option("--key", default=None, help="Only dead letters of this key.")(fn)
+    fn = click.option("--reason", type=_REASON, default=None,
+                      help="Only dead letters with this reason code.")(fn)
+    return fn
+
+
+@click.group("dlq")
+def dlq_group() -> None:
+    """List and replay a topic's dead letters (dlq_<topic>)."""
+
+
+def _source(source: Source | None) -> str:
+    if source is None:
+        return "-"
+    offsets = ",".join(str(o) for o in source.offsets)
+    return f"{printable(source.topic)}/{source.partition}@{offsets}"
+
+
+def _line(letter: DeadLetter) -> str:
+    key = "-" if letter.key is None else repr(printable(letter.key))
+    fields = [
+        f"{letter.partition}@{letter.offset}",
+        f"reason={printable(letter.reason or '-')}",
+        f"key={key}",
+        f"type={printable(letter.type_tag or '-')}",
+        f"src={_source(letter.source)}",
+        f"at={when(letter.timestamp) if letter.timestamp else '-'}",
+        f"error={sanitize(letter.error or '-', 200)}",
+    ]
+    if letter.problems:
+        fields.append("problems=" + "; ".join(letter.problems))
+    return "\t".join(fields)
+
+
+@dlq_group.command("list")
+@click.argument("topic")
+@_filters
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON array (headers as text, body as text or body_hex).")
+@namespace_option
+@log_option
+def list_command(topic: str, reason: str | None, key: str | None, limit: int | None,
+                 as_json: bool, namespace: str, log_url: str) -> int:
+    """List TOPIC's dead letters: dlq partition@offset, reason, key, type, source, error.
+
+    Dead letters with broken headers are listed with what is broken.
+    Exit status 3 when TOPIC does not exist.
+    """
+    letters = with_log(log_url, lambda log: list_dead_letters(
+        log, topic, reason=reason, key=key, limit=limit, namespace=namespace))
+    if as_json:
+        click.echo(json.dumps([x.as_dict() for x in letters], ensure_ascii=False, indent=1))
+        return ExitCode.OK
+    dlq = _dlq_name(topic, namespace)
+    if not letters:
+        click.echo(f"no dead letters in {dlq!r} matching the filters")
+        return ExitCode.OK
+    for letter in letters:
+        click.echo(_line(letter))
+    broken = sum(1 for x in letters if x.problems)
+    summary = f"{len(letters)} dead letters in {dlq!r}"
+    if broken:
+        summary += f" ({broken} with broken headers)"
+    click.echo(summary)
+    return ExitCode.OK
+
+
+def _describe(report: ReplayReport, topic: str) -> str:
+    parts = ", ".join(f"partition {p}: {n}" for p, n in report.by_partition.items())
+    count = len(report.replayed)
+    verb = "would replay" if report.dry_run else "replayed"
+    text = f"{verb} {count} dead letters into {topic!r}"
+    return f"{text} ({parts})" if parts else text
+
+
+@dlq_group.command("replay")
+@click.argument("topic")
+@_filters
+@click.option("--dry-run", is_flag=True, help="Write nothing; say what would be replayed.")
+@click.option("--all", "everything", is_flag=True,
+              help="Replay again what an earlier replay already replayed.")
+@namespace_option
+@log_option
+def replay_command(topic: str, reason: str | None, key: str | None, limit: int | None,
+                   dry_run: bool, everything: bool, namespace: str, log_url: str) -> int:
+    """Write TOPIC's matching dead letters back into TOPIC (keeping their identity).
+
+    Prints how many were replayed per partition. Dead letters already
+    replayed by an earlier run are left alone unless --all. Dead letters
+    that cannot be replayed (no key to route by, broken wk-src) are named on
+    stderr and make the exit status 1; exit status 3 when TOPIC does not exist.
+    """
+    report = with_log(log_url, lambda log: replay_dead_letters(
+        log, topic, reason=reason, key=key, limit=limit, dry_run=dry_run,
+        everything=everything, namespace=namespace))
+    click.echo(_describe(report, topic))
+    if dry_run:
+        for entry in report.replayed:
+            click.echo(f"  {entry.dlq_partition}@{entry.dlq_offset}\tkey="
+                       f"{printable(entry.key)!r}\t-> partition {entry.partition}")
+    if report.already_replayed:
+        click.echo(f"{report.already_replayed} matching dead letters were replayed before "
+                   "(use --all to replay them again)")
+    dlq = _dlq_name(topic, namespace)
+    for skip in report.skipped:
+        key_text = "-" if skip.key is None else repr(printable(skip.key))
+        click.echo(f"skipped {dlq!r} partition {skip.dlq_partition} offset "
+                   f"{skip.dlq_offset} (key {key_text}): {skip.reason}", err=True)
+    if report.skipped:
+        click.echo(f"{len(report.skipped)} dead letters could not be replayed", err=True)
+        return ExitCode.FAILURE
+    return ExitCode.OK
+
+
+def register(group: click.Group) -> None:
+    """Attach the ``dlq`` commands to the ``wakuwaku`` group."""
+    group.add_command(dlq_group)

@@ -1,0 +1,180 @@
+"""``wakuwaku status TOPIC --group G``: lag, quarantined keys, retry backlog and
+dead letters of one consumer group (SPEC 14).
+
+Also home of what the operations commands share (``dlq``, ``status``,
+``run``): the ``--log`` option (env ``WAKUWAKU_LOG``, default
+``sqlite:///wakuwaku.db``) and opening a log that must already exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+
+from .._errors import ConfigError
+from ..admin import Status, consumer_status
+from ..engine._config import DEFAULT_RETRY_DELAYS
+from ..logs import DEFAULT_LOG_URL, Log, open_log
+from . import ExitCode
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+LOG_ENV = "WAKUWAKU_LOG"
+"""The environment variable every command reads its log URL from."""
+
+
+def log_option(fn: F) -> F:
+    """``--log URL`` (env ``WAKUWAKU_LOG``, default ``sqlite:///wakuwaku.db``)."""
+    return click.option(
+        "--log", "log_url", envvar=LOG_ENV, default=DEFAULT_LOG_URL, show_default=True,
+        metavar="URL", help=f"The log (sqlite:///file.db, memory://); env {LOG_ENV}.",
+    )(fn)
+
+
+def namespace_option(fn: F) -> F:
+    """``--namespace NS``: the consumer's ``ConsumerConfig.namespace``."""
+    return click.option(
+        "--namespace", default="", metavar="NS",
+        help="The consumer's namespace prefix (ConsumerConfig.namespace), if any.",
+    )(fn)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file a ``sqlite://`` URL names (as :func:`~wakuwaku.open_log` reads it), else None."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "sqlite" or not rest.startswith("/"):
+        return None
+    return rest[1:]
+
+
+def open_existing_log(url: str) -> Log:
+    """Open the log ``url`` names, refusing to create a new SQLite file.
+
+    An operations command on a mistyped path must say so, not report an
+    empty log (and leave a new file behind).
+
+    :raises ConfigError: when the SQLite file does not exist, or the URL is bad.
+    :raises UnsupportedLogURL: for an unknown scheme.
+    """
+    path = sqlite_path(url)
+    if path is not None and path and not os.path.exists(path):
+        raise ConfigError(
+            f"no log at {path!r} (from --log {url!r}); pass --log or set {LOG_ENV}"
+        )
+    return open_log(url)
+
+
+def with_log(url: str, work: Callable[[Log], Awaitable[T]]) -> T:
+    """Open the log, run ``work(log)`` on a new event loop, close the log."""
+
+    async def main() -> T:
+        log = open_existing_log(url)
+        try:
+            return await work(log)
+        finally:
+            await log.close()
+
+    return asyncio.run(main())
+
+
+def when(seconds: float | None) -> str:
+    """A UTC ISO 8601 time (to the second), ``-`` for None."""
+    if seconds is None:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (keys are shown exactly)."""
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+
+
+def _parse_delays(raw: str) -> tuple[float, ...]:
+    try:
+        delays = tuple(float(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{raw!r} is not a comma-separated list of seconds (e.g. 2,4,8,16)",
+            param_hint="--retry-delays",
+        ) from None
+    if not delays or any(d < 0 for d in delays):
+        raise click.BadParameter(f"{raw!r}: need at least one delay, none negative",
+                                 param_hint="--retry-delays")
+    return delays
+
+
+def _relative(at: float, now: float) -> str:
+    delta = at - now
+    if delta <= 0:
+        return "due now"
+    return f"in {delta:.1f}s"
+
+
+def render_status(status: Status, now: float) -> list[str]:
+    """The human-readable lines of ``wakuwaku status``."""
+    lines = [f"topic {status.topic!r}, group {status.group!r}"]
+    lines.append(f"{'partition':>9}  {'end':>10}  {'committed':>10}  {'lag':>8}  "
+                 f"{'backlog':>8}  {'quarantined':>11}")
+    for p in status.partitions:
+        committed = "-" if p.committed is None else str(p.committed)
+        lines.append(f"{p.partition:>9}  {p.end_offset:>10}  {committed:>10}  {p.lag:>8}  "
+                     f"{p.retry_pending:>8}  {p.quarantined:>11}")
+    lines.append(f"lag: {status.lag} records")
+    lines.append(f"retry backlog: {status.backlog} records pending")
+    if status.quarantined:
+        lines.append(f"quarantined keys: {len(status.quarantined)}")
+        lines.extend(
+            f"  partition {q.partition}  key {printable(q.key)!r}  pending {q.pending}  "
+            f"failures {q.failures}  next attempt {when(q.next_attempt_at)} "
+            f"({_relative(q.next_attempt_at, now)})"
+            for q in status.quarantined
+        )
+    else:
+        lines.append("quarantined keys: none")
+    if status.dead_letters:
+        per_reason = ", ".join(f"{reason} {count}"
+                               for reason, count in status.dead_letters.items())
+        lines.append(f"dead letters: {status.dead_lettered} ({per_reason})")
+    else:
+        lines.append("dead letters: none")
+    lines.extend(f"problem: {problem}" for problem in status.problems)
+    return lines
+
+
+@click.command("status")
+@click.argument("topic")
+@click.option("--group", "-g", required=True, help="The consumer group.")
+@click.option("--retry-delays", default=",".join(f"{d:g}" for d in DEFAULT_RETRY_DELAYS),
+              show_default=True, metavar="S,S,...",
+              help="The consumer's retry schedule in seconds (for next attempt times).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@namespace_option
+@log_option
+def status_command(topic: str, group: str, retry_delays: str, as_json: bool, namespace: str,
+                   log_url: str) -> int:
+    """Show a group's lag, quarantined keys (next attempt time), backlog and dead letters.
+
+    Exit status 3 when TOPIC does not exist; 1 when a broken retry record was met.
+    """
+    delays = _parse_delays(retry_delays)
+    status = with_log(log_url, lambda log: consumer_status(
+        log, topic, group, retry_delays=delays, namespace=namespace))
+    if as_json:
+        click.echo(json.dumps(status.as_dict(), ensure_ascii=False, sort_keys=True))
+    else:
+        for line in render_status(status, datetime.datetime.now(datetime.UTC).timestamp()):
+            click.echo(line)
+    return ExitCode.FAILURE if status.problems else ExitCode.OK
+
+
+def register(group: click.Group) -> None:
+    """Attach ``status`` to the ``wakuwaku`` group."""
+    group.add_command(status_command)

@@ -1,0 +1,214 @@
+"""``consumer_status`` and ``wakuwaku status``: lag, quarantined keys, backlog, dead
+letters (SPEC 6, 14). The retry state is the one a restarting consumer rebuilds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import wakuwaku as wk
+from wakuwaku.admin import Status, consumer_status
+from wakuwaku.cli import ExitCode, main
+from wakuwaku.engine import Consumer
+from wakuwaku.engine._retry import H_AT, H_MARKER, MARKER_ATTEMPT_FAILED
+from wakuwaku.logs import Log
+from wakuwaku.logs.sqlite import SQLiteLog
+from wakuwaku.testing import FakeClock
+
+from .ops_kit import GROUP, STUCK, T0, TOPIC, Order, Recorder, build_dead_log, make_consumer
+
+DELAYS = (10.0, 20.0, 40.0)
+
+
+async def until(condition: Callable[[], bool], clock: FakeClock | None = None) -> None:
+    """Let the consumer's tasks (and the SQLite worker thread) run until ``condition``.
+
+    With ``clock``, fake time also moves by 0.05 s per round, so an idle
+    partition polls again (never close to a retry's due time here).
+    """
+    for _ in range(2000):
+        if condition():
+            return
+        if clock is not None:
+            clock.advance(0.05)
+        await asyncio.sleep(0.002)
+    raise AssertionError("condition not met")
+
+
+async def quarantine(log: Log, *, attempts: int = 0) -> Consumer:
+    """Publish, consume with a clock that only moves by hand, stop with ``STUCK`` quarantined.
+
+    ``attempts`` retry attempts are made (each one fails) before stopping.
+    """
+    await log.create_topic(TOPIC, 2)
+    producer = wk.Producer(log, TOPIC)
+    await producer.publish_many([Order("k1", 1), Order(STUCK, 2), Order(STUCK, 3),
+                                 Order("k2", 4)])
+    clock = FakeClock(T0, autojump=False)
+    consumer = make_consumer(log, Recorder(), clock, retry_delays=DELAYS)
+    task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+    await until(lambda: consumer.stats.quarantined_keys == 1 and all(
+        w.caught_up for w in consumer.workers.values()) and len(consumer.workers) == 2)
+    worker = consumer.workers[(TOPIC, wk.partition_for(STUCK, 2))]
+    for n in range(attempts):
+        # Exactly to the due time: the attempt runs then, and its marker says so.
+        due = worker.retry.next_due()
+        assert due is not None
+        clock.advance(due - clock.now())
+        await until(lambda n=n: consumer.stats.attempts_failed == n + 1)  # type: ignore[misc]
+    await producer.publish(Order(STUCK, 5))  # routed behind the pending ones
+    await until(lambda: consumer.stats.routed == 1, clock)
+    consumer.stop()
+    await task
+    return consumer
+
+
+async def test_status_reports_the_quarantined_key_exactly_as_the_consumer_holds_it() -> None:
+    log = wk.MemoryLog()
+    consumer = await quarantine(log)
+    status = await consumer_status(log, TOPIC, GROUP, retry_delays=DELAYS)
+    p = wk.partition_for(STUCK, 2)
+    [key] = status.quarantined
+    assert (key.partition, key.key, key.pending, key.failures) == (p, STUCK, 3, 1)
+    assert key.first_failed_at == T0
+    assert key.next_attempt_at == T0 + DELAYS[0]
+    live = consumer.workers[(TOPIC, p)].retry.keys[STUCK]
+    assert (len(live.pending), live.failures, live.due) == (key.pending, key.failures,
+                                                            key.next_attempt_at)
+    assert status.backlog == 3
+    assert status.partitions[p].retry_pending == 3 and status.partitions[p].quarantined == 1
+    assert status.lag == 0
+    assert status.dead_letters == {}
+
+
+async def test_status_follows_failed_attempts_and_lag() -> None:
+    log = wk.MemoryLog()
+    await quarantine(log, attempts=2)
+    stuck = wk.Producer(log, TOPIC)
+    await stuck.publish_many([Order("k1", 6), Order("k2", 7)])
+    status = await consumer_status(log, TOPIC, GROUP, retry_delays=DELAYS)
+    [key] = status.quarantined
+    assert key.failures == 3
+    # The second attempt failed at T0 + 10 + 20; the third delay follows it.
+    assert key.next_attempt_at == T0 + DELAYS[0] + DELAYS[1] + DELAYS[2]
+    assert status.lag == 2
+    assert [p.lag for p in status.partitions] == [
+        sum(wk.partition_for(k, 2) == p for k in ("k1", "k2")) for p in range(2)]
+    # Another schedule gives other times: the status uses the one it is told.
+    other = await consumer_status(log, TOPIC, GROUP, retry_delays=(1.0,))
+    assert other.quarantined[0].next_attempt_at == T0 + DELAYS[0] + DELAYS[1] + 1.0
+
+
+async def test_status_of_a_group_that_never_ran_and_of_an_unknown_topic() -> None:
+    log = wk.MemoryLog()
+    await log.create_topic(TOPIC, 2)
+    await wk.Producer(log, TOPIC).publish_many([Order("k1", 1), Order("k2", 2)])
+    status = await consumer_status(log, TOPIC, "nobody")
+    assert [p.committed for p in status.partitions] == [None, None]
+    assert status.lag == 2 and status.quarantined == () and status.backlog == 0
+    with pytest.raises(wk.UnknownTopicError):
+        await consumer_status(log, "nope", GROUP)
+    with pytest.raises(wk.ConfigError):
+        await consumer_status(log, TOPIC, "")
+
+
+async def test_status_names_a_broken_retry_record_and_goes_on() -> None:
+    log = wk.MemoryLog()
+    await quarantine(log)
+    p = wk.partition_for(STUCK, 2)
+    broken = {"wk-v": b"1", H_MARKER: MARKER_ATTEMPT_FAILED, "wk-key": STUCK.encode(),
+              H_AT: b"0"}  # no wk-failures
+    [offset] = await log.append(f"retry_{TOPIC}", p, [(broken, b"")])
+    status = await consumer_status(log, TOPIC, GROUP, retry_delays=DELAYS)
+    [problem] = status.problems
+    assert f"retry_{TOPIC} partition {p} offset {offset}" in problem
+    assert "'stuck'" in problem
+    assert status.quarantined[0].key == STUCK
+
+
+def test_status_counts_dead_letters_per_reason(tmp_path: Path) -> None:
+    dead = asyncio.run(build_dead_log(tmp_path / "wk.db"))
+
+    async def work() -> Status:
+        log = SQLiteLog(dead.path)
+        try:
+            return await consumer_status(log, TOPIC, GROUP)
+        finally:
+            await log.close()
+
+    status = asyncio.run(work())
+    assert status.dead_letters == {"<missing>": 1, "gave_up_retry": 2, "malformed_header": 1,
+                                   "unknown_type": 1, "unrecoverable": 2}
+    assert status.dead_lettered == 7
+    assert status.lag == 0 and status.quarantined == ()
+
+
+@pytest.fixture
+def quarantined_log(tmp_path: Path) -> str:
+    path = tmp_path / "wk.db"
+
+    async def build() -> None:
+        log = SQLiteLog(path)
+        try:
+            await quarantine(log)
+        finally:
+            await log.close()
+
+    asyncio.run(build())
+    return f"sqlite:///{path}"
+
+
+def test_cli_status_prints_lag_quarantined_keys_backlog_and_dead_letters(
+    quarantined_log: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["status", TOPIC, "--group", GROUP, "--retry-delays", "10,20,40",
+                 "--log", quarantined_log])
+    out = capsys.readouterr().out
+    assert code == ExitCode.OK
+    p = wk.partition_for(STUCK, 2)
+    # T0 + 10 s = 2023-11-14T22:13:30Z
+    assert (f"  partition {p}  key 'stuck'  pending 3  failures 1  "
+            "next attempt 2023-11-14T22:13:30Z (due now)") in out.splitlines()
+    assert "retry backlog: 3 records pending" in out
+    assert "lag: 0 records" in out
+    assert "dead letters: none" in out
+    code = main(["status", TOPIC, "-g", GROUP, "--json", "--log", quarantined_log])
+    data = json.loads(capsys.readouterr().out)
+    assert data["quarantined"][0]["next_attempt_at"] == T0 + 2.0  # the default schedule
+    assert data["backlog"] == 3 and data["lag"] == 0
+
+
+def test_cli_status_errors(quarantined_log: str, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "nope", "-g", GROUP, "--log", quarantined_log]) == ExitCode.ERROR
+    assert "topic 'nope' does not exist" in capsys.readouterr().err
+    assert main(["status", TOPIC, "--log", quarantined_log]) == ExitCode.USAGE
+    assert "--group" in capsys.readouterr().err
+    assert main(["status", TOPIC, "-g", GROUP, "--retry-delays", "2,x",
+                 "--log", quarantined_log]) == ExitCode.USAGE
+    assert "--retry-delays" in capsys.readouterr().err
+    missing = tmp_path / "nothing.db"
+    assert main(["status", TOPIC, "-g", GROUP, "--log", f"sqlite:///{missing}"]) == \
+        ExitCode.ERROR
+    assert not missing.exists()
+
+
+def test_the_fixture_routed_the_new_record_behind_the_pending_ones(quarantined_log: str) -> None:
+    """The record routed during quarantine waits in the retry topic as it was produced."""
+
+    async def work() -> list[int]:
+        log = SQLiteLog(quarantined_log.removeprefix("sqlite:///"))
+        try:
+            p = wk.partition_for(STUCK, 2)
+            records = await log.read(f"retry_{TOPIC}", p, 0, 100)
+            return [msgspec.json.decode(r.body, type=Order).n for r in records
+                    if H_MARKER not in r.headers]
+        finally:
+            await log.close()
+
+    assert asyncio.run(work()) == [2, 3, 5]
