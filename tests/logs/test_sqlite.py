@@ -277,3 +277,14 @@ async def test_bad_lease_arguments_are_refused(log: SQLiteLog) -> None:
         await log.acquire_partition("g", "orders", 0, "", ttl=1.0)
     with pytest.raises(ConfigError):
         await log.acquire_partition("g", "orders", 0, "a", ttl=0.0)
+
+
+async def test_a_wakuwaku_file_missing_its_tables_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SQLiteLog(path) as log:
+        await log.create_topic("orders", 1)
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("DROP TABLE wk_records")
+    async with SQLiteLog(path) as log:
+        with pytest.raises(CorruptLogError, match="no such table"):
+            await log.read("orders", 0, 0)

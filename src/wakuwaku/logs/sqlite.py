@@ -164,7 +164,7 @@ class SQLiteLog(Log):
                 f"SQLite log {self.path!r} stayed locked by another connection for more "
                 f"than busy_timeout={self.busy_timeout:g} s: {text}"
             )
-        if "not a database" in lowered or "malformed" in lowered:
+        if any(sign in lowered for sign in ("not a database", "malformed", "no such")):
             return CorruptLogError(f"SQLite log {self.path!r} is damaged: {text}")
         if isinstance(exc, sqlite3.OperationalError):
             return LogUnavailableError(f"SQLite log {self.path!r} is unavailable: {text}")
@@ -385,17 +385,17 @@ class SQLiteLog(Log):
         topic_id = self._partition(db, topic, partition)
         if max_records < 1:
             return [], []
-        extra = _READ_BATCH - max_records
-        cursor = db.execute(_READ_SQL, (topic_id, partition, offset, max_records + max(0, extra)))
+        extra = max(0, _READ_BATCH - max_records)
+        cursor = db.execute(_READ_SQL, (topic_id, partition, offset, max_records + extra))
         try:
-            rows = cursor.fetchmany(max_records)
-            ahead: list[tuple[int, bytes, bytes, float]] = []
-            if extra > 0 and len(rows) == max_records:
-                size = sum(len(row[1]) + len(row[2]) for row in rows) // len(rows) + 1
-                ahead = cursor.fetchmany(min(extra, _READ_AHEAD_BYTES // size))
+            found = _fetch(cursor, max_records)
+            ahead: list[Record] = []
+            if extra and len(found) == max_records:
+                size = sum(len(r.body) for r in found) // len(found) + 64
+                ahead = _fetch(cursor, min(extra, _READ_AHEAD_BYTES // size))
         finally:
             cursor.close()  # ends the read snapshot at once
-        return _records(rows), _records(ahead)
+        return found, ahead
     async def end_offsets(self, topic: str) -> dict[int, int]:
         return await self._run(self._bounds, topic, "next_offset")
 
@@ -611,6 +611,20 @@ class SQLiteLog(Log):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.close()
+
+
+def _fetch(cursor: sqlite3.Cursor, count: int) -> list[Record]:
+    """Up to ``count`` records from ``cursor``, built a small chunk at a time."""
+    out: list[Record] = []
+    while len(out) < count:
+        rows = cursor.fetchmany(min(_CHUNK, count - len(out)))
+        if not rows:
+            break
+        out += _records(rows)
+    return out
+
+
+_CHUNK = 250
 
 
 def _records(rows: list[tuple[int, bytes, bytes, float]]) -> list[Record]:
