@@ -76,7 +76,7 @@ _READ_SQL = (
 
 
 class SQLiteLog(Log):
-    """A :class:`~wakuwaku.logs.Log` in one SQLite file (URL ``sqlite:///path``).
+    """A :class:`~wakuwaku.logs.Log` in one SQLite file (URL ``sqlite:///path``; SPEC 1, 15).
 
     :param path: the database file; missing parent directories are created.
         The file is opened (and created, when it does not exist) by the first
@@ -95,6 +95,9 @@ class SQLiteLog(Log):
     database, a newer schema), :class:`~wakuwaku.LogUnavailableError` when
     the file stays locked longer than ``busy_timeout`` or the disk fails,
     and :class:`~wakuwaku.LogError` after :meth:`close`.
+
+    :raises ConfigError: for an empty path, ``:memory:`` or a negative
+        ``busy_timeout``.
     """
 
     def __init__(
