@@ -1,0 +1,1 @@
+"""Consumer modules that tests run in a subprocess (``wakuwaku run module:attr``)."""
