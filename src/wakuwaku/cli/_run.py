@@ -1,0 +1,212 @@
+"""``wakuwaku run module:attr``: run a consumer until SIGINT/SIGTERM (SPEC 14).
+
+``attr`` names a :class:`wakuwaku.engine.Consumer`, or a callable (sync or
+async) returning one: with no parameter, or with one, which receives the
+log ``--log`` names, opened. ``--log`` is also exported as ``WAKUWAKU_LOG``
+before the module is imported, so module-level code can open the same log
+with ``open_log(os.environ["WAKUWAKU_LOG"])``. The current directory is put
+on ``sys.path`` first, as ``python -m`` would.
+
+Exit status: 0 after a graceful stop (signal, ``--drain`` idle, or
+:meth:`Consumer.stop`); 2 for a target that cannot be found or is not a
+consumer; 3 when importing the module or building the consumer failed, or
+the consumer cannot start (unknown topic, partition count mismatch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from .._errors import ConfigError
+from ..engine import Consumer
+from . import ExitCode
+from ._status import LOG_ENV, log_option, open_existing_log
+
+logger = logging.getLogger("wakuwaku.cli")
+
+_STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message", "asctime", "taskName"}
+
+
+class StructuredFormatter(logging.Formatter):
+    """``time level logger: message key=value ...``: the ``extra`` fields the
+    engine logs (topic, partition, key, type, offsets, error class) appended."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = [f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
+                  for name, value in record.__dict__.items()
+                  if name not in _STANDARD_ATTRS and not name.startswith("_")]
+        return f"{text} {' '.join(fields)}" if fields else text
+
+
+@contextlib.contextmanager
+def logging_to_stderr(level: str) -> Iterator[None]:
+    """Log to stderr at ``level`` with :class:`StructuredFormatter` while inside;
+    the root logger's handlers and level are restored on exit."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(StructuredFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    previous = root.level
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+
+
+def load_target(spec: str) -> Any:
+    """Import ``module:attr`` (``attr`` may be dotted) and return the object.
+
+    :raises click.BadParameter: when ``spec`` is not ``module:attr``, the
+        module does not exist or has no such attribute (exit status 2).
+    :raises ConfigError: when importing the module raised (exit status 3).
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(f"{spec!r} is not module:attr (e.g. myapp.consumers:billing)",
+                                 param_hint="MODULE:ATTR")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name == exc.name
+                                     or module_name.startswith(exc.name + ".")):
+            raise click.BadParameter(f"no module named {module_name!r} (from {spec!r})",
+                                     param_hint="MODULE:ATTR") from None
+        logger.error("importing %r failed", module_name, exc_info=True)
+        raise ConfigError(f"importing module {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        logger.error("importing %r failed", module_name, exc_info=True)
+        raise ConfigError(
+            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise click.BadParameter(f"module {module_name!r} has no attribute {attr!r}",
+                                     param_hint="MODULE:ATTR") from None
+    return target
+
+
+def _wants_log(factory: Any) -> bool:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in params if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(required) == 1
+
+
+async def build_consumer(target: Any, spec: str, log_url: str) -> Consumer:
+    """The consumer ``target`` is or builds (see the module docstring).
+
+    :raises click.BadParameter: when ``target`` is neither a consumer nor a
+        callable, or the callable returned something else (exit status 2).
+    :raises ConfigError: when the callable raised (exit status 3).
+    """
+    if isinstance(target, Consumer):
+        return target
+    if not callable(target):
+        raise click.BadParameter(
+            f"{spec!r} is a {type(target).__name__}, not a wakuwaku Consumer or a "
+            "callable returning one", param_hint="MODULE:ATTR")
+    try:
+        built = target(open_existing_log(log_url)) if _wants_log(target) else target()
+        if inspect.isawaitable(built):
+            built = await built
+    except (click.ClickException, ConfigError):
+        raise
+    except Exception as exc:
+        logger.error("building the consumer with %r failed", spec, exc_info=True)
+        raise ConfigError(f"{spec!r} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(built, Consumer):
+        raise click.BadParameter(
+            f"{spec!r} returned a {type(built).__name__}, not a wakuwaku Consumer",
+            param_hint="MODULE:ATTR")
+    return built
+
+
+async def _serve(spec: str, target: Any, log_url: str, drain: bool,
+                 metrics_port: int | None, metrics_addr: str) -> None:
+    consumer = await build_consumer(target, spec, log_url)
+    refresher: asyncio.Task[None] | None = None
+    try:
+        if metrics_port is not None:
+            refresher = _start_metrics(consumer, metrics_port, metrics_addr)
+        logger.info("consumer starting", extra={
+            "topics": list(consumer.config.topics), "group": consumer.config.group,
+            "log": consumer.log.url, "drain": drain})
+        if drain:
+            stats = await consumer.drain(install_signal_handlers=True)
+        else:
+            stats = await consumer.run(install_signal_handlers=True)
+        logger.info("consumer stopped", extra={"stats": stats.as_dict()})
+    finally:
+        if refresher is not None:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+        await consumer.log.close()
+
+
+def _start_metrics(consumer: Consumer, port: int, addr: str) -> asyncio.Task[None]:
+    try:
+        from ..metrics import start_metrics_server
+    except ImportError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
+        collector = start_metrics_server(consumer, port, addr=addr)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
+    logger.info("serving metrics", extra={"addr": addr, "port": port})
+    return asyncio.create_task(collector.keep_lag_fresh())
+
+
+@click.command("run")
+@click.argument("target", metavar="MODULE:ATTR")
+@click.option("--drain", is_flag=True,
+              help="Stop once every partition is caught up and no key is quarantined.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="Log to stderr from this level up.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve Prometheus metrics on this port (needs wakuwaku[prometheus]).")
+@click.option("--metrics-addr", default="0.0.0.0", show_default=True,
+              help="The address the metrics server listens on.")
+@log_option
+def run_command(target: str, drain: bool, log_level: str, metrics_port: int | None,
+                metrics_addr: str, log_url: str) -> int:
+    """Run the consumer MODULE:ATTR names until SIGINT/SIGTERM (or idle, with --drain).
+
+    ATTR is a wakuwaku Consumer, or a callable (sync or async) returning
+    one; a callable with one parameter gets the log --log names. --log is
+    exported as WAKUWAKU_LOG before MODULE is imported. On SIGINT/SIGTERM no
+    new chunk starts, running chunks finish (within the consumer's
+    shutdown_timeout), offsets are stored, and the exit status is 0.
+    """
+    os.environ[LOG_ENV] = log_url
+    with logging_to_stderr(log_level):
+        obj = load_target(target)
+        asyncio.run(_serve(target, obj, log_url, drain, metrics_port, metrics_addr))
+    return ExitCode.OK
+
+
+def register(group: click.Group) -> None:
+    """Attach ``run`` to the ``wakuwaku`` group."""
+    group.add_command(run_command)

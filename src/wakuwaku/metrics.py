@@ -1,0 +1,245 @@
+"""Prometheus metrics of a consumer (SPEC 14), an optional extra.
+
+Install with ``pip install 'wakuwaku[prometheus]'``; the root package never
+imports this module. A custom collector reads the consumer's always-on
+:class:`~wakuwaku.engine.ConsumerStats` and its partition workers' retry
+state at scrape time, so nothing is counted twice and the handler path pays
+nothing for metrics::
+
+    from prometheus_client import CollectorRegistry, start_http_server
+    from wakuwaku.metrics import ConsumerCollector
+
+    collector = ConsumerCollector(consumer)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    start_http_server(9100, registry=registry)
+    asyncio.create_task(collector.keep_lag_fresh())   # lag needs the log's end offsets
+
+``wakuwaku run module:consumer --metrics-port 9100`` does all of that.
+
+=====================================================  =======  ==========================
+metric                                                 type     labels
+=====================================================  =======  ==========================
+``wakuwaku_polled_records_total``                      counter  group
+``wakuwaku_handled_records_total``                     counter  group
+``wakuwaku_handler_calls_total`` (successful calls)    counter  group
+``wakuwaku_handler_failures_total``                    counter  group, class
+``wakuwaku_dead_letters_total``                        counter  group, reason
+``wakuwaku_reduced_away_records_total``                counter  group
+``wakuwaku_inbox_skipped_records_total``               counter  group
+``wakuwaku_routed_records_total``                      counter  group
+``wakuwaku_retry_written_records_total``               counter  group
+``wakuwaku_quarantines_total``                         counter  group
+``wakuwaku_retry_attempts_total``                      counter  group
+``wakuwaku_retry_attempts_failed_total``               counter  group
+``wakuwaku_retry_give_ups_total``                      counter  group
+``wakuwaku_transient_pauses_total``                    counter  group
+``wakuwaku_log_call_retries_total``                    counter  group
+``wakuwaku_handler_seconds`` (count: every call)       summary  group
+``wakuwaku_retry_backlog_records``                     gauge    group, topic, partition
+``wakuwaku_quarantined_keys``                          gauge    group, topic, partition
+``wakuwaku_next_retry_attempt_timestamp_seconds``      gauge    group, topic, partition
+``wakuwaku_lag_records``                               gauge    group, topic, partition
+=====================================================  =======  ==========================
+
+Handler latency is a summary (count and sum), so ``rate(sum) / rate(count)``
+is the mean call time (seconds); :class:`ConsumerStats` keeps no per-call
+distribution, so there are no quantiles or buckets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, TypeVar
+
+try:
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        Metric,
+        SummaryMetricFamily,
+    )
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "wakuwaku.metrics needs prometheus-client: pip install 'wakuwaku[prometheus]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from .engine import Consumer, ConsumerStats
+
+__all__ = ("ConsumerCollector", "start_metrics_server")
+
+log = logging.getLogger("wakuwaku.metrics")
+
+T = TypeVar("T")
+
+# (ConsumerStats field, metric name without _total, help)
+_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("polled", "polled_records", "Main-topic records read."),
+    ("handled", "handled_records",
+     "Main-topic records whose events a handler completed (a reduced event counts "
+     "every record it stands for)."),
+    ("handler_calls", "handler_calls", "Successful handle() calls."),
+    ("reduced_away", "reduced_away_records", "Records merged into another event by reduction."),
+    ("inbox_skipped", "inbox_skipped_records", "Records dropped because the inbox held their id."),
+    ("routed", "routed_records",
+     "Records routed to the retry topic because their key was quarantined."),
+    ("retry_written", "retry_written_records",
+     "Work records written to the retry topic after a Retryable failure."),
+    ("quarantined_keys", "quarantines", "Keys that entered quarantine."),
+    ("attempts", "retry_attempts", "Retry attempts run (one per due key)."),
+    ("attempts_failed", "retry_attempts_failed", "Retry attempts that failed Retryable."),
+    ("gave_up_keys", "retry_give_ups", "Keys whose last retry attempt failed (give-ups)."),
+    ("transient_pauses", "transient_pauses",
+     "Transient handler failures that paused a partition (each in-place retry counts)."),
+    ("log_call_retries", "log_call_retries", "Failed log calls of the consumer that were retried."),
+)
+
+_ATTEMPTS = 3
+
+
+def _stable(read: Callable[[], T]) -> T:
+    """Read a structure the event loop may be changing from another thread.
+
+    Copying a dict while the loop thread adds a key raises RuntimeError; the
+    copy is simply tried again (the loop holds the GIL only briefly).
+    """
+    for _ in range(_ATTEMPTS - 1):
+        try:
+            return read()
+        except RuntimeError:
+            continue
+    return read()
+
+
+class ConsumerCollector(Collector):
+    """A Prometheus collector for one :class:`~wakuwaku.engine.Consumer` (SPEC 14).
+
+    :param consumer: the consumer; its stats and workers are read at scrape
+        time (any thread).
+    :param namespace: the metric name prefix (default ``wakuwaku``).
+
+    Lag needs the log's end offsets, which only the event loop can read:
+    :meth:`refresh_lag` (or :meth:`keep_lag_fresh` as a task) stores them,
+    and a scrape reports ``max(0, end - position)`` per owned partition,
+    where ``position`` is the worker's next offset to read. Partitions
+    without a known end offset report no lag.
+    """
+
+    def __init__(self, consumer: Consumer, *, namespace: str = "wakuwaku") -> None:
+        self.consumer = consumer
+        self.namespace = namespace
+        self._ends: dict[tuple[str, int], int] = {}
+
+    def _name(self, name: str) -> str:
+        return f"{self.namespace}_{name}" if self.namespace else name
+
+    async def refresh_lag(self) -> None:
+        """Read the end offsets of every topic this consumer owns partitions of.
+
+        :raises LogError: what the log raises (e.g. LogUnavailableError).
+        """
+        topics = sorted({topic for topic, _ in list(self.consumer.workers)})
+        for topic in topics:
+            for partition, end in (await self.consumer.log.end_offsets(topic)).items():
+                self._ends[(topic, partition)] = end
+
+    async def keep_lag_fresh(self, interval: float = 10.0) -> None:
+        """Call :meth:`refresh_lag` every ``interval`` seconds (on the consumer's
+        clock) until cancelled; a failing log is logged at warning and tried again."""
+        clock = self.consumer.config.clock
+        while True:
+            try:
+                await self.refresh_lag()
+            except Exception as exc:  # noqa: BLE001 - metrics must never stop the consumer
+                log.warning("cannot read end offsets for the lag metric", extra={
+                    "error": f"{type(exc).__name__}: {exc}"})
+            await clock.sleep(interval)
+
+    def describe(self) -> Iterator[Metric]:
+        """Nothing up front: metric families are built at each scrape."""
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        """Build every metric family from the consumer's current counters and workers."""
+        group = self.consumer.config.group
+        stats: ConsumerStats = self.consumer.stats
+        for field_name, name, doc in _COUNTERS:
+            counter = CounterMetricFamily(self._name(name), doc, labels=["group"])
+            counter.add_metric([group], float(getattr(stats, field_name)))
+            yield counter
+        yield self._by_label("handler_failures", "Handler failures by error class.",
+                             "class", _stable(lambda: dict(stats.failed_by_class)), group)
+        yield self._by_label("dead_letters", "Dead-lettered records by reason code.",
+                             "reason", _stable(lambda: dict(stats.dead_letters)), group)
+        calls = stats.handler_calls + sum(_stable(lambda: dict(stats.failed_by_class)).values())
+        summary = SummaryMetricFamily(
+            self._name("handler_seconds"),
+            "Time spent in handle() calls, successful or not (seconds).",
+            labels=["group"],
+        )
+        summary.add_metric([group], count_value=calls, sum_value=stats.handler_seconds)
+        yield summary
+        yield from self._partition_gauges(group)
+
+    def _by_label(self, name: str, doc: str, label: str, values: Mapping[str, int],
+                  group: str) -> Metric:
+        family = CounterMetricFamily(self._name(name), doc, labels=["group", label])
+        for value_label, count in sorted(values.items()):
+            family.add_metric([group, value_label], float(count))
+        return family
+
+    def _partition_gauges(self, group: str) -> Iterator[Metric]:
+        labels = ["group", "topic", "partition"]
+        backlog = GaugeMetricFamily(self._name("retry_backlog_records"),
+                                    "Pending work records in the retry partition.", labels=labels)
+        keys = GaugeMetricFamily(self._name("quarantined_keys"),
+                                 "Keys quarantined in the partition now.", labels=labels)
+        due = GaugeMetricFamily(
+            self._name("next_retry_attempt_timestamp_seconds"),
+            "When the partition's earliest retry attempt is due (seconds since the epoch).",
+            labels=labels)
+        lag = GaugeMetricFamily(self._name("lag_records"),
+                                "Records after the worker's position (end offset - position).",
+                                labels=labels)
+        workers = _stable(lambda: sorted(self.consumer.workers.items()))
+        for (topic, partition), worker in workers:
+            values = [group, topic, str(partition)]
+            retry = worker.retry
+            backlog.add_metric(values, float(retry.pending_count))
+            keys.add_metric(values, float(len(retry.keys)))
+            next_due = _stable(retry.next_due)
+            if next_due is not None:
+                due.add_metric(values, next_due)
+            end = self._ends.get((topic, partition))
+            if end is not None and worker.started:
+                lag.add_metric(values, float(max(0, end - worker.position)))
+        yield backlog
+        yield keys
+        yield due
+        yield lag
+
+
+def start_metrics_server(
+    consumer: Consumer,
+    port: int,
+    *,
+    addr: str = "0.0.0.0",
+    registry: CollectorRegistry | None = None,
+) -> ConsumerCollector:
+    """Serve ``consumer``'s metrics over HTTP on ``addr:port`` (a daemon thread).
+
+    :param registry: where to register the collector; default a new
+        :class:`~prometheus_client.CollectorRegistry` holding only it.
+    :returns: the collector; run ``collector.keep_lag_fresh()`` as a task on
+        the consumer's event loop to get the lag metric.
+    :raises OSError: when the port cannot be bound.
+    """
+    collector = ConsumerCollector(consumer)
+    target = registry if registry is not None else CollectorRegistry()
+    target.register(collector)
+    start_http_server(port, addr=addr, registry=target)
+    return collector
