@@ -438,9 +438,9 @@ async def replay_dead_letters(
     failure's ``wk-reason``, ``wk-error``, ``wk-failed-at`` and the retry
     topic's bookkeeping headers are dropped. ``wk-src`` being kept, the
     consumer handles the copy under its original message identity and an
-    inbox skips it when the original was applied after all. The copy goes to partition ``murmur2(key) mod N`` of the main
-    topic, after everything already there: a replayed event is handled
-    after the key's newer events.
+    inbox skips it when the original was applied after all. The copy goes to
+    partition ``murmur2(key) mod N`` of the main topic, after everything
+    already there: a replayed event is handled after the key's newer events.
 
     Every replayed dead letter is noted in the ledger topic
     ``replayed_<topic>`` (created on first use with the dead-letter topic's
