@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from contextlib import closing
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,7 +27,7 @@ class SQLiteHarness(Harness):
         self.path = path
         self.clock = FakeClock()
         self.inbox = inbox_cls(path, GROUP, max_attempts=MAX_ATTEMPTS, clock=self.clock)
-        with self.connect() as conn:
+        with closing(self.connect()) as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("CREATE TABLE IF NOT EXISTS fx (message_key TEXT PRIMARY KEY, "
                          "n INTEGER NOT NULL)")
@@ -59,7 +60,7 @@ class SQLiteHarness(Harness):
         return self.apply_sync(keys, fail)
 
     async def applied(self, key: str) -> int:
-        with self.connect() as conn:
+        with closing(self.connect()) as conn:
             row = conn.execute("SELECT n FROM fx WHERE message_key = ?", (key,)).fetchone()
         return 0 if row is None else int(row[0])
 
