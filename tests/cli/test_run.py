@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import wakuwaku as wk
 from wakuwaku.cli import ExitCode, main
 from wakuwaku.logs.sqlite import SQLiteLog
 
@@ -218,3 +219,39 @@ def test_run_serves_prometheus_metrics(ticks: tuple[str, Path]) -> None:
     assert 'wakuwaku_handler_failures_total{class="unrecoverable",group="recorder"} 1.0' in \
         scraped
     assert len(recorder.handled_ids(str(out))) == 19
+
+
+def test_the_consumer_module_of_docs_operations_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Python block of docs/operations.md, saved as billing/consumer.py, runs as shown."""
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("# billing/consumer.py")
+    package = tmp_path / "billing"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "consumer.py").write_text(block)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    db = tmp_path / "log.db"
+    try:
+        import billing.consumer as doc  # type: ignore[import-not-found]
+
+        async def seed() -> None:
+            log = SQLiteLog(db)
+            try:
+                await log.create_topic("payments", 2)
+                await wk.Producer(log, "payments").publish_many(
+                    doc.PaymentReceived(account, cents)
+                    for account, cents in [("a", 5), ("b", 7), ("a", 10)])
+            finally:
+                await log.close()
+
+        asyncio.run(seed())
+        assert main(["run", "billing.consumer:build", "--drain", "--log", f"sqlite:///{db}"]) \
+            == ExitCode.OK
+        assert doc.totals == {"a": 15, "b": 7}
+    finally:
+        for name in ("billing", "billing.consumer"):
+            sys.modules.pop(name, None)

@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -21,6 +22,7 @@ from wakuwaku.metrics import ConsumerCollector  # noqa: E402 - after the importo
 
 T0 = 1_700_000_000.0
 GROUP = "metered"
+DOCS = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
 
 
 @wk.event("tests.metrics.job", key="key")
@@ -189,3 +191,26 @@ def test_the_root_package_and_the_cli_never_import_prometheus() -> None:
         "bad = [m for m in ('prometheus_client', 'wakuwaku.metrics') if m in sys.modules]\n"
         "assert not bad, bad\n")
     assert result.returncode == 0, result.stderr
+
+
+async def test_the_metrics_snippet_of_docs_operations_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    snippet = DOCS.split("```python\n")[2].split("```", 1)[0]
+    assert "ConsumerCollector(consumer)" in snippet
+    served: list[tuple[int, object]] = []
+    monkeypatch.setattr(prometheus_client, "start_http_server",
+                        lambda port, registry: served.append((port, registry)))
+    log = wk.MemoryLog()
+    await log.create_topic("jobs", 1)
+    consumer = Consumer(ConsumerConfig(topic="jobs", group=GROUP, clock=FakeClock(T0),
+                                       lease_ttl=3600.0), [Handler(Job, Scripted())], log)
+    scope: dict[str, object] = {"consumer": consumer}
+    exec(compile(snippet, "docs/operations.md", "exec"), scope)
+    [(port, registry)] = served
+    assert port == 9100 and registry is scope["registry"]
+    lag = scope["lag"]
+    assert isinstance(lag, asyncio.Task)
+    lag.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await lag
