@@ -207,6 +207,16 @@ def test_produce_reports_each_refused_line_and_writes_only_the_good_ones(cli: CL
     assert len(cli.records("orders", 0)) == 2
 
 
+def test_produce_refuses_a_line_that_is_not_utf8(cli: CLI) -> None:
+    cli("topic", "create", "orders")
+    path = cli.path.parent / "input.jsonl"
+    good = json.dumps({"type": "t", "key": "k", "body": 1}).encode()
+    path.write_bytes(good + b'\n{"type": "t", "key": "\xff", "body": 1}\n' + good + b"\n")
+    code, _, err = cli("produce", "orders", str(path))
+    assert code == ExitCode.FAILURE
+    assert "line 2: not UTF-8" in err and "produced 2 records" in err
+
+
 def test_produce_plain_body_without_the_key_field_is_refused(cli: CLI) -> None:
     cli("topic", "create", "stock")
     file = lines_file(cli.path.parent, '{"n": 1}', '{"sku": "a"}')

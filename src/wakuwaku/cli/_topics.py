@@ -198,6 +198,8 @@ class _LineParser:
             document = msgspec.json.decode(line)
         except msgspec.DecodeError as exc:
             raise _Refused(f"not JSON: {exc}") from None
+        except UnicodeEncodeError:  # undecodable input bytes, kept as surrogates
+            raise _Refused("not UTF-8") from None
         if not isinstance(document, dict):
             raise _Refused(f"expected a JSON object, got {type(document).__name__}")
         if self.type_tag is not None:
@@ -268,7 +270,8 @@ async def _produce(log: Log, topic: str, lines: Iterable[str], parser: _LinePars
 
 @click.command("produce")
 @click.argument("topic")
-@click.argument("file", type=click.File("r", encoding="utf-8"), default="-")
+@click.argument("file", type=click.File("r", encoding="utf-8", errors="surrogateescape"),
+                default="-")
 @click.option("--type", "type_tag", metavar="TAG",
               help="Lines are plain bodies of this type (needs --key-field).")
 @click.option("--key-field", metavar="FIELD", help="The body field that holds the key.")
