@@ -167,7 +167,7 @@ def main() -> None:
         print(f"{what:8}{n / lib:>18,.0f}{n / raw:>20,.0f}{raw / lib:>8.0%}")
     ratio = best["raw read"] / best["lib read"]
     verdict = "meets" if ratio >= 0.60 else "MISSES"
-    print(f"read ratio {ratio:.0%} {verdict} the target of 60 %")
+    print(f"read ratio {ratio:.1%} {verdict} the target of 60 %")
 
 
 if __name__ == "__main__":
