@@ -15,7 +15,9 @@ nothing for metrics::
     start_http_server(9100, registry=registry)
     asyncio.create_task(collector.keep_lag_fresh())   # lag needs the log's end offsets
 
-``wakuwaku run module:consumer --metrics-port 9100`` does all of that.
+``wakuwaku run module:consumer --metrics-port 9100`` does all of that. Several
+consumers of one process share one collector (``ConsumerCollector(a, b)``),
+their samples told apart by the ``group`` label.
 
 =====================================================  =======  ==========================
 metric                                                 type     labels
@@ -50,7 +52,8 @@ distribution, so there are no quantiles or buckets.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 try:
@@ -67,8 +70,11 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "wakuwaku.metrics needs prometheus-client: pip install 'wakuwaku[prometheus]'"
     ) from exc
 
+from ._errors import ConfigError
+
 if TYPE_CHECKING:
     from .engine import Consumer, ConsumerStats
+    from .engine._partition import PartitionWorker
 
 __all__ = ("ConsumerCollector", "start_metrics_server")
 
@@ -116,41 +122,56 @@ def _stable(read: Callable[[], T]) -> T:
 
 
 class ConsumerCollector(Collector):
-    """A Prometheus collector for one :class:`~wakuwaku.engine.Consumer` (SPEC 14).
+    """A Prometheus collector for one or more :class:`~wakuwaku.engine.Consumer` (SPEC 14).
 
     :param consumer: the consumer; its stats and workers are read at scrape
-        time (any thread).
+        time (from any thread).
+    :param more: further consumers of the same process (another group, other
+        topics): their samples share the metric families, told apart by the
+        ``group`` label (and ``topic``, ``partition``).
     :param namespace: the metric name prefix (default ``wakuwaku``).
+    :raises ConfigError: when two consumers have the same group and one of
+        the partition metrics would repeat a label set.
 
     Lag needs the log's end offsets, which only the event loop can read:
     :meth:`refresh_lag` (or :meth:`keep_lag_fresh` as a task) stores them,
     and a scrape reports ``max(0, end - position)`` per owned partition,
     where ``position`` is the worker's next offset to read. Partitions
     without a known end offset report no lag.
+
+    Registering one collector twice (or two with the same namespace) in a
+    registry raises prometheus_client's ``ValueError: Duplicated timeseries``.
     """
 
-    def __init__(self, consumer: Consumer, *, namespace: str = "wakuwaku") -> None:
-        self.consumer = consumer
+    def __init__(self, consumer: Consumer, *more: Consumer,
+                 namespace: str = "wakuwaku") -> None:
+        self.consumers: tuple[Consumer, ...] = (consumer, *more)
+        groups = [c.config.group for c in self.consumers]
+        if len(set(groups)) != len(groups):
+            raise ConfigError(
+                f"ConsumerCollector: two consumers of one group would share samples: {groups!r}")
         self.namespace = namespace
-        self._ends: dict[tuple[str, int], int] = {}
+        self._ends: dict[tuple[int, str, int], int] = {}
 
     def _name(self, name: str) -> str:
         return f"{self.namespace}_{name}" if self.namespace else name
 
     async def refresh_lag(self) -> None:
-        """Read the end offsets of every topic this consumer owns partitions of.
+        """Read the end offsets of every topic the consumers own partitions of.
 
-        :raises LogError: what the log raises (e.g. LogUnavailableError).
+        :raises LogError: what a log raises (e.g. LogUnavailableError).
         """
-        topics = sorted({topic for topic, _ in list(self.consumer.workers)})
-        for topic in topics:
-            for partition, end in (await self.consumer.log.end_offsets(topic)).items():
-                self._ends[(topic, partition)] = end
+        for index, consumer in enumerate(self.consumers):
+            topics = sorted({topic for topic, _ in list(consumer.workers)})
+            for topic in topics:
+                for partition, end in (await consumer.log.end_offsets(topic)).items():
+                    self._ends[(index, topic, partition)] = end
 
     async def keep_lag_fresh(self, interval: float = 10.0) -> None:
-        """Call :meth:`refresh_lag` every ``interval`` seconds (on the consumer's
-        clock) until cancelled; a failing log is logged at warning and tried again."""
-        clock = self.consumer.config.clock
+        """Call :meth:`refresh_lag` every ``interval`` seconds (on the first
+        consumer's clock) until cancelled; a failing log is logged at warning
+        and tried again at the next interval."""
+        clock = self.consumers[0].config.clock
         while True:
             try:
                 await self.refresh_lag()
@@ -160,39 +181,43 @@ class ConsumerCollector(Collector):
             await clock.sleep(interval)
 
     def describe(self) -> Iterator[Metric]:
-        """Nothing up front: metric families are built at each scrape."""
-        return iter(())
+        """The metric families (so a registry refuses a duplicate at registration)."""
+        return self.collect()
 
     def collect(self) -> Iterator[Metric]:
-        """Build every metric family from the consumer's current counters and workers."""
-        group = self.consumer.config.group
-        stats: ConsumerStats = self.consumer.stats
+        """Build every metric family from the consumers' counters and workers."""
+        snapshots: list[tuple[str, ConsumerStats, dict[str, int], dict[str, int]]] = [
+            (c.config.group, c.stats, _stable(partial(dict, c.stats.failed_by_class)),
+             _stable(partial(dict, c.stats.dead_letters)))
+            for c in self.consumers
+        ]
         for field_name, name, doc in _COUNTERS:
             counter = CounterMetricFamily(self._name(name), doc, labels=["group"])
-            counter.add_metric([group], float(getattr(stats, field_name)))
+            for group, stats, _, _ in snapshots:
+                counter.add_metric([group], float(getattr(stats, field_name)))
             yield counter
-        yield self._by_label("handler_failures", "Handler failures by error class.",
-                             "class", _stable(lambda: dict(stats.failed_by_class)), group)
-        yield self._by_label("dead_letters", "Dead-lettered records by reason code.",
-                             "reason", _stable(lambda: dict(stats.dead_letters)), group)
-        calls = stats.handler_calls + sum(_stable(lambda: dict(stats.failed_by_class)).values())
+        failures = CounterMetricFamily(self._name("handler_failures"),
+                                       "Handler failures by error class.",
+                                       labels=["group", "class"])
+        dead = CounterMetricFamily(self._name("dead_letters"),
+                                   "Dead-lettered records by reason code.",
+                                   labels=["group", "reason"])
         summary = SummaryMetricFamily(
             self._name("handler_seconds"),
-            "Time spent in handle() calls, successful or not (seconds).",
-            labels=["group"],
-        )
-        summary.add_metric([group], count_value=calls, sum_value=stats.handler_seconds)
+            "Time spent in handle() calls, successful or not (seconds).", labels=["group"])
+        for group, stats, by_class, by_reason in snapshots:
+            for error_class, count in sorted(by_class.items()):
+                failures.add_metric([group, error_class], float(count))
+            for reason, count in sorted(by_reason.items()):
+                dead.add_metric([group, reason], float(count))
+            summary.add_metric([group], count_value=stats.handler_calls + sum(by_class.values()),
+                               sum_value=stats.handler_seconds)
+        yield failures
+        yield dead
         yield summary
-        yield from self._partition_gauges(group)
+        yield from self._partition_gauges()
 
-    def _by_label(self, name: str, doc: str, label: str, values: Mapping[str, int],
-                  group: str) -> Metric:
-        family = CounterMetricFamily(self._name(name), doc, labels=["group", label])
-        for value_label, count in sorted(values.items()):
-            family.add_metric([group, value_label], float(count))
-        return family
-
-    def _partition_gauges(self, group: str) -> Iterator[Metric]:
+    def _partition_gauges(self) -> Iterator[Metric]:
         labels = ["group", "topic", "partition"]
         backlog = GaugeMetricFamily(self._name("retry_backlog_records"),
                                     "Pending work records in the retry partition.", labels=labels)
@@ -205,22 +230,28 @@ class ConsumerCollector(Collector):
         lag = GaugeMetricFamily(self._name("lag_records"),
                                 "Records after the worker's position (end offset - position).",
                                 labels=labels)
-        workers = _stable(lambda: sorted(self.consumer.workers.items()))
-        for (topic, partition), worker in workers:
-            values = [group, topic, str(partition)]
-            retry = worker.retry
-            backlog.add_metric(values, float(retry.pending_count))
-            keys.add_metric(values, float(len(retry.keys)))
-            next_due = _stable(retry.next_due)
-            if next_due is not None:
-                due.add_metric(values, next_due)
-            end = self._ends.get((topic, partition))
-            if end is not None and worker.started:
-                lag.add_metric(values, float(max(0, end - worker.position)))
+        for index, consumer in enumerate(self.consumers):
+            group = consumer.config.group
+            workers = _stable(partial(_workers, consumer))
+            for (topic, partition), worker in workers:
+                values = [group, topic, str(partition)]
+                retry = worker.retry
+                backlog.add_metric(values, float(retry.pending_count))
+                keys.add_metric(values, float(len(retry.keys)))
+                next_due = _stable(retry.next_due)
+                if next_due is not None:
+                    due.add_metric(values, next_due)
+                end = self._ends.get((index, topic, partition))
+                if end is not None and worker.started:
+                    lag.add_metric(values, float(max(0, end - worker.position)))
         yield backlog
         yield keys
         yield due
         yield lag
+
+
+def _workers(consumer: Consumer) -> list[tuple[tuple[str, int], PartitionWorker]]:
+    return sorted(consumer.workers.items(), key=lambda item: item[0])
 
 
 def start_metrics_server(

@@ -214,3 +214,31 @@ async def test_the_metrics_snippet_of_docs_operations_runs(
     lag.cancel()
     with pytest.raises(asyncio.CancelledError):
         await lag
+
+
+async def test_one_collector_for_two_groups_and_no_duplicate_registration() -> None:
+    log = wk.MemoryLog()
+    await log.create_topic("jobs", 1)
+    await wk.Producer(log, "jobs").publish_many([Job("a", 10), Job("b", 1)])
+    consumers = [
+        Consumer(ConsumerConfig(topic="jobs", group=group, clock=FakeClock(T0), lease_ttl=3600.0),
+                 [Handler(Job, Scripted())], log)
+        for group in ("first", "second")
+    ]
+    for consumer in consumers:
+        await consumer.drain()
+    registry = prometheus_client.CollectorRegistry()
+    collector = ConsumerCollector(*consumers)
+    registry.register(collector)
+    await collector.refresh_lag()
+    for group in ("first", "second"):
+        labels = {"group": group}
+        assert registry.get_sample_value("wakuwaku_handled_records_total", labels) == 1
+        assert registry.get_sample_value("wakuwaku_dead_letters_total",
+                                         {**labels, "reason": "unrecoverable"}) == 1
+        assert registry.get_sample_value("wakuwaku_lag_records",
+                                         {**labels, "topic": "jobs", "partition": "0"}) == 0
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        registry.register(ConsumerCollector(consumers[0]))
+    with pytest.raises(wk.ConfigError, match="one group"):
+        ConsumerCollector(consumers[0], consumers[0])
