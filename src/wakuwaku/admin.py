@@ -60,6 +60,7 @@ from .logs._base import Log, OutgoingRecord
 logger = logging.getLogger("wakuwaku.admin")
 
 __all__ = (
+    "MISSING_REASON",
     "DeadLetter",
     "PartitionStatus",
     "QuarantinedKey",
@@ -69,6 +70,7 @@ __all__ = (
     "Status",
     "consumer_status",
     "list_dead_letters",
+    "parse_dead_letter",
     "replay_dead_letters",
     "replay_ledger_topic_name",
 )
@@ -79,6 +81,8 @@ H_DLQ_OFFSET = "wk-dlq-offset"
 H_REPLAYED_TO = "wk-replayed-to"
 """Ledger records: ``<partition>@<offset>`` of the copy in the main topic."""
 MARKER_REPLAYED = b"replayed"
+MISSING_REASON = "<missing>"
+"""How :class:`Status` counts dead letters without a ``wk-reason`` header."""
 
 # The wk-* headers a replayed copy keeps: the event's own (SPEC 3) and its identity.
 # Every other wk-* header describes the failure (wk-reason, wk-error, wk-failed-at)
@@ -174,7 +178,7 @@ def parse_dead_letter(partition: int, record: Record) -> DeadLetter:
     key: str | None = None
     raw_key = headers.get(H_KEY)
     if raw_key is None or raw_key == b"":
-        problems.append("no wk-key header: it cannot be routed")
+        problems.append("no wk-key header (or an empty one): it cannot be routed")
     else:
         try:
             key = bytes(raw_key).decode("utf-8")
@@ -652,9 +656,6 @@ class Status:
             "dead_letters": dict(self.dead_letters),
             "problems": list(self.problems),
         }
-
-
-MISSING_REASON = "<missing>"
 
 
 async def _retry_state(log: Log, retry: str, group: str, partition: int,

@@ -300,3 +300,13 @@ def test_cli_replay_unknown_topic_exits_3(dead_log: DeadLog,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["dlq", "replay", "nope", "--log", dead_log.url]) == ExitCode.ERROR
     assert "'nope'" in capsys.readouterr().err
+
+
+def test_admin_exports_are_complete() -> None:
+    """Every public name defined in wakuwaku.admin is in __all__ (ruff RUF022 sorts it)."""
+    import wakuwaku.admin as admin
+
+    public = {name for name, value in vars(admin).items()
+              if not name.startswith("_") and getattr(value, "__module__", None) == admin.__name__}
+    assert set(admin.__all__) >= public
+    assert all(hasattr(admin, name) for name in admin.__all__)
