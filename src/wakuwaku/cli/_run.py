@@ -43,11 +43,22 @@ class StructuredFormatter(logging.Formatter):
     engine logs (topic, partition, key, type, offsets, error class) appended."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        record.message = record.getMessage()
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        text = self.formatMessage(record)
         fields = [f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
                   for name, value in record.__dict__.items()
                   if name not in _STANDARD_ATTRS and not name.startswith("_")]
-        return f"{text} {' '.join(fields)}" if fields else text
+        if fields:
+            text = f"{text} {' '.join(fields)}"
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            text = f"{text}\n{record.exc_text}"
+        if record.stack_info:
+            text = f"{text}\n{self.formatStack(record.stack_info)}"
+        return text
 
 
 @contextlib.contextmanager
