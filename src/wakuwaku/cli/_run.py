@@ -209,7 +209,8 @@ def run_command(target: str, drain: bool, log_level: str, metrics_port: int | No
     one; a callable with one parameter gets the log --log names. --log is
     exported as WAKUWAKU_LOG before MODULE is imported. On SIGINT/SIGTERM no
     new chunk starts, running chunks finish (within the consumer's
-    shutdown_timeout), offsets are stored, and the exit status is 0.
+    shutdown_timeout), completed batches' offsets are stored, leases are
+    released, and the exit status is 0.
     """
     os.environ[LOG_ENV] = log_url
     with logging_to_stderr(log_level):
