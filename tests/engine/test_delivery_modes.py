@@ -114,11 +114,6 @@ async def stop_after_three(mode: DeliveryMode) -> tuple[wk.MemoryLog, list[int],
     return log, handled, config, handler, consumers
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: a graceful stop in the middle of a batch stores no offset for the "
-    "chunks that completed (engine/_partition.py PartitionWorker._consume: the Abandon "
-    "raised out of _process_batch skips _commit_main), so a SIGTERM re-delivers up to "
-    "max_poll_records records that were handled; SPEC 14 says offsets are stored"))
 async def test_no_event_lose_graceful_stop_mid_batch_stores_the_offset_of_what_was_handled(
 ) -> None:
     log, handled, config, handler, consumers = await stop_after_three(
@@ -129,12 +124,6 @@ async def test_no_event_lose_graceful_stop_mid_batch_stores_the_offset_of_what_w
     assert handled == list(range(10)), "handled again after a graceful stop"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: with NO_DOUBLE_CONSUME a graceful stop in the middle of a batch loses "
-    "the batch's records no handler was given: the offset after the whole batch was "
-    "stored before it ran (engine/_partition.py PartitionWorker._consume) and is not "
-    "moved back to the first record not started, so a SIGTERM silently loses up to "
-    "max_poll_records events; SPEC 14: no new chunks, offsets stored"))
 async def test_no_double_consume_graceful_stop_mid_batch_loses_nothing_it_did_not_start(
 ) -> None:
     log, handled, config, handler, consumers = await stop_after_three(

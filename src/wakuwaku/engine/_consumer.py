@@ -146,7 +146,7 @@ class Consumer:
         try:
             while not runner.done():
                 await self.config.clock.sleep(self.config.poll_interval)
-                if self._idle():
+                if self.idle():
                     self.stop()
             return await runner
         finally:
@@ -154,7 +154,9 @@ class Consumer:
                 self.stop()
                 await runner
 
-    def _idle(self) -> bool:
+    def idle(self) -> bool:
+        """True when every partition is owned, has read to its end, and has no
+        quarantined key (what :meth:`drain` waits for)."""
         if not self._started or len(self.workers) < len(self._assignment):
             return False
         return all(

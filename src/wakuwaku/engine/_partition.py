@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -137,6 +138,16 @@ class PartitionWorker:
         self._stop = asyncio.Event()
         self._retry_committed: int | None = None
         self._fields = {"topic": topic, "partition": partition}
+        # Writes are buffered per batch or attempt round and flushed at its end,
+        # dead letters first: one append per topic instead of one per key.
+        self._dead_out: list[Outgoing] = []
+        self._dead_counts: Counter[str] = Counter()
+        self._retry_out: list[Outgoing] = []
+        self._unflushed_work = 0
+        # Offsets of the current main batch that are done (handled, or their
+        # dead-letter or retry copy is buffered): a graceful stop stores the
+        # offset of the first record that is not.
+        self._done: set[int] | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -279,11 +290,35 @@ class PartitionWorker:
         mode = self.config.delivery_mode
         if mode is DeliveryMode.NO_DOUBLE_CONSUME:
             await self._commit_main(following)
-        await self._process_batch(records)
+        self._done = set()
+        try:
+            await self._process_batch(records)
+        except Abandon:
+            await self._store_partial(records)
+            raise
+        finally:
+            self._done = None
         await self._commit_retry()
         if mode is DeliveryMode.NO_EVENT_LOSE:
             await self._commit_main(following)
         self.position = following
+
+    async def _store_partial(self, records: list[Record]) -> None:
+        """At a stop in the middle of a batch, store the offset of its first
+        record that is not done, in both delivery modes (SPEC 14): nothing done
+        is delivered again, nothing not started is lost."""
+        done = self._done or set()
+        first = next((r.offset for r in records if r.offset not in done),
+                     records[-1].offset + 1)
+        moved_back = self.config.delivery_mode is DeliveryMode.NO_DOUBLE_CONSUME
+        try:
+            await self._flush()
+            if first > self.position or moved_back:
+                await self._commit_main(first)
+            await self._commit_retry()
+        except Abandon:
+            return  # the log refused while stopping: store nothing, redeliver it all
+        self.position = first
 
     async def _commit_main(self, offset: int) -> None:
         await self._log_call(
@@ -324,7 +359,7 @@ class PartitionWorker:
 
     async def _process_batch(self, records: list[Record]) -> None:
         items, rejects = decode_records(records, self.topic, self.partition, self.types)
-        await self._dead_letter_rejects(rejects)
+        self._dead_letter_rejects(rejects)
         items = await self._inbox_filter(items)
         fresh: list[Item] = []
         routed: dict[str, list[Item]] = {}
@@ -335,16 +370,23 @@ class PartitionWorker:
             elif max(item.main_offsets) <= state.max_main_offset:
                 # Redelivered after a crash: already in the retry topic.
                 self.stats.routed += 1
+                self._mark([item])
             else:
                 routed.setdefault(item.key, []).append(item)
         for key, key_items in routed.items():
             state = self.retry.keys[key]
             self.stats.routed += len(key_items)
-            await self._write_retry(key, key_items, state.first_failed_at, ROUTED_ERROR)
+            self._write_retry(key_items, state.first_failed_at, ROUTED_ERROR)
         segments = plan(fresh)
         self.stats.reduced_away += len(fresh) - sum(len(run.items)
                                                      for seg in segments for run in seg.runs)
         await self._run_segments(segments, self._after_main_segment)
+        await self._flush()
+
+    def _mark(self, items: Iterable[Item]) -> None:
+        """Note main-batch items as done (see :meth:`_store_partial`)."""
+        if self._done is not None:
+            self._done.update(r.offset for item in items for r in item.sources)
 
     async def _after_main_segment(self, segment: Segment, outcome: SegmentOutcome) -> None:
         if outcome.error is None:
@@ -356,12 +398,13 @@ class PartitionWorker:
         fields = {**self._fields, "key": key, "type": outcome.rest[0].tag,
                   "offsets": [o for i in outcome.rest[:1] for o in i.main_offsets],
                   "error_class": ErrorClass.RETRYABLE.value, "error": error}
-        if self.retry.pending_count + len(work) > self.config.max_pending_retry:
+        pending = self.retry.pending_count + self._unflushed_work
+        if pending + len(work) > self.config.max_pending_retry:
             log.error("retry backlog full", extra={**fields, "records": records,
-                                                   "pending": self.retry.pending_count})
-            await self._dead_letter_items(work, ReasonCode.RETRY_BACKLOG_FULL, error)
+                                                   "pending": pending})
+            self._dead_letter_items(work, ReasonCode.RETRY_BACKLOG_FULL, error)
             return
-        await self._write_retry(key, work, self.clock.now(), error)
+        self._write_retry(work, self.clock.now(), error)
         self.stats.quarantined_keys += 1
         self.stats.retry_written += records
         log.warning("key quarantined after retryable failure", extra=fields)
@@ -404,6 +447,7 @@ class PartitionWorker:
                 failure = await self._execute_chunk(handler, seg.key, chunk, attempt)
                 if failure is None:
                     outcome.done.extend(chunk)
+                    self._mark(chunk)
                     self.stats.handled += _main_records(chunk)
                     continue
                 error_class, exc = failure
@@ -416,7 +460,7 @@ class PartitionWorker:
                                "offsets": [o for i in chunk for o in i.main_offsets],
                                "error_class": error_class.value, "error": error},
                     )
-                    await self._dead_letter_items(chunk, ReasonCode.UNRECOVERABLE, error)
+                    self._dead_letter_items(chunk, ReasonCode.UNRECOVERABLE, error)
                     outcome.done.extend(chunk)
                     continue
                 outcome.error = exc
@@ -494,7 +538,13 @@ class PartitionWorker:
     # ------------------------------------------------------------------- inbox
 
     async def _inbox_filter(self, items: list[Item]) -> list[Item]:
-        """Drop items whose every message id the handler's inbox already holds (SPEC 9)."""
+        """Drop items whose every message id the handler's inbox already holds,
+        or an earlier item of this batch already stands for (SPEC 9).
+
+        Runs before reduction, so a combined event never mixes applied and
+        unapplied records, nor stands for one message twice (a dead letter
+        replayed twice, a retry record given up twice around a crash).
+        """
         by_inbox: dict[int, tuple[Any, list[str]]] = {}
         for item in items:
             inbox = self.handlers[item.tag].inbox
@@ -506,14 +556,17 @@ class PartitionWorker:
         for inbox, ids in by_inbox.values():
             found: set[str] = await self._log_call("inbox lookup", partial(inbox.claimed, ids))
             claimed |= found
-        if not claimed:
-            return items
         kept = []
         for item in items:
-            if self.handlers[item.tag].inbox is not None and all(i in claimed for i in item.ids):
-                self.stats.inbox_skipped += len(item.sources)
-            else:
+            if self.handlers[item.tag].inbox is None:
                 kept.append(item)
+                continue
+            if all(i in claimed for i in item.ids):
+                self.stats.inbox_skipped += len(item.sources)
+                self._mark([item])
+                continue
+            claimed.update(item.ids)
+            kept.append(item)
         return kept
 
     # ------------------------------------------------------------- retry topic
@@ -528,19 +581,35 @@ class PartitionWorker:
         for (headers, body), offset in zip(outgoing, offsets, strict=True):
             self.retry.apply(Record(offset, headers, body, now))
 
-    async def _write_retry(self, key: str, items: list[Item], failed_at: float,
-                           error: str) -> None:
-        """Write main-topic items to the retry topic, in order (SPEC 5.5)."""
-        outgoing: list[Outgoing] = []
+    async def _flush(self) -> None:
+        """Write the buffered dead letters, then the buffered retry records;
+        both are retried forever on failure (SPEC 5.6)."""
+        if self._dead_out:
+            dead = self._dead_out
+            await self._log_call(
+                "dead-letter write", lambda: self.log.append(self.dlq_topic, self.partition, dead)
+            )
+            self.stats.dead_letters.update(self._dead_counts)
+            self._dead_out = []
+            self._dead_counts = Counter()
+        if self._retry_out:
+            await self._append_retry(self._retry_out, "retry write")
+            self._retry_out = []
+            self._unflushed_work = 0
+
+    def _write_retry(self, items: list[Item], failed_at: float, error: str) -> None:
+        """Buffer main-topic items for the retry topic, in order (SPEC 5.5)."""
         for item in items:
             try:
-                outgoing.append(retry_work_record(item, self.topic, self.partition, failed_at,
-                                                  error))
+                record = retry_work_record(item, self.topic, self.partition, failed_at, error)
             except Exception as exc:  # noqa: BLE001 - the codec failed: dead-letter, never drop
-                await self._dead_letter_items(
+                self._dead_letter_items(
                     [item], ReasonCode.UNSERIALIZABLE_RETRY_RECORD,
                     sanitize(exc, self.config.error_text_limit))
-        await self._append_retry(outgoing, "retry write")
+                continue
+            self._retry_out.append(record)
+            self._unflushed_work += 1
+            self._mark([item])
 
     async def _run_due_attempts(self) -> None:
         """One attempt for every due retry key, before the next poll (SPEC 6)."""
@@ -558,7 +627,7 @@ class PartitionWorker:
                 attempts[key] = state.failures
                 items, rejects = decode_records(pending, self.topic, self.partition, self.types,
                                                 from_retry=True)
-                await self._dead_letter_rejects(rejects)
+                self._dead_letter_rejects(rejects)
                 items = await self._inbox_filter(items)
                 segments.extend(plan(items) or [Segment(key, [])])
             await self._run_segments(
@@ -567,6 +636,7 @@ class PartitionWorker:
                     seg.key, taken[seg.key], out),
                 attempts,
             )
+            await self._flush()
             await self._commit_retry()
 
     async def _finish_attempt(self, key: str, pending: list[Record],
@@ -576,10 +646,8 @@ class PartitionWorker:
         state = self.retry.keys[key]
         fields: dict[str, Any] = {**self._fields, "key": key}
         if outcome.error is None:
-            await self._append_retry([resolved_marker(key, pending[-1].offset, now)],
-                                     "retry marker write")
-            if key not in self.retry.keys:
-                log.info("quarantine lifted", extra=fields)
+            self._retry_out.append(resolved_marker(key, pending[-1].offset, now))
+            log.info("quarantine lifted", extra=fields)
             return
         self.stats.attempts_failed += 1
         failures = state.failures + 1
@@ -593,7 +661,7 @@ class PartitionWorker:
             fields["offsets"] = [o for i in outcome.rest for o in i.main_offsets]
             log.error("giving up retry", extra=fields)
             self.stats.gave_up_keys += 1
-            await self._dead_letter_items(outcome.rest, ReasonCode.GAVE_UP_RETRY, error)
+            self._dead_letter_items(outcome.rest, ReasonCode.GAVE_UP_RETRY, error)
             markers.append(resolved_marker(key, max(gave_up), now, reset=True))
         else:
             done_before = [r.offset for r in pending if r.offset < first_undone]
@@ -602,34 +670,23 @@ class PartitionWorker:
             markers.append(attempt_failed_marker(key, failures, now))
             log.warning("retry attempt failed", extra={
                 **fields, "next_attempt_in": self.config.delay(failures)})
-        await self._append_retry(markers, "retry marker write")
+        self._retry_out.extend(markers)
 
     # ------------------------------------------------------------ dead letters
 
-    async def _dead_letter(self, outgoing: list[Outgoing], reason: ReasonCode,
-                           count: int) -> None:
-        """Append to ``dlq_<topic>`` (retried forever) and count ``count`` main records."""
-        if not outgoing:
-            return
-        await self._log_call(
-            "dead-letter write",
-            lambda: self.log.append(self.dlq_topic, self.partition, outgoing),
-        )
-        self.stats.dead_letters[reason.value] += count
-
-    async def _dead_letter_items(self, items: Iterable[Item], reason: ReasonCode,
-                                 error: str) -> None:
-        outgoing = [
+    def _dead_letter_items(self, items: Iterable[Item], reason: ReasonCode, error: str) -> None:
+        """Buffer the dead-letter copies of every record ``items`` stand for (SPEC 8)."""
+        items = list(items)
+        self._dead_out.extend(
             dead_letter_record(record, reason, error, origin)
             for item in items
             for record, origin in zip(item.sources, item.origins, strict=True)
-        ]
-        await self._dead_letter(outgoing, reason, _main_records(items))
+        )
+        self._dead_counts[reason.value] += _main_records(items)
+        self._mark(items)
 
-    async def _dead_letter_rejects(self, rejects: list[Reject]) -> None:
-        if not rejects:
-            return
-        outgoing: list[Outgoing] = []
+    def _dead_letter_rejects(self, rejects: list[Reject]) -> None:
+        """Buffer the dead-letter copies of records that cannot reach a handler (SPEC 8)."""
         for reject in rejects:
             origin = retry_source(reject.record)
             if origin is None:
@@ -641,13 +698,11 @@ class PartitionWorker:
                 extra={**self._fields, "key": reject.key, "offsets": [reject.record.offset],
                        "reason": reject.reason.value, "error": detail},
             )
-            outgoing.append(dead_letter_record(reject.record, reject.reason, detail, origin))
-        await self._log_call(
-            "dead-letter write",
-            lambda: self.log.append(self.dlq_topic, self.partition, outgoing),
-        )
-        for reject in rejects:
-            self.stats.dead_letters[reject.reason.value] += 1
+            self._dead_out.append(dead_letter_record(reject.record, reject.reason, detail,
+                                                     origin))
+            self._dead_counts[reject.reason.value] += 1
+            if self._done is not None:
+                self._done.add(reject.record.offset)
 
 
 def _main_records(items: Iterable[Item]) -> int:
