@@ -617,9 +617,9 @@ class PartitionWorker:
             keys = self.retry.due_keys(self.clock.now())
             if not keys:
                 return
-            segments: list[Segment] = []
             snapshots: dict[str, list[Record]] = {}
             attempts: dict[str, int] = {}
+            decoded: list[Item] = []
             for key in keys:
                 state = self.retry.keys[key]
                 pending = list(state.pending)
@@ -628,8 +628,12 @@ class PartitionWorker:
                 items, rejects = decode_records(pending, self.topic, self.partition, self.types,
                                                 from_retry=True)
                 self._dead_letter_rejects(rejects)
-                items = await self._inbox_filter(items)
-                segments.extend(plan(items) or [Segment(key, [])])
+                decoded.extend(items)
+            # One inbox lookup for every due key, then one segment per key.
+            by_key = {key: Segment(key, []) for key in keys}
+            for seg in plan(await self._inbox_filter(decoded)):
+                by_key[seg.key] = seg
+            segments = list(by_key.values())
             await self._run_segments(
                 segments,
                 lambda seg, out, taken=snapshots: self._finish_attempt(  # type: ignore[misc]

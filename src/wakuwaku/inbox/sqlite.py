@@ -25,13 +25,14 @@ library is checked when an inbox is built).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import BLOCKING_CALLS, SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
 from ._base import (
     DEFAULT_ERROR_LIMIT,
@@ -101,6 +102,9 @@ class SQLiteInbox(Inbox):
             )
         self.database = database
         self.busy_timeout = busy_timeout
+        self._lookups = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="wakuwaku-inbox")
+        self._reader: sqlite3.Connection | None = None
         self._q = load_queries("sqlite.sql", self.table, self.dead_table)
 
     # -- the claim: on the caller's connection, in the caller's transaction -----------
@@ -206,14 +210,26 @@ class SQLiteInbox(Inbox):
         wanted = plain_keys(keys)
         if not wanted:
             return set()
-        return await self._run(self._claimed, wanted)
+        loop = asyncio.get_running_loop()
+        with BLOCKING_CALLS.track():
+            return await loop.run_in_executor(self._lookups, self._claimed, wanted)
 
     def _claimed(self, keys: list[str]) -> set[str]:
+        if callable(self.database):
+            with self._connect() as conn:
+                return self._lookup(conn, keys)
+        # The consumer looks up every batch: keep one reader connection (on the
+        # lookup thread) instead of opening the file each time.
+        if self._reader is None:
+            self._reader = sqlite3.connect(self.database, timeout=self.busy_timeout,
+                                           isolation_level=None)
+        return self._lookup(self._reader, keys)
+
+    def _lookup(self, conn: sqlite3.Connection, keys: list[str]) -> set[str]:
         found: set[str] = set()
-        with self._connect() as conn:
-            for part in chunks(keys, _LOOKUP_CHUNK):
-                sql = self._q["claimed"].replace("{marks}", ", ".join("?" * len(part)))
-                found.update(row[0] for row in conn.execute(sql, [self.group, *part]))
+        for part in chunks(keys, _LOOKUP_CHUNK):
+            sql = self._q["claimed"].replace("{marks}", ", ".join("?" * len(part)))
+            found.update(row[0] for row in conn.execute(sql, [self.group, *part]))
         return found
 
     async def entries(self, keys: Sequence[str]) -> dict[str, InboxEntry]:
