@@ -148,6 +148,9 @@ class PartitionWorker:
         # dead-letter or retry copy is buffered): a graceful stop stores the
         # offset of the first record that is not.
         self._done: set[int] | None = None
+        # Decoded retry records that passed the inbox filter, by retry offset.
+        self._pending_items: dict[int, Item] = {}
+        self._pending_rejected: set[int] = set()
 
     # ------------------------------------------------------------------ control
 
@@ -619,19 +622,27 @@ class PartitionWorker:
                 return
             snapshots: dict[str, list[Record]] = {}
             attempts: dict[str, int] = {}
-            decoded: list[Item] = []
+            fresh: list[Item] = []
             for key in keys:
                 state = self.retry.keys[key]
                 pending = list(state.pending)
                 snapshots[key] = pending
                 attempts[key] = state.failures
-                items, rejects = decode_records(pending, self.topic, self.partition, self.types,
+                new = [r for r in pending if r.offset not in self._pending_items
+                       and r.offset not in self._pending_rejected]
+                items, rejects = decode_records(new, self.topic, self.partition, self.types,
                                                 from_retry=True)
-                self._dead_letter_rejects(rejects)
-                decoded.extend(items)
-            # One inbox lookup for every due key, then one segment per key.
+                self._dead_letter_rejects(rejects)  # once: they count as done from now on
+                self._pending_rejected.update(r.record.offset for r in rejects)
+                fresh.extend(items)
+            # Pending records are decoded and looked up in the inbox once: only
+            # our own handler calls claim them, and those resolve them.
+            for item in await self._inbox_filter(fresh):
+                self._pending_items[item.sources[0].offset] = item
+            decoded = [self._pending_items[r.offset] for key in keys
+                       for r in snapshots[key] if r.offset in self._pending_items]
             by_key = {key: Segment(key, []) for key in keys}
-            for seg in plan(await self._inbox_filter(decoded)):
+            for seg in plan(decoded):
                 by_key[seg.key] = seg
             segments = list(by_key.values())
             await self._run_segments(
@@ -641,7 +652,15 @@ class PartitionWorker:
                 attempts,
             )
             await self._flush()
+            self._forget_resolved()
             await self._commit_retry()
+
+    def _forget_resolved(self) -> None:
+        """Drop decoded pending items whose records are no longer pending."""
+        if len(self._pending_items) > 2 * self.retry.pending_count + 1000:
+            live = {r.offset for state in self.retry.keys.values() for r in state.pending}
+            self._pending_items = {o: i for o, i in self._pending_items.items() if o in live}
+            self._pending_rejected &= live
 
     async def _finish_attempt(self, key: str, pending: list[Record],
                               outcome: SegmentOutcome) -> None:
