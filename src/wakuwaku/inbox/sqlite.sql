@@ -52,8 +52,11 @@ WHERE t.status = 'failing'
 RETURNING message_key
 
 -- name: claimed
+-- The unary + keeps SQLite's planner on the primary key: with a long IN list
+-- it otherwise picks the (consumer_group, status, claimed_at) index and scans
+-- every done row of the group (40x slower on 300 000 claims).
 SELECT message_key FROM {table}
-WHERE consumer_group = ? AND status = 'done' AND message_key IN ({marks})
+WHERE consumer_group = ? AND message_key IN ({marks}) AND +status = 'done'
 
 -- name: entries
 SELECT message_key, status, attempts, last_error, claimed_at, failed_at,
