@@ -1,0 +1,89 @@
+"""The flights demo's consumer process: ``python -m wakuwaku.demo.consumer ...``.
+
+It runs in its own process so the demo's chaos can kill it with SIGKILL and
+start it again. It consumes ``planes`` and ``flights`` into the projection;
+once the file named by ``--done`` exists (the producers finished), it stops
+as soon as it is idle. Every half second, and at exit, it writes its
+counters to ``--stats`` as JSON (a killed run keeps its last snapshot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..engine import Consumer, ConsumerConfig
+from ..engine.classifiers import classify_sqlite
+from ..logs import open_log
+from .flights import FLIGHTS_TOPIC, GROUP, PLANES_TOPIC, Projection
+
+STATS_EVERY = 0.5
+
+
+def build(log_url: str, projection: Path, retry_delays: Sequence[float],
+          partitions_owner: str) -> Consumer:
+    """The demo's consumer over the log at ``log_url``."""
+    config = ConsumerConfig(
+        topic=(PLANES_TOPIC, FLIGHTS_TOPIC),
+        group=GROUP,
+        retry_delays=tuple(retry_delays),
+        classify=classify_sqlite,
+        max_poll_records=10_000,
+        poll_interval=0.02,
+        member_id=partitions_owner,
+        shutdown_timeout=10.0,
+    )
+    return Consumer(config, Projection(projection).handlers(), open_log(log_url))
+
+
+def _dump(consumer: Consumer, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(consumer.stats.as_dict()))
+    os.replace(tmp, path)
+
+
+async def run(log_url: str, projection: Path, retry_delays: Sequence[float],
+              stats: Path, done: Path) -> int:
+    """Consume until the producers are done and everything is handled."""
+    # A stable member id: a restarted demo consumer takes its leases back at once.
+    consumer = build(log_url, projection, retry_delays, "flights-demo-consumer")
+    for handler in consumer.handlers.values():
+        if handler.inbox is not None:
+            await handler.inbox.ensure_schema()
+    runner = asyncio.create_task(consumer.run())
+    try:
+        while not runner.done():
+            await asyncio.sleep(STATS_EVERY / 5)
+            _dump(consumer, stats)
+            if consumer.idle() and await asyncio.to_thread(done.exists):
+                consumer.stop()
+        await runner
+    finally:
+        _dump(consumer, stats)
+        await consumer.log.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wakuwaku.demo.consumer")
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--projection", type=Path, required=True)
+    parser.add_argument("--retry-delays", required=True)
+    parser.add_argument("--stats", type=Path, required=True)
+    parser.add_argument("--done", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr,
+                        format="consumer %(levelname)s %(message)s")
+    logging.getLogger("wakuwaku.consumer").setLevel(logging.CRITICAL)
+    delays = [float(d) for d in args.retry_delays.split(",")]
+    return asyncio.run(run(args.log, args.projection, delays, args.stats, args.done))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The flights demo's events, projection and handlers.
+
+Two topics keyed by tail number: ``planes`` (the aircraft register) and
+``flights``. One consumer projects them into a SQLite database:
+
+- ``planes``: one row per registered aircraft (:class:`PlaneRegistered`,
+  idempotent: registering twice is registering once);
+- ``totals``: per plane, flights flown, cancellations, distance, air time and
+  arrival-delay sums, fed by :class:`FlightFlown` (associative: ``combine``
+  sums the figures) and :class:`FlightCancelled` (plain).
+
+A flight whose plane is not registered yet raises ``Retryable``: the row may
+come later (the planes are published concurrently with the flights). The
+totals accumulate, so their handlers claim each message id in the inbox inside
+the same transaction as the update, and stay exact under redelivery (SPEC 9).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .._errors import Retryable, Unrecoverable
+from .._events import event
+from ..engine import Handler, current_chunk
+from ..inbox import SQLiteInbox
+
+PLANES_TOPIC = "planes"
+FLIGHTS_TOPIC = "flights"
+GROUP = "flights-projection"
+BUSY_TIMEOUT = 0.05
+"""How long a handler waits on a locked projection (seconds) before the
+classifier turns "database is locked" into Transient."""
+
+
+@event("demo.plane-registered", key="tailnum", algebra="idempotent")
+class PlaneRegistered(msgspec.Struct, frozen=True):
+    """An aircraft in the register."""
+
+    tailnum: str
+    year: int | None
+    manufacturer: str
+    model: str
+    seats: int | None
+
+
+@event("demo.flight-flown", key="tailnum", algebra="associative")
+class FlightFlown(msgspec.Struct, frozen=True):
+    """One or more flights of one plane; ``combine`` adds the figures up.
+
+    :param flights: how many flights this event stands for.
+    :param distance: miles flown.
+    :param air_time: minutes in the air (diverted flights count 0).
+    :param arr_delay: arrival delay minutes, summed (diverted flights count 0).
+    """
+
+    tailnum: str
+    flights: int
+    distance: int
+    air_time: int
+    arr_delay: int
+
+    def combine(self, other: FlightFlown) -> FlightFlown:
+        return FlightFlown(
+            self.tailnum,
+            self.flights + other.flights,
+            self.distance + other.distance,
+            self.air_time + other.air_time,
+            self.arr_delay + other.arr_delay,
+        )
+
+
+@event("demo.flight-cancelled", key="tailnum")
+class FlightCancelled(msgspec.Struct, frozen=True):
+    """A flight that never left."""
+
+    tailnum: str
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS planes (
+    tailnum TEXT PRIMARY KEY,
+    year INTEGER,
+    manufacturer TEXT NOT NULL,
+    model TEXT NOT NULL,
+    seats INTEGER
+);
+CREATE TABLE IF NOT EXISTS totals (
+    tailnum TEXT PRIMARY KEY,
+    flights INTEGER NOT NULL DEFAULT 0,
+    cancelled INTEGER NOT NULL DEFAULT 0,
+    distance INTEGER NOT NULL DEFAULT 0,
+    air_time INTEGER NOT NULL DEFAULT 0,
+    arr_delay INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+
+class PlaneNotRegistered(LookupError):
+    """A flight refers to a plane the projection does not know yet."""
+
+
+class Projection:
+    """The projection database: one SQLite file and one writer connection.
+
+    SQLite has one writer at a time: the handlers' worker threads take turns
+    on one connection (a lock), so the only "database is locked" they ever
+    see comes from another process (the demo's chaos).
+
+    :param path: the database file.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.inbox = SQLiteInbox(self.path, GROUP)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._readers = threading.local()
+        self._known: set[str] = set()
+        conn = self._open()
+        try:
+            conn.executescript(SCHEMA)
+        finally:
+            conn.close()
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # OFF is still safe against a killed process (the OS keeps the writes);
+        # only a power loss could lose the last transactions of this demo file.
+        conn.execute("PRAGMA synchronous=OFF")
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction on the writer connection (BEGIN IMMEDIATE ... COMMIT)."""
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._open()
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def register(self, run: Sequence[PlaneRegistered]) -> None:
+        """Upsert planes (idempotent: the same row twice is one row)."""
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO planes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tailnum) DO UPDATE SET "
+                "year = excluded.year, manufacturer = excluded.manufacturer, "
+                "model = excluded.model, seats = excluded.seats",
+                [(p.tailnum, p.year, p.manufacturer, p.model, p.seats) for p in run],
+            )
+
+    def _new_events(self, conn: sqlite3.Connection, count: int) -> list[bool]:
+        """Claim the chunk's message ids; per event, whether it is new.
+
+        :raises Unrecoverable: when an event stands for ids of which some were
+            applied and others not (it cannot be split: never guess).
+        """
+        chunk = current_chunk()
+        claim = self.inbox.claim(conn, chunk.all_message_ids)
+        unclaimed = set(claim.new)  # a repeated id is new at most once
+        flags = []
+        for ids in chunk.message_ids[:count]:
+            new = [i in unclaimed for i in ids]
+            unclaimed.difference_update(ids)
+            if any(new) and not all(new):
+                raise Unrecoverable(
+                    f"event of plane {chunk.key!r} stands for ids of which only some are "
+                    "new; it cannot be split"
+                )
+            flags.append(all(new))
+        return flags
+
+    def _require_plane(self, tailnum: str) -> None:
+        """Raise Retryable unless the plane is registered (read outside the write lock)."""
+        if tailnum in self._known:
+            return
+        reader = getattr(self._readers, "conn", None)
+        if reader is None:
+            reader = self._readers.conn = self._open()
+        if reader.execute("SELECT 1 FROM planes WHERE tailnum = ?", (tailnum,)).fetchone() is None:
+            raise Retryable(PlaneNotRegistered(f"plane {tailnum} is not registered yet"))
+        self._known.add(tailnum)  # registrations are never removed
+
+    def fly(self, run: Sequence[FlightFlown]) -> None:
+        """Add flown flights to their plane's totals, each message id once."""
+        self._require_plane(run[0].tailnum)
+        with self.transaction() as conn:
+            rows = [
+                (f.flights, f.distance, f.air_time, f.arr_delay, f.tailnum)
+                for f, new in zip(run, self._new_events(conn, len(run)), strict=True) if new
+            ]
+            conn.executemany("INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
+                             [(r[-1],) for r in rows[:1]])
+            conn.executemany(
+                "UPDATE totals SET flights = flights + ?, distance = distance + ?, "
+                "air_time = air_time + ?, arr_delay = arr_delay + ? WHERE tailnum = ?",
+                rows,
+            )
+
+    def cancel(self, run: Sequence[FlightCancelled]) -> None:
+        """Count cancelled flights on their plane's totals, each message id once."""
+        self._require_plane(run[0].tailnum)
+        with self.transaction() as conn:
+            count = sum(self._new_events(conn, len(run)))
+            if count:
+                conn.execute("INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
+                             (run[0].tailnum,))
+                conn.execute("UPDATE totals SET cancelled = cancelled + ? WHERE tailnum = ?",
+                             (count, run[0].tailnum))
+
+    def totals(self) -> dict[str, tuple[int, int, int, int, int]]:
+        """Every plane's (flights, cancelled, distance, air_time, arr_delay)."""
+        conn = sqlite3.connect(self.path)
+        try:
+            return {
+                row[0]: tuple(row[1:])
+                for row in conn.execute("SELECT tailnum, flights, cancelled, distance, "
+                                        "air_time, arr_delay FROM totals")
+            }
+        finally:
+            conn.close()
+
+    def applied_ids(self) -> set[str]:
+        """The message ids the inbox holds as applied."""
+        conn = sqlite3.connect(self.path)
+        try:
+            return {row[0] for row in conn.execute(
+                f"SELECT message_key FROM {self.inbox.table} WHERE consumer_group = ? "
+                "AND status = 'done'", (GROUP,))}
+        finally:
+            conn.close()
+
+    def handlers(self) -> list[Handler[Any]]:
+        """The consumer's handlers (sync: they run in worker threads)."""
+        return [
+            Handler(PlaneRegistered, self.register, max_batch=500),
+            Handler(FlightFlown, self.fly, max_batch=100, inbox=self.inbox),
+            Handler(FlightCancelled, self.cancel, max_batch=100, inbox=self.inbox),
+        ]

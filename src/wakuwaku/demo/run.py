@@ -1,0 +1,474 @@
+"""``wakuwaku demo flights``: the whole library on real data, verified from its own output.
+
+Phases:
+
+1. create ``planes`` and ``flights`` on the log; start the consumer process;
+2. publish the aircraft register and the flights *concurrently* (flights
+   often arrive before their plane); rows without a tail number are refused
+   by the producer and counted;
+3. with ``--chaos``: lock the projection database from another process for a
+   few seconds (handlers see "database is locked": Transient), and SIGKILL
+   the consumer once mid-run, then start it again;
+4. when everything is handled, print the report and verify it against totals
+   computed from the CSV files without wakuwaku;
+5. with ``--replay-dead-letters``: register the missing aircraft as unknown
+   models, replay the dead-letter topic with the CLI's replay path, run the
+   consumer again and verify that every flight with a tail number is applied
+   exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .._errors import ConfigError, MissingKeyError
+from .._events import event_type
+from .._producer import Producer
+from ..admin import list_dead_letters, replay_dead_letters
+from ..logs import Log, open_log
+from .data import Expected, Totals, expected_totals, read_flights, read_planes
+from .flights import (
+    FLIGHTS_TOPIC,
+    PLANES_TOPIC,
+    FlightCancelled,
+    FlightFlown,
+    PlaneRegistered,
+    Projection,
+)
+
+DEFAULT_DELAYS = (0.02, 0.04, 0.08, 0.16)
+CONSUMER_TIMEOUT = 600.0
+Print = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """How to run the demo.
+
+    :param workdir: where the log (by default), projection and logs go; the
+        demo's own files there are replaced on each run.
+    :param log_url: the log; default ``sqlite:///<workdir>/log.db``. It must
+        be reachable from another process (not ``memory://``).
+    :param partitions: partitions of each topic.
+    :param chaos: lock the projection and SIGKILL the consumer once.
+    :param replay: run the replay phase.
+    :param limit: use only the first ``limit`` flights (tests use a slice).
+    :param retry_delays: the consumer's schedule (seconds).
+    :param lock_seconds: how long the chaos holds the projection locked.
+    """
+
+    workdir: Path = Path("demo-out")
+    log_url: str | None = None
+    partitions: int = 4
+    chaos: bool = False
+    replay: bool = False
+    limit: int | None = None
+    retry_delays: tuple[float, ...] = DEFAULT_DELAYS
+    lock_seconds: float = 3.0
+
+
+@dataclass
+class Produced:
+    """What the producers did."""
+
+    planes: int = 0
+    flown: int = 0
+    cancelled: int = 0
+    refused: int = 0
+    first_refusal: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Chaos:
+    """What the chaos did."""
+
+    lock_at: float | None = None
+    kill_at: float | None = None
+    kills: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def flight_event(tailnum: str | None, cancelled: bool, distance: int, air_time: int | None,
+                 arr_delay: int | None) -> FlightFlown | FlightCancelled:
+    """The event of one CSV row (a missing tail number stays missing: the producer refuses it)."""
+    tail: Any = tailnum
+    if cancelled:
+        return FlightCancelled(tail)
+    return FlightFlown(tail, 1, distance, air_time or 0, arr_delay or 0)
+
+
+async def produce(log: Log, limit: int | None) -> Produced:
+    """Publish the register and the flights concurrently."""
+    produced = Produced()
+    started = time.perf_counter()
+
+    async def planes() -> None:
+        producer = Producer(log, PLANES_TOPIC)
+        rows = read_planes()
+        for i in range(0, len(rows), 250):
+            await producer.publish_many(
+                [PlaneRegistered(p.tailnum, p.year, p.manufacturer, p.model, p.seats)
+                 for p in rows[i : i + 250]]
+            )
+            produced.planes += len(rows[i : i + 250])
+            await asyncio.sleep(0)
+
+    async def flights() -> None:
+        producer = Producer(log, FLIGHTS_TOPIC)
+        batch: list[FlightFlown | FlightCancelled] = []
+        for row in read_flights(limit):
+            ev = flight_event(row.tailnum, row.cancelled, row.distance, row.air_time,
+                              row.arr_delay)
+            try:
+                event_type(ev).key_of(ev)
+            except MissingKeyError as exc:
+                produced.refused += 1
+                produced.first_refusal = produced.first_refusal or f"row {row.row}: {exc}"
+                continue
+            batch.append(ev)
+            if len(batch) == 5000:
+                await _publish(producer, batch, produced)
+                batch = []
+        await _publish(producer, batch, produced)
+
+    await asyncio.gather(planes(), flights())
+    produced.seconds = time.perf_counter() - started
+    return produced
+
+
+async def _publish(producer: Producer, batch: list[FlightFlown | FlightCancelled],
+                   produced: Produced) -> None:
+    if not batch:
+        return
+    await producer.publish_many(batch)
+    produced.cancelled += sum(isinstance(e, FlightCancelled) for e in batch)
+    produced.flown += sum(isinstance(e, FlightFlown) for e in batch)
+    await asyncio.sleep(0)
+
+
+class ConsumerProcess:
+    """The consumer, in its own process so it can be killed and restarted."""
+
+    def __init__(self, opts: DemoOptions, log_url: str, projection: Path, done: Path) -> None:
+        self.opts = opts
+        self.log_url = log_url
+        self.projection = projection
+        self.done = done
+        self.runs = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stats_files: list[Path] = []
+
+    def start(self) -> None:
+        self.runs += 1
+        stats = self.opts.workdir / f"consumer-stats-{self.runs}.json"
+        self.stats_files.append(stats)
+        logfile = (self.opts.workdir / "consumer.log").open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "wakuwaku.demo.consumer", "--log", self.log_url,
+             "--projection", str(self.projection), "--stats", str(stats), "--done",
+             str(self.done), "--retry-delays", ",".join(map(str, self.opts.retry_delays))],
+            stdout=logfile, stderr=logfile, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        logfile.close()
+
+    def kill(self) -> bool:
+        """SIGKILL the consumer if it is running; returns whether it was."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+        return True
+
+    async def wait(self, limit: float) -> int:
+        """Wait for the consumer process to exit (``limit`` seconds at most)."""
+        assert self.process is not None
+        deadline = time.monotonic() + limit
+        while self.process.poll() is None:
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"the demo consumer did not finish within {limit:.0f} s")
+            await asyncio.sleep(0.05)
+        return self.process.returncode
+
+    def stats(self) -> dict[str, Any]:
+        """The consumer runs' last counters, summed."""
+        total: dict[str, Any] = {}
+        for path in self.stats_files:
+            if not path.exists():
+                continue
+            for name, value in json.loads(path.read_text()).items():
+                if isinstance(value, dict):
+                    bucket = total.setdefault(name, Counter())
+                    bucket.update(value)
+                else:
+                    total[name] = total.get(name, 0) + value
+        return total
+
+
+def lock_projection(path: Path, seconds: float) -> subprocess.Popen[bytes]:
+    """Another process takes the projection's write lock and holds it for ``seconds``."""
+    code = (
+        "import sqlite3, sys, time\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n"
+        "c.execute('BEGIN EXCLUSIVE')\n"
+        "time.sleep(float(sys.argv[2]))\n"
+        "c.execute('COMMIT')\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code, str(path), str(seconds)])
+
+
+async def chaos_monkey(opts: DemoOptions, consumer: ConsumerProcess, projection: Projection,
+                       rows: int, started: float, chaos: Chaos) -> None:
+    """Lock the projection at ~10 % applied, SIGKILL the consumer at ~35 %."""
+    locker: subprocess.Popen[bytes] | None = None
+    while chaos.kill_at is None:
+        await asyncio.sleep(0.05)
+        applied = _count_applied(projection)
+        if chaos.lock_at is None and applied >= rows * 0.10:
+            locker = lock_projection(projection.path, opts.lock_seconds)
+            chaos.lock_at = time.perf_counter() - started
+        if chaos.lock_at is not None and applied >= rows * 0.35 and (
+            locker is None or locker.poll() is not None
+        ):
+            if consumer.kill():
+                chaos.kill_at = time.perf_counter() - started
+                chaos.kills += 1
+                consumer.start()
+            else:
+                return
+    if locker is not None:
+        await asyncio.to_thread(locker.wait)
+
+
+def _count_applied(projection: Projection) -> int:
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(projection.path, timeout=0.5)
+        try:
+            row = conn.execute(f"SELECT count(*) FROM {projection.inbox.table}").fetchone()
+            return int(row[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+@dataclass
+class Verification:
+    """The demo's proof, from the CSV files and the demo's own outputs."""
+
+    lines: list[str] = field(default_factory=list)
+    ok: bool = True
+
+    def check(self, ok: bool, text: str) -> None:
+        self.ok = self.ok and ok
+        self.lines.append(f"  [{'ok' if ok else 'FAILED'}] {text}")
+
+
+async def verify(log: Log, projection: Projection, expected: Expected, registered: set[str],
+                 refused: int, *, after_replay: bool) -> Verification:
+    """Check the projection and the dead letters against the CSV totals."""
+    result = Verification()
+    zero = Totals().as_tuple()
+    actual = projection.totals()
+    tails = set(expected.totals)
+    wrong = [t for t in tails & registered
+             if actual.get(t, zero) != expected.totals[t].as_tuple()]
+    result.check(not wrong, f"projection equals the CSV totals for all {len(registered):,} "
+                 f"registered tail numbers" + (f" (wrong: {sorted(wrong)[:5]})" if wrong else ""))
+    strays = sorted(set(actual) - registered)
+    result.check(not strays, "no totals for unregistered tail numbers"
+                 + (f" (found {strays[:5]})" if strays else ""))
+    dead = await list_dead_letters(log, FLIGHTS_TOPIC)
+    other = Counter(d.reason for d in dead if d.reason != "gave_up_retry")
+    result.check(not other, "no dead letters but gave_up_retry" + (f" ({dict(other)})"
+                                                                   if other else ""))
+    dead_ids: set[str] = set()
+    dead_totals: dict[str, Totals] = {}
+    for letter in dead:
+        if letter.source is None:
+            continue
+        dead_ids.update(letter.source.ids)
+        t = dead_totals.setdefault(letter.key or "", Totals())
+        if letter.type_tag == event_type(FlightFlown).tag:
+            flown = msgspec.json.decode(letter.body, type=FlightFlown)
+            t.flights += flown.flights
+            t.distance += flown.distance
+            t.air_time += flown.air_time
+            t.arr_delay += flown.arr_delay
+        else:
+            t.cancelled += 1
+    applied = projection.applied_ids()
+    if not after_replay:
+        missing = tails - registered
+        wrong_dead = [t for t in missing
+                      if dead_totals.get(t, Totals()).as_tuple() != expected.totals[t].as_tuple()]
+        result.check(not wrong_dead, f"dead letters hold exactly the flights of the "
+                     f"{len(missing):,} unregistered tail numbers")
+        overlap = applied & dead_ids
+        result.check(not overlap, "no flight both applied and dead-lettered")
+        total = len(applied) + len(dead_ids) + refused
+        result.check(total == expected.rows,
+                     f"every row accounted for exactly once: {len(applied):,} applied + "
+                     f"{len(dead_ids):,} dead-lettered + {refused:,} refused = {total:,} "
+                     f"of {expected.rows:,}")
+    else:
+        with_tail = expected.rows - expected.without_tail
+        result.check(len(applied) == with_tail and refused == expected.without_tail,
+                     f"every flight with a tail number applied exactly once: {len(applied):,} "
+                     f"of {with_tail:,} (plus {refused:,} refused without one)")
+    return result
+
+
+def _rate(count: int, seconds: float) -> str:
+    return f"{count / seconds:,.0f}/s" if seconds > 0 else "-"
+
+
+def report(out: Print, *, opts: DemoOptions, log_url: str, produced: Produced,
+           stats: dict[str, Any], dead: Counter[str], chaos: Chaos, seconds: float,
+           runs: int) -> None:
+    """Print the demo's report (the README explains each line)."""
+    events = produced.planes + produced.flown + produced.cancelled
+    attempts = stats.get("attempts", 0)
+    out(f"log                      {log_url} ({opts.partitions} partitions per topic)")
+    out(f"produced                 {produced.planes:,} PlaneRegistered, {produced.flown:,} "
+        f"FlightFlown, {produced.cancelled:,} FlightCancelled in {produced.seconds:.1f} s")
+    out(f"refused at publish       {produced.refused:,} flights without a tail number "
+        f"(first: {produced.first_refusal or '-'})")
+    out(f"handled                  {stats.get('handled', 0):,} records in "
+        f"{stats.get('handler_calls', 0):,} handler calls")
+    out(f"reduced away by combine  {stats.get('reduced_away', 0):,} records")
+    out(f"skipped by the inbox     {stats.get('inbox_skipped', 0):,} records already applied")
+    out(f"retryable                {stats.get('quarantined_keys', 0):,} keys quarantined, "
+        f"{attempts:,} attempts ({stats.get('attempts_failed', 0):,} failed), "
+        f"{stats.get('routed', 0):,} records routed during quarantine")
+    out(f"keys given up            {stats.get('gave_up_keys', 0):,}")
+    out("dead letters             " + (", ".join(f"{r}: {n:,}" for r, n in sorted(dead.items()))
+                                       or "none"))
+    out(f"transient pauses         {stats.get('transient_pauses', 0):,} failed calls retried "
+        f"in place" + (f" (projection locked for {opts.lock_seconds:.1f} s at "
+                       f"{chaos.lock_at:.1f} s)" if chaos.lock_at is not None else ""))
+    out(f"consumer runs            {runs}" + (f" (SIGKILL at {chaos.kill_at:.1f} s, restarted)"
+                                               if chaos.kill_at is not None else ""))
+    out(f"duration                 {seconds:.1f} s, {_rate(events, seconds)} events")
+
+
+async def run_demo(opts: DemoOptions, out: Print = print) -> int:
+    """Run the demo; returns 0 when every verification passed, else 1.
+
+    :raises ConfigError: for a log URL another process cannot reach, or
+        missing demo data.
+    """
+    workdir = opts.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in ("log.db", "log.db-wal", "log.db-shm", "projection.db", "projection.db-wal",
+                 "projection.db-shm", "consumer.log", "done"):
+        (workdir / name).unlink(missing_ok=True)
+    for stale in workdir.glob("consumer-stats-*.json"):
+        stale.unlink()
+    log_url = opts.log_url or f"sqlite:///{workdir / 'log.db'}"
+    if log_url.startswith("memory:"):
+        raise ConfigError("the demo's consumer runs in another process: use a log URL it can "
+                          "reach, such as sqlite:///demo.db")
+    started = time.perf_counter()
+    expected = expected_totals(opts.limit)
+    registered = {p.tailnum for p in read_planes()}
+    log = open_log(log_url)
+    try:
+        for topic in (PLANES_TOPIC, FLIGHTS_TOPIC):
+            await log.create_topic(topic, opts.partitions)
+        projection_path = workdir / "projection.db"
+        projection = Projection(projection_path)
+        await projection.inbox.ensure_schema()
+        done = workdir / "done"
+        consumer = ConsumerProcess(opts, log_url, projection_path, done)
+        consumer.start()
+        chaos = Chaos()
+        monkey = (asyncio.create_task(
+            chaos_monkey(opts, consumer, projection, expected.rows, started, chaos))
+            if opts.chaos else None)
+        produced = await produce(log, opts.limit)
+        done.touch()
+        # The monkey kills and restarts the consumer without awaiting in
+        # between, so this waits for whichever consumer process runs last.
+        code = await consumer.wait(CONSUMER_TIMEOUT)
+        if monkey is not None:
+            monkey.cancel()
+            await asyncio.gather(monkey, return_exceptions=True)
+            if chaos.kill_at is None:
+                chaos.notes.append("the consumer finished before the planned SIGKILL")
+        if code != 0:
+            out(f"the consumer failed with exit status {code}; see {workdir / 'consumer.log'}")
+            return 1
+        seconds = time.perf_counter() - started
+        dead = Counter(d.reason or "?" for d in await list_dead_letters(log, FLIGHTS_TOPIC))
+        out("wakuwaku demo flights: report")
+        report(out, opts=opts, log_url=log_url, produced=produced, stats=consumer.stats(),
+               dead=dead, chaos=chaos, seconds=seconds, runs=consumer.runs)
+        for note in chaos.notes:
+            out(f"note                     {note}")
+        out("verification (from the CSV files, without wakuwaku)")
+        checked = await verify(log, projection, expected, registered, produced.refused,
+                               after_replay=False)
+        for line in checked.lines:
+            out(line)
+        ok = checked.ok
+        if opts.replay:
+            ok = await replay_phase(opts, out, log, consumer, projection, expected,
+                                    registered, produced) and ok
+        out("VERIFIED" if ok else "NOT VERIFIED")
+        return 0 if ok else 1
+    finally:
+        await log.close()
+
+
+async def replay_phase(opts: DemoOptions, out: Print, log: Log, consumer: ConsumerProcess,
+                       projection: Projection, expected: Expected, registered: set[str],
+                       produced: Produced) -> bool:
+    """Register the missing aircraft, replay the dead letters, verify every flight."""
+    started = time.perf_counter()
+    missing = sorted(set(expected.totals) - registered)
+    await Producer(log, PLANES_TOPIC).publish_many(
+        [PlaneRegistered(t, None, "unknown", "unknown", None) for t in missing])
+    replayed = await replay_dead_letters(log, FLIGHTS_TOPIC, reason="gave_up_retry")
+    before = consumer.runs
+    consumer.start()
+    code = await consumer.wait(CONSUMER_TIMEOUT)
+    if code != 0:
+        out(f"the consumer failed with exit status {code} in the replay phase")
+        return False
+    records = sum(len(r.source.ids) for r in await _replayed_sources(log, replayed.replayed))
+    out("replay of the dead letters")
+    out(f"registered               {len(missing):,} missing aircraft as unknown models")
+    out(f"replayed                 {len(replayed.replayed):,} dead letters ({records:,} flights)"
+        f", skipped {len(replayed.skipped):,}, in {time.perf_counter() - started:.1f} s "
+        f"({consumer.runs - before} consumer run)")
+    checked = await verify(log, projection, expected, registered | set(missing),
+                           produced.refused, after_replay=True)
+    for line in checked.lines:
+        out(line)
+    return checked.ok
+
+
+async def _replayed_sources(log: Log, replayed: Sequence[Any]) -> list[Any]:
+    from ..admin import DeadLetter
+
+    letters: list[DeadLetter] = await list_dead_letters(log, FLIGHTS_TOPIC)
+    wanted = {(r.dlq_partition, r.dlq_offset) for r in replayed}
+    return [d for d in letters if (d.partition, d.offset) in wanted and d.source is not None]
+
