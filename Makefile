@@ -19,12 +19,12 @@ demo: $(STAMP)
 	$(PY) -m wakuwaku demo flights --chaos --replay-dead-letters
 
 test: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m mypy
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m mypy
 
 bench: $(STAMP)

@@ -48,26 +48,48 @@ from ._records import Source as Source
 from ._records import ValidHeaders as ValidHeaders
 from ._records import message_id as message_id
 from ._records import validate_headers as validate_headers
+from ._sanitize import sanitize as sanitize
+from .engine import Consumer as Consumer
+from .engine import ConsumerConfig as ConsumerConfig
+from .engine import ConsumerStats as ConsumerStats
+from .engine import DeliveryMode as DeliveryMode
+from .engine import Handler as Handler
+from .engine import current_chunk as current_chunk
+from .engine import handler as handler
+from .inbox import Inbox as Inbox
+from .inbox import SQLiteInbox as SQLiteInbox
 from .logs import Log as Log
 from .logs import MemoryLog as MemoryLog
+from .logs import SQLiteLog as SQLiteLog
 from .logs import TopicInfo as TopicInfo
 from .logs import open_log as open_log
+from .reliability import AttemptLimit as AttemptLimit
+from .reliability import CircuitBreaker as CircuitBreaker
+from .reliability import RetryBudget as RetryBudget
 
 __version__ = "0.1.0"
 
 __all__ = (
     "SYSTEM_CLOCK",
     "Algebra",
+    "AttemptLimit",
+    "CircuitBreaker",
     "CircuitOpenError",
     "Clock",
     "Codec",
     "ConfigError",
+    "Consumer",
+    "ConsumerConfig",
+    "ConsumerStats",
     "CorruptLogError",
+    "DeliveryMode",
     "DuplicateTypeTag",
     "ErrorClass",
     "EventType",
     "FencedError",
     "HandleError",
+    "Handler",
+    "Inbox",
     "InvalidHeaders",
     "JsonCodec",
     "Log",
@@ -83,7 +105,10 @@ __all__ = (
     "Record",
     "Registry",
     "ResultError",
+    "RetryBudget",
     "Retryable",
+    "SQLiteInbox",
+    "SQLiteLog",
     "Source",
     "StepError",
     "SyncProducer",
@@ -96,12 +121,15 @@ __all__ = (
     "UnsupportedLogURL",
     "ValidHeaders",
     "WakuwakuError",
+    "current_chunk",
     "default_registry",
     "event",
     "event_type",
+    "handler",
     "message_id",
     "murmur2",
     "open_log",
     "partition_for",
+    "sanitize",
     "validate_headers",
 )

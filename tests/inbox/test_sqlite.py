@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from contextlib import closing
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 
 import pytest

@@ -19,9 +19,10 @@ from ._base import Log as Log
 from ._base import OutgoingRecord as OutgoingRecord
 from ._base import TopicInfo as TopicInfo
 from .memory import MemoryLog as MemoryLog
+from .sqlite import SQLiteLog as SQLiteLog
 
 __all__ = ("DEFAULT_LOG_URL", "SUPPORTED_SCHEMES", "Lease", "Log", "MemoryLog",
-           "OutgoingRecord", "TopicInfo", "open_log")
+           "OutgoingRecord", "SQLiteLog", "TopicInfo", "open_log")
 
 DEFAULT_LOG_URL = "sqlite:///wakuwaku.db"
 SUPPORTED_SCHEMES: tuple[str, ...] = ("sqlite", "memory")
@@ -42,7 +43,6 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
         return MemoryLog()
     if scheme == "sqlite":
         from .._errors import ConfigError
-        from .sqlite import SQLiteLog
 
         # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them.
         if not rest.startswith("/") or rest == "/":
