@@ -224,25 +224,40 @@ class PartitionWorker:
 
     async def run(self) -> None:
         """Consume until :meth:`stop` or a lost lease; returns quietly then."""
+        prefetch: asyncio.Task[list[Record]] | None = None
         try:
             await self._restore()
             self.started = True
             while not self._stop.is_set():
                 await self._run_due_attempts()
-                records = await self._log_call(
-                    "poll",
-                    lambda: self.log.read(self.topic, self.partition, self.position,
-                                          self.config.max_poll_records),
-                )
+                if prefetch is not None:
+                    records = await prefetch
+                    prefetch = None
+                else:
+                    records = await self._poll(self.position)
                 if not records:
                     self.caught_up = True
                     await self._commit_retry()
                     await self._sleep(self._idle_wait())
                     continue
                 self.caught_up = False
+                # Read the next batch while this one runs: the read only looks
+                # ahead, it decides nothing (the batch is planned when it runs).
+                prefetch = asyncio.ensure_future(self._poll(records[-1].offset + 1))
                 await self._consume(records)
         except Abandon:
             return
+        finally:
+            if prefetch is not None:
+                prefetch.cancel()
+                await asyncio.gather(prefetch, return_exceptions=True)
+
+    async def _poll(self, offset: int) -> list[Record]:
+        return await self._log_call(
+            "poll",
+            lambda: self.log.read(self.topic, self.partition, offset,
+                                  self.config.max_poll_records),
+        )
 
     def _idle_wait(self) -> float:
         wait = self.config.poll_interval

@@ -132,65 +132,84 @@ def decode_records(
     items: list[Item] = []
     rejects: list[Reject] = []
     fast = _fast_signatures(types)
+    prefix = f"{topic}/{partition}/"  # message_id() of a record without its own id
+    append = items.append
     for record in records:
         headers = record.headers
-        etype = fast.get((headers.get(H_VERSION), headers.get(H_TYPE), headers.get(H_ALG)))
+        entry = fast.get((headers.get(H_VERSION), headers.get(H_TYPE), headers.get(H_ALG)))
         raw_key = headers.get(H_KEY)
-        key: str | None = None
-        if etype is not None and raw_key and len(headers) == 4:
+        if entry is not None and raw_key and len(headers) == 4 and not from_retry:
             # The common case: exactly the four headers a producer stamps, all
-            # known good; only the key needs decoding.
+            # known good; only the key and the body need decoding.
+            etype, decode, has_id = entry
             try:
                 key = raw_key.decode("utf-8")
-            except UnicodeDecodeError:
-                key = None
-        props: dict[str, str] = {}
-        failed_at: float | None = None
-        source: Source | None = None
-        if key is None:
-            checked = validate_headers(headers, types)
-            if isinstance(checked, InvalidHeaders):
-                rejects.append(Reject(record, checked.reason, checked.detail, _safe_key(record)))
+                value = decode(record.body)
+            except Exception:  # noqa: BLE001 - the slow path below names the problem
+                pass
+            else:
+                ident = (message_id(topic, partition, record.offset, etype.id_of(value),
+                                    etype.tag) if has_id else prefix + str(record.offset))
+                append(Item(key, etype, value, (record,),
+                            (Source(topic, partition, (record.offset,), (ident,)),),
+                            _NO_PROPS, None))
                 continue
-            etype, key = checked.event_type, checked.key
-            props, failed_at, source = checked.props, checked.failed_at, checked.source
-        assert etype is not None
-        try:
-            value = etype.decode(record.body)
-        except Exception as exc:  # noqa: BLE001 - any codec failure is a bad body
-            rejects.append(
-                Reject(record, ReasonCode.UNDECODABLE_BODY,
-                       f"cannot decode {etype.tag!r}: {type(exc).__name__}: {exc}", key)
-            )
-            continue
-        if from_retry:
-            if source is None:
-                rejects.append(Reject(record, ReasonCode.MALFORMED_HEADER,
-                                      "retry record without wk-src", key))
-                continue
-            origin = source
-        elif source is not None:
-            # A replayed dead letter keeps the identity of the record it was (SPEC 9).
-            origin = Source(topic, partition, (record.offset,), source.ids)
-        else:
-            ident = message_id(topic, partition, record.offset, etype.id_of(value), etype.tag)
-            origin = Source(topic, partition, (record.offset,), (ident,))
-        items.append(Item(key, etype, value, (record,), (origin,), props, failed_at))
+        item = _decode_one(record, topic, partition, types, from_retry, rejects)
+        if item is not None:
+            append(item)
     return items, rejects
 
 
-_FAST: dict[int, tuple[Mapping[str, EventType[Any]], dict[tuple[Any, ...], EventType[Any]]]] = {}
+_NO_PROPS: dict[str, str] = {}
+"""Shared by every item without properties; never mutated."""
 
 
-def _fast_signatures(
-    types: Mapping[str, EventType[Any]],
-) -> dict[tuple[Any, ...], EventType[Any]]:
-    """``(wk-v, wk-type, wk-alg)`` raw values known to be valid, per type table."""
+def _decode_one(record: Record, topic: str, partition: int,
+                types: Mapping[str, EventType[Any]], from_retry: bool,
+                rejects: list[Reject]) -> Item | None:
+    """Decode one record the careful way: every header checked, every problem named."""
+    checked = validate_headers(record.headers, types)
+    if isinstance(checked, InvalidHeaders):
+        rejects.append(Reject(record, checked.reason, checked.detail, _safe_key(record)))
+        return None
+    etype, key, source = checked.event_type, checked.key, checked.source
+    try:
+        value = etype.decode(record.body)
+    except Exception as exc:  # noqa: BLE001 - any codec failure is a bad body
+        rejects.append(
+            Reject(record, ReasonCode.UNDECODABLE_BODY,
+                   f"cannot decode {etype.tag!r}: {type(exc).__name__}: {exc}", key)
+        )
+        return None
+    if from_retry:
+        if source is None:
+            rejects.append(Reject(record, ReasonCode.MALFORMED_HEADER,
+                                  "retry record without wk-src", key))
+            return None
+        origin = source
+    elif source is not None:
+        # A replayed dead letter keeps the identity of the record it was (SPEC 9).
+        origin = Source(topic, partition, (record.offset,), source.ids)
+    else:
+        ident = message_id(topic, partition, record.offset, etype.id_of(value), etype.tag)
+        origin = Source(topic, partition, (record.offset,), (ident,))
+    return Item(key, etype, value, (record,), (origin,), checked.props or _NO_PROPS,
+                checked.failed_at)
+
+
+_Fast = dict[tuple[Any, ...], tuple[EventType[Any], Callable[[bytes], Any], bool]]
+_FAST: dict[int, tuple[Mapping[str, EventType[Any]], _Fast]] = {}
+
+
+def _fast_signatures(types: Mapping[str, EventType[Any]]) -> _Fast:
+    """``(wk-v, wk-type, wk-alg)`` raw values known to be valid, per type table,
+    with the type's decode function and whether it declares its own id."""
     cached = _FAST.get(id(types))
     if cached is not None and cached[0] is types:
         return cached[1]
-    table = {
-        (WIRE_VERSION, tag.encode(), etype.algebra.value.encode()): etype
+    table: _Fast = {
+        (WIRE_VERSION, tag.encode(), etype.algebra.value.encode()):
+            (etype, etype.codec.decode, etype.id_name is not None)
         for tag, etype in types.items()
     }
     if len(_FAST) > 64:
