@@ -1,0 +1,87 @@
+"""SPEC 15: consumers of one group share partitions; a partition has one owner; fencing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import wakuwaku as wk
+from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+
+from .conftest import Item
+
+
+def group_consumer(log: wk.MemoryLog, member: str, seen: list[tuple[str, int]],
+                   ttl: float = 0.5) -> Consumer:
+    async def handle(run: Sequence[Item]) -> None:
+        seen.extend((member, e.n) for e in run)
+
+    config = ConsumerConfig(topic="t", group="g", member_id=member, lease_ttl=ttl,
+                            poll_interval=0.01, shutdown_timeout=5.0)
+    return Consumer(config, [Handler(Item, handle)], log)
+
+
+async def wait_for(condition: object, seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_two_members_share_partitions_and_each_partition_has_one_owner() -> None:
+    log = wk.MemoryLog()
+    await log.create_topic("t", 4)
+    producer = wk.Producer(log, "t")
+    seen: list[tuple[str, int]] = []
+    first = group_consumer(log, "a", seen)
+    second = group_consumer(log, "b", seen)
+    tasks = [asyncio.create_task(c.run(install_signal_handlers=False)) for c in (first, second)]
+    try:
+        await wait_for(lambda: len(first.workers) + len(second.workers) == 4)
+        assert not set(first.workers) & set(second.workers)
+        await producer.publish_many([Item(f"k{i}", i) for i in range(200)])
+        await wait_for(lambda: len(seen) >= 200)
+    finally:
+        for c in (first, second):
+            c.stop()
+        await asyncio.gather(*tasks)
+    assert sorted(n for _, n in seen) == list(range(200))  # each event once
+
+
+async def test_a_stopped_members_partitions_move_to_the_other_one() -> None:
+    log = wk.MemoryLog()
+    await log.create_topic("t", 2)
+    producer = wk.Producer(log, "t")
+    seen: list[tuple[str, int]] = []
+    first = group_consumer(log, "a", seen)
+    first_task = asyncio.create_task(first.run(install_signal_handlers=False))
+    await wait_for(lambda: len(first.workers) == 2)
+    second = group_consumer(log, "b", seen)
+    second_task = asyncio.create_task(second.run(install_signal_handlers=False))
+    await asyncio.sleep(0.2)
+    assert second.workers == {}  # both partitions are owned by a
+    first.stop()
+    await first_task  # releases its leases
+    await producer.publish_many([Item(f"k{i}", i) for i in range(50)])
+    await wait_for(lambda: len(seen) == 50)
+    second.stop()
+    await second_task
+    assert {member for member, _ in seen} == {"b"}
+
+
+async def test_a_stale_owner_cannot_commit() -> None:
+    log = wk.MemoryLog()
+    await log.create_topic("t", 1)
+    old = await log.acquire_partition("g", "t", 0, "a", ttl=0.05)
+    assert old is not None
+    await asyncio.sleep(0.1)  # a's lease expires; b takes over
+    new = await log.acquire_partition("g", "t", 0, "b", ttl=10.0)
+    assert new is not None and new.generation > old.generation
+    try:
+        await log.commit("g", "t", 0, 5, generation=old.generation)
+    except wk.FencedError as exc:
+        assert exc.partition == 0 and exc.generation == old.generation
+    else:
+        raise AssertionError("a stale generation committed")
+    await log.commit("g", "t", 0, 5, generation=new.generation)
+    assert await log.committed("g", "t", 0) == 5
