@@ -214,8 +214,14 @@ def event(
         associative type without ``combine``.
     :raises DuplicateTypeTag: when another class already holds ``tag``.
     """
-    if not isinstance(tag, str) or not tag.strip():
-        raise ConfigError(f"an event type tag must be a non-empty string, got {tag!r}")
+    if not isinstance(tag, str) or not tag or any(c.isspace() or ord(c) < 32 for c in tag):
+        raise ConfigError(f"an event type tag must be a non-empty string without whitespace "
+                          f"or control characters, got {tag!r}")
+    if not isinstance(key, str) and not callable(key):
+        raise ConfigError(f"event type {tag!r}: key must be a field or method name or a "
+                          f"function, got {key!r}")
+    if combine is not None and not callable(combine):
+        raise ConfigError(f"event type {tag!r}: combine must be callable, got {combine!r}")
     try:
         alg = Algebra(algebra)
     except ValueError:
@@ -233,7 +239,12 @@ def event(
                     f"event type {tag!r} is associative but {cls.__qualname__} has no "
                     "combine(self, other) method and no combine= was given"
                 )
+            if not callable(method):
+                raise ConfigError(f"event type {tag!r}: {cls.__qualname__}.combine is not "
+                                  "callable")
             combine_fn = method
+        if id is not None and not _has_member(cls, id):
+            raise ConfigError(f"event type {tag!r}: {cls.__qualname__} has no id field {id!r}")
         if isinstance(key, str):
             key_name = key
             key_getter: Callable[[Any], object] = lambda e: _read(e, key)  # noqa: E731

@@ -205,6 +205,10 @@ def validate_headers(  # noqa: C901 - one flat check per header, each with its o
             source = decode_source(src_raw)
         except msgspec.DecodeError as exc:
             return InvalidHeaders(malformed, f"header wk-src is broken: {exc}")
+        if (not source.ids or not source.offsets or source.partition < 0
+                or any(o < 0 for o in source.offsets) or not all(source.ids)):
+            return InvalidHeaders(malformed, "header wk-src needs message ids, offsets >= 0 "
+                                  f"and a partition >= 0, got {src_raw!r}")
     event_type = types.get(tag)
     if event_type is None:
         return InvalidHeaders(ReasonCode.UNKNOWN_TYPE, f"no handler for type tag {tag!r}")

@@ -107,7 +107,8 @@ def _as_text(value: str | bytes | BaseException) -> str:
             message = str(value)
         except Exception:  # noqa: BLE001 - a broken __str__ must not break error reporting
             message = "<unprintable>"
-        return f"{name}: {message}" if message else name
+        text = f"{name}: {message}" if message else name
+        return _SURROGATES.sub("\ufffd", text)  # a lone surrogate cannot be encoded
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return _SURROGATES.sub("\ufffd", value)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import socket
 import uuid
@@ -107,6 +108,15 @@ class ConsumerConfig:
     error_text_limit: int = 1024
 
     def __post_init__(self) -> None:
+        self._check_topics()
+        self._check_schedule()
+        self._check_bounds()
+        self._check_policies()
+
+    def _check_topics(self) -> None:
+        if not isinstance(self.topic, str) and not isinstance(self.topic, Sequence):
+            raise ConfigError(f"ConsumerConfig.topic must be a topic name or a sequence of "
+                              f"them, got {self.topic!r}")
         topics = self.topics
         if not topics or any(not isinstance(t, str) or not t for t in topics):
             raise ConfigError(
@@ -116,25 +126,47 @@ class ConsumerConfig:
             raise ConfigError(f"ConsumerConfig.topic names a topic twice: {list(topics)!r}")
         if not isinstance(self.group, str) or not self.group:
             raise ConfigError("ConsumerConfig.group must be a non-empty string")
-        delays = tuple(float(d) for d in self.retry_delays)
-        if not delays or any(d < 0 for d in delays):
+        if self.partitions is not None:
+            parts = tuple(self.partitions)
+            if not parts or any(not isinstance(p, int) or isinstance(p, bool) or p < 0
+                                for p in parts):
+                raise ConfigError(f"ConsumerConfig.partitions must be ints >= 0, got {parts!r}")
+            object.__setattr__(self, "partitions", parts)
+
+    def _check_schedule(self) -> None:
+        try:
+            if isinstance(self.retry_delays, str | bytes):
+                raise TypeError
+            delays = tuple(float(d) for d in self.retry_delays)
+        except (TypeError, ValueError):
+            delays = ()
+        if not delays or any(not math.isfinite(d) or d < 0 for d in delays):
             raise ConfigError(
-                f"retry_delays must be a non-empty list of seconds >= 0, got {self.retry_delays!r}"
+                "retry_delays must be a non-empty sequence of finite seconds >= 0, "
+                f"got {self.retry_delays!r}"
             )
         object.__setattr__(self, "retry_delays", delays)
+
+    def _check_bounds(self) -> None:
         bounds = ("max_pending_retry", "max_poll_records", "max_concurrency", "error_text_limit")
         for name in bounds:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ConsumerConfig.{name} must be an int >= 1, got {value!r}")
         for name in ("poll_interval", "shutdown_timeout", "lease_ttl"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"ConsumerConfig.{name} must be > 0 seconds")
-        if self.partitions is not None:
-            parts = tuple(self.partitions)
-            if not parts or any(not isinstance(p, int) or p < 0 for p in parts):
-                raise ConfigError(f"ConsumerConfig.partitions must be ints >= 0, got {parts!r}")
-            object.__setattr__(self, "partitions", parts)
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"ConsumerConfig.{name} must be finite seconds > 0, "
+                                  f"got {value!r}")
+
+    def _check_policies(self) -> None:
+        if not isinstance(self.delivery_mode, DeliveryMode):
+            raise ConfigError(f"ConsumerConfig.delivery_mode must be a DeliveryMode, "
+                              f"got {self.delivery_mode!r}")
+        if not callable(self.classify):
+            raise ConfigError(f"ConsumerConfig.classify must be callable, got {self.classify!r}")
+        if not isinstance(self.member_id, str) or not self.member_id:
+            raise ConfigError("ConsumerConfig.member_id must be a non-empty string")
 
     @property
     def topics(self) -> tuple[str, ...]:

@@ -199,6 +199,12 @@ class Consumer:
             renewer = asyncio.create_task(self._renew(lease, worker))
             try:
                 await worker.run()
+            except Exception:
+                # A bug must not stall the partition silently: log it, start
+                # again from the stored offsets after the first retry delay.
+                log.exception("partition worker crashed; restarting it",
+                              extra={"topic": topic, "partition": partition})
+                await self._wait_or_stop(self.config.delay(1))
             finally:
                 renewer.cancel()
                 await asyncio.gather(renewer, return_exceptions=True)

@@ -322,21 +322,37 @@ class PartitionWorker:
         self.position = following
 
     async def _store_partial(self, records: list[Record]) -> None:
-        """At a stop in the middle of a batch, store the offset of its first
-        record that is not done, in both delivery modes (SPEC 14): nothing done
-        is delivered again, nothing not started is lost."""
+        """At a stop in the middle of a batch, store what the delivery mode allows (SPEC 14).
+
+        ``NO_EVENT_LOSE``: the offset of the first record that is not done, so
+        nothing before it is delivered again (done records after it, of keys
+        that ran concurrently, are: at-least-once). ``NO_DOUBLE_CONSUME``: the
+        offset was stored after the batch before it ran; it moves back to the
+        first record not done only when no record after that one was handled,
+        so nothing is ever handled twice; otherwise the records not started
+        are lost, as at-most-once allows, and their count is logged.
+        """
         done = self._done or set()
-        first = next((r.offset for r in records if r.offset not in done),
-                     records[-1].offset + 1)
-        moved_back = self.config.delivery_mode is DeliveryMode.NO_DOUBLE_CONSUME
+        following = records[-1].offset + 1
+        first = next((r.offset for r in records if r.offset not in done), following)
+        target = first
+        stored = self.position  # what the log holds now
+        if self.config.delivery_mode is DeliveryMode.NO_DOUBLE_CONSUME:
+            stored = following
+            if any(r.offset in done for r in records if r.offset > first):
+                lost = sum(1 for r in records if r.offset not in done)
+                if lost:
+                    log.warning("stopped mid-batch: records not started are skipped "
+                                "(at-most-once)", extra={**self._fields, "records": lost})
+                target = following
         try:
             await self._flush()
-            if first > self.position or moved_back:
-                await self._commit_main(first)
+            if target != stored:
+                await self._commit_main(target)
             await self._commit_retry()
         except Abandon:
-            return  # the log refused while stopping: store nothing, redeliver it all
-        self.position = first
+            return  # the log refused while stopping: store nothing more
+        self.position = target
 
     async def _commit_main(self, offset: int) -> None:
         await self._log_call(
@@ -531,13 +547,22 @@ class PartitionWorker:
             return exc.error_class, exc
         except Exception as exc:  # noqa: BLE001 - every handler exception is classified
             return self._classify(exc, key, handler), exc
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are being cancelled (shutdown deadline): let it through
+            return self._classify(exc, key, handler), exc  # the handler raised it itself
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - GeneratorExit & co. from a handler
+            return self._classify(exc, key, handler), exc
         finally:
             self.stats.handler_seconds += time.perf_counter() - started
             _current.reset(token)
         self.stats.handler_calls += 1
         return None
 
-    def _classify(self, exc: Exception, key: str, handler: Handler[Any]) -> ErrorClass:
+    def _classify(self, exc: BaseException, key: str, handler: Handler[Any]) -> ErrorClass:
         try:
             error_class = ErrorClass(self.config.classify(exc))
         except Exception as bad:  # noqa: BLE001 - a broken classifier must not lose the chunk
@@ -579,11 +604,12 @@ class PartitionWorker:
             if self.handlers[item.tag].inbox is None:
                 kept.append(item)
                 continue
-            if all(i in claimed for i in item.ids):
+            item_ids = item.ids
+            if item_ids and all(i in claimed for i in item_ids):
                 self.stats.inbox_skipped += len(item.sources)
                 self._mark([item])
                 continue
-            claimed.update(item.ids)
+            claimed.update(item_ids)
             kept.append(item)
         return kept
 
