@@ -159,6 +159,11 @@ async def dead_letters(log: Log, topic: str = "t", partition: int = 0) -> list[w
     return await read_all(log, f"dlq_{topic}", partition)
 
 
+def event_n(record: wk.Record) -> int:
+    """The ``n`` field of a record's JSON body."""
+    return int(msgspec.json.decode(record.body)["n"])
+
+
 def reason(record: wk.Record) -> str:
     return record.headers["wk-reason"].decode()
 

@@ -23,6 +23,7 @@ from .conftest import (
     Script,
     consumer,
     dead_letters,
+    event_n,
     read_all,
     reason,
     setup_topic,
@@ -60,16 +61,10 @@ async def test_5_2_records_of_a_quarantined_key_are_routed_behind_its_pending_re
         await wait_until(clock, lambda: c.stats.routed == 1 and 3 in script.handled_ns())
         retry = await read_all(log, "retry_t")
         assert [r.headers.get("wk-marker") for r in retry] == [None, None]
-        assert [msgspec_n(r) for r in retry] == [1, 2]
+        assert [event_n(r) for r in retry] == [1, 2]
         # Key a did not run its new event: it waits behind the failed one.
         assert script.handled_ns("a") == []
         await wait_until(clock, lambda: script.handled_ns("a") == [1, 2])
-
-
-def msgspec_n(record: wk.Record) -> int:
-    import msgspec
-
-    return int(msgspec.json.decode(record.body)["n"])
 
 
 async def test_5_3_segments_are_reduced_then_split_into_runs_and_chunks(
@@ -284,7 +279,7 @@ async def test_5_7_unrecoverable_dead_letters_only_the_poisoned_chunk_and_the_ru
     dead = await dead_letters(log)
     assert len(dead) == 100
     assert {reason(r) for r in dead} == {"unrecoverable"}
-    assert [msgspec_n(r) for r in dead] == list(range(100, 200))
+    assert [event_n(r) for r in dead] == list(range(100, 200))
     messages = [r for r in caplog.records
                 if r.getMessage() == "dropping chunk after unrecoverable handler failure"]
     assert len(messages) == 1

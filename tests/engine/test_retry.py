@@ -20,6 +20,7 @@ from .conftest import (
     Script,
     consumer,
     dead_letters,
+    event_n,
     read_all,
     reason,
     setup_topic,
@@ -142,14 +143,8 @@ async def test_6_events_routed_into_the_failed_run_are_given_up_with_it(
         await wait_until(clock, lambda: c.stats.gave_up_keys == 1)
     # The attempt plans all pending work as one batch: [1, 2] is one run, and
     # the failed run's remaining records are dead-lettered (SPEC 6).
-    assert [msgspec_n(r) for r in await dead_letters(log)] == [1, 2]
+    assert [event_n(r) for r in await dead_letters(log)] == [1, 2]
     assert script.handled_ns() == []
-
-
-def msgspec_n(record: wk.Record) -> int:
-    import msgspec
-
-    return int(msgspec.json.decode(record.body)["n"])
 
 
 async def test_6_quarantine_ends_when_the_key_has_no_pending_records(
