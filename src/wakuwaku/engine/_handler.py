@@ -54,10 +54,12 @@ class Handler(Generic[T]):
         self.inbox = inbox
         self._fn = fn
         target = fn if fn is not None else self.handle
-        self._is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        self.is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
             getattr(target, "__call__", None)  # noqa: B004 - async callable objects
         )
         self.name = getattr(fn, "__qualname__", type(self).__qualname__)
+        if fn is not None and type(self).handle is Handler.handle:
+            self.handle = fn  # type: ignore[method-assign,assignment] # a frame less
 
     def handle(self, run: Sequence[T]) -> Awaitable[None] | None:
         """Handle one chunk; raise ``Transient``, ``Retryable`` or ``Unrecoverable``.
@@ -70,7 +72,7 @@ class Handler(Generic[T]):
 
     async def __call__(self, run: Sequence[T]) -> None:
         """Run the handler: on the loop if async, in a worker thread if sync."""
-        if self._is_async:
+        if self.is_async:
             result = self.handle(run)
             if result is not None:
                 await result

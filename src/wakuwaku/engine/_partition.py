@@ -127,6 +127,7 @@ class PartitionWorker:
         self.dlq_topic = config.dead_letter_topic(topic)
         self.handlers = handlers
         self.types = {tag: h.event_type for tag, h in handlers.items()}
+        self._has_inbox = any(h.inbox is not None for h in handlers.values())
         self.stats = stats
         self.generation = generation
         self.clock = config.clock
@@ -144,10 +145,12 @@ class PartitionWorker:
         self._dead_counts: Counter[str] = Counter()
         self._retry_out: list[Outgoing] = []
         self._unflushed_work = 0
-        # Offsets of the current main batch that are done (handled, or their
-        # dead-letter or retry copy is buffered): a graceful stop stores the
-        # offset of the first record that is not.
+        # Offsets of the current main batch that are done (dead-lettered,
+        # routed, skipped by the inbox), and the outcomes of its segments
+        # (whose ``done`` lists hold the handled items): a graceful stop
+        # stores the offset of the first record that is not done.
         self._done: set[int] | None = None
+        self._outcomes: list[SegmentOutcome] = []
         # Decoded retry records that passed the inbox filter, by retry offset.
         self._pending_items: dict[int, Item] = {}
         self._pending_rejected: set[int] = set()
@@ -309,6 +312,7 @@ class PartitionWorker:
         if mode is DeliveryMode.NO_DOUBLE_CONSUME:
             await self._commit_main(following)
         self._done = set()
+        self._outcomes = []
         try:
             await self._process_batch(records)
         except Abandon:
@@ -316,6 +320,7 @@ class PartitionWorker:
             raise
         finally:
             self._done = None
+            self._outcomes = []
         await self._commit_retry()
         if mode is DeliveryMode.NO_EVENT_LOSE:
             await self._commit_main(following)
@@ -332,7 +337,9 @@ class PartitionWorker:
         so nothing is ever handled twice; otherwise the records not started
         are lost, as at-most-once allows, and their count is logged.
         """
-        done = self._done or set()
+        done = set(self._done or ())
+        done.update(r.offset for outcome in self._outcomes for item in outcome.done
+                    for r in item.sources)
         following = records[-1].offset + 1
         first = next((r.offset for r in records if r.offset not in done), following)
         target = first
@@ -393,8 +400,20 @@ class PartitionWorker:
 
     async def _process_batch(self, records: list[Record]) -> None:
         items, rejects = decode_records(records, self.topic, self.partition, self.types)
-        self._dead_letter_rejects(rejects)
-        items = await self._inbox_filter(items)
+        if rejects:
+            self._dead_letter_rejects(rejects)
+        if self._has_inbox:
+            items = await self._inbox_filter(items)
+        if self.retry.keys:
+            items = self._route_quarantined(items)
+        segments = plan(items)
+        planned = sum(len(run.items) for seg in segments for run in seg.runs)
+        self.stats.reduced_away += len(items) - planned
+        await self._run_segments(segments, self._after_main_segment)
+        await self._flush()
+
+    def _route_quarantined(self, items: list[Item]) -> list[Item]:
+        """Send the items of quarantined keys to the retry topic (SPEC 6); return the rest."""
         fresh: list[Item] = []
         routed: dict[str, list[Item]] = {}
         for item in items:
@@ -411,11 +430,7 @@ class PartitionWorker:
             state = self.retry.keys[key]
             self.stats.routed += len(key_items)
             self._write_retry(key_items, state.first_failed_at, ROUTED_ERROR)
-        segments = plan(fresh)
-        self.stats.reduced_away += len(fresh) - sum(len(run.items)
-                                                     for seg in segments for run in seg.runs)
-        await self._run_segments(segments, self._after_main_segment)
-        await self._flush()
+        return fresh
 
     def _mark(self, items: Iterable[Item]) -> None:
         """Note main-batch items as done (see :meth:`_store_partial`)."""
@@ -474,15 +489,25 @@ class PartitionWorker:
 
     async def _execute_segment(self, seg: Segment, attempt: int) -> SegmentOutcome:
         outcome = SegmentOutcome()
+        if self._done is not None:
+            self._outcomes.append(outcome)  # a main batch: see _store_partial
+        done = outcome.done
+        stats = self.stats
         for run_index, run in enumerate(seg.runs):
             handler = self.handlers[run.event_type.tag]
-            chunks = run.chunks(handler.max_batch)
+            items = run.items
+            size = handler.max_batch
+            chunks = [items] if len(items) <= size else run.chunks(size)
             for chunk_index, chunk in enumerate(chunks):
-                failure = await self._execute_chunk(handler, seg.key, chunk, attempt)
+                if self._stop.is_set() or not self._gate.is_open:
+                    await self._through_gate()
+                failure = await self._call(handler, seg.key, chunk, attempt)
+                if failure is not None and failure[0] is ErrorClass.TRANSIENT:
+                    failure = await self._retry_in_place(handler, seg.key, chunk, attempt,
+                                                         failure)
                 if failure is None:
-                    outcome.done.extend(chunk)
-                    self._mark(chunk)
-                    self.stats.handled += _main_records(chunk)
+                    done.extend(chunk)
+                    stats.handled += sum([i.count for i in chunk])
                     continue
                 error_class, exc = failure
                 self.stats.failed_by_class[error_class.value] += 1
@@ -503,14 +528,12 @@ class PartitionWorker:
                 return outcome
         return outcome
 
-    async def _execute_chunk(
-        self, handler: Handler[Any], key: str, chunk: list[Item], attempt: int
+    async def _retry_in_place(
+        self, handler: Handler[Any], key: str, chunk: list[Item], attempt: int,
+        failure: tuple[ErrorClass, BaseException],
     ) -> tuple[ErrorClass, BaseException] | None:
-        """Call the handler; retry Transient failures in place, forever (SPEC 5.6)."""
-        await self._through_gate()
-        failure = await self._call(handler, key, chunk, attempt)
-        if failure is None or failure[0] is not ErrorClass.TRANSIENT:
-            return failure
+        """After a Transient failure, call the handler again on the schedule,
+        forever, with the partition's gate closed (SPEC 5.6)."""
         self._gate.close()
         try:
             failures = 1
@@ -527,9 +550,10 @@ class PartitionWorker:
                            "error": sanitize(failure[1], self.config.error_text_limit)},
                 )
                 await self._sleep(delay)
-                failure = await self._call(handler, key, chunk, attempt)
-                if failure is None or failure[0] is not ErrorClass.TRANSIENT:
-                    return failure
+                again = await self._call(handler, key, chunk, attempt)
+                if again is None or again[0] is not ErrorClass.TRANSIENT:
+                    return again
+                failure = again
                 failures += 1
         finally:
             self._gate.reopen()
@@ -542,7 +566,13 @@ class PartitionWorker:
         token = _current.set(context)
         started = time.perf_counter()
         try:
-            await handler([i.event for i in chunk])
+            events = [i.event for i in chunk]
+            if handler.is_async:
+                pending = handler.handle(events)
+                if pending is not None:
+                    await pending
+            else:
+                await handler(events)
         except HandleError as exc:
             return exc.error_class, exc
         except Exception as exc:  # noqa: BLE001 - every handler exception is classified
@@ -679,7 +709,7 @@ class PartitionWorker:
             # Pending records are decoded and looked up in the inbox once: only
             # our own handler calls claim them, and those resolve them.
             for item in await self._inbox_filter(fresh):
-                self._pending_items[item.sources[0].offset] = item
+                self._pending_items[item.record.offset] = item
             decoded = [self._pending_items[r.offset] for key in keys
                        for r in snapshots[key] if r.offset in self._pending_items]
             by_key = {key: Segment(key, []) for key in keys}
@@ -746,7 +776,7 @@ class PartitionWorker:
             for item in items
             for record, origin in zip(item.sources, item.origins, strict=True)
         )
-        self._dead_counts[reason.value] += _main_records(items)
+        self._dead_counts[reason.value] += sum(i.count for i in items)
         self._mark(items)
 
     def _dead_letter_rejects(self, rejects: list[Reject]) -> None:
@@ -767,8 +797,3 @@ class PartitionWorker:
             self._dead_counts[reject.reason.value] += 1
             if self._done is not None:
                 self._done.add(reject.record.offset)
-
-
-def _main_records(items: Iterable[Item]) -> int:
-    """How many main-topic records ``items`` stand for."""
-    return sum(len(o.offsets) for item in items for o in item.origins)

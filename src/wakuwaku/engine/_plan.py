@@ -35,29 +35,74 @@ from .._records import (
 log = logging.getLogger("wakuwaku.consumer")
 
 
+class Where(msgspec.Struct, frozen=True, gc=False):
+    """Where a batch's records were read: the main topic and partition.
+
+    Shared by every item decoded from one poll, so that an item's message
+    identity (SPEC 9) is only built when something asks for it (the inbox,
+    a retry or dead-letter copy, a handler reading its chunk context).
+    """
+
+    topic: str
+    partition: int
+
+
 class Item(msgspec.Struct, gc=False):
     """One event on its way to a handler: a decoded record, or several reduced into one.
 
     :param key: the ordering key.
     :param event_type: the registered type.
     :param event: the (possibly combined) event.
-    :param sources: the records it stands for, in order (main-topic records, or
-        retry-topic records during a retry attempt).
-    :param origins: per source record, where it comes from in the main topic
-        (topic, partition, main offsets, message ids of SPEC 9).
+    :param record: the first record it stands for (of the main topic, or of
+        the retry topic during a retry attempt).
+    :param origin: where that record comes from in the main topic: a
+        :class:`Where` for a main-topic record whose identity is its own
+        offset or id, or an explicit :class:`Source` (a retry record's or a
+        replayed dead letter's ``wk-src``).
     :param props: the ``wk-props`` of its first record.
+    :param parts: for a reduced item, the single-record items it stands
+        for, in order; None otherwise.
     :param failed_at: for retry records, the key's first failure (seconds since epoch).
-    :param reduced: true when ``event`` is not the decoded body of one record.
+    :param count: how many main-topic records it stands for.
     """
 
     key: str
     event_type: EventType[Any]
     event: Any
-    sources: tuple[Record, ...]
-    origins: tuple[Source, ...]
-    props: dict[str, str] = msgspec.field(default_factory=dict)
+    record: Record
+    origin: Where | Source
+    props: dict[str, str]
+    parts: tuple[Item, ...] | None = None
     failed_at: float | None = None
-    reduced: bool = False
+    count: int = 1
+
+    @property
+    def reduced(self) -> bool:
+        """True when :attr:`event` is not the decoded body of one record."""
+        return self.parts is not None
+
+    @property
+    def sources(self) -> tuple[Record, ...]:
+        """The records it stands for, in order."""
+        if self.parts is None:
+            return (self.record,)
+        return tuple(part.record for part in self.parts)
+
+    @property
+    def origins(self) -> tuple[Source, ...]:
+        """Per source record, where it comes from in the main topic (topic,
+        partition, main offsets, message ids of SPEC 9)."""
+        if self.parts is None:
+            return (self._source(),)
+        return tuple(part._source() for part in self.parts)
+
+    def _source(self) -> Source:
+        origin = self.origin
+        if isinstance(origin, Source):
+            return origin
+        offset = self.record.offset
+        ident = message_id(origin.topic, origin.partition, offset)
+        return Source(origin.topic, origin.partition, (offset,), (ident,))
 
     @property
     def offsets(self) -> tuple[int, ...]:
@@ -131,30 +176,33 @@ def decode_records(
     """
     items: list[Item] = []
     rejects: list[Reject] = []
-    fast = _fast_signatures(types)
-    prefix = f"{topic}/{partition}/"  # message_id() of a record without its own id
+    # The common case takes a short path: exactly the four headers a
+    # producer stamps, with a (version, type, algebra) triple known good, so
+    # only the key and the body need decoding. Retry records carry more.
+    fast = {} if from_retry else _fast_signatures(types)
+    where = Where(topic, partition)
     append = items.append
     for record in records:
         headers = record.headers
         entry = fast.get((headers.get(H_VERSION), headers.get(H_TYPE), headers.get(H_ALG)))
-        raw_key = headers.get(H_KEY)
-        if entry is not None and raw_key and len(headers) == 4 and not from_retry:
-            # The common case: exactly the four headers a producer stamps, all
-            # known good; only the key and the body need decoding.
-            etype, decode, has_id = entry
-            try:
-                key = raw_key.decode("utf-8")
-                value = decode(record.body)
-            except Exception:  # noqa: BLE001 - the slow path below names the problem
-                pass
-            else:
-                ident = (message_id(topic, partition, record.offset, etype.id_of(value),
-                                    etype.tag) if has_id else prefix + str(record.offset))
-                append(Item(key, etype, value, (record,),
-                            (Source(topic, partition, (record.offset,), (ident,)),),
-                            _NO_PROPS, None))
-                continue
-        item = _decode_one(record, topic, partition, types, from_retry, rejects)
+        if entry is not None and len(headers) == 4:
+            raw_key = headers.get(H_KEY)
+            if raw_key:
+                etype, decode, has_id = entry
+                try:
+                    key = raw_key.decode("utf-8")
+                    value = decode(record.body)
+                except Exception:  # noqa: BLE001 - the careful path below names the problem
+                    pass
+                else:
+                    if not has_id:
+                        append(Item(key, etype, value, record, where, _NO_PROPS))
+                        continue
+                    origin = _own_origin(record, where, etype, value, key, rejects)
+                    if origin is not None:
+                        append(Item(key, etype, value, record, origin, _NO_PROPS))
+                    continue
+        item = _decode_one(record, where, types, from_retry, rejects)
         if item is not None:
             append(item)
     return items, rejects
@@ -164,9 +212,8 @@ _NO_PROPS: dict[str, str] = {}
 """Shared by every item without properties; never mutated."""
 
 
-def _decode_one(record: Record, topic: str, partition: int,
-                types: Mapping[str, EventType[Any]], from_retry: bool,
-                rejects: list[Reject]) -> Item | None:
+def _decode_one(record: Record, where: Where, types: Mapping[str, EventType[Any]],
+                from_retry: bool, rejects: list[Reject]) -> Item | None:
     """Decode one record the careful way: every header checked, every problem named."""
     checked = validate_headers(record.headers, types)
     if isinstance(checked, InvalidHeaders):
@@ -181,6 +228,7 @@ def _decode_one(record: Record, topic: str, partition: int,
                    f"cannot decode {etype.tag!r}: {type(exc).__name__}: {exc}", key)
         )
         return None
+    origin: Where | Source = where
     if from_retry:
         if source is None:
             rejects.append(Reject(record, ReasonCode.MALFORMED_HEADER,
@@ -189,12 +237,29 @@ def _decode_one(record: Record, topic: str, partition: int,
         origin = source
     elif source is not None:
         # A replayed dead letter keeps the identity of the record it was (SPEC 9).
-        origin = Source(topic, partition, (record.offset,), source.ids)
-    else:
-        ident = message_id(topic, partition, record.offset, etype.id_of(value), etype.tag)
-        origin = Source(topic, partition, (record.offset,), (ident,))
-    return Item(key, etype, value, (record,), (origin,), checked.props or _NO_PROPS,
-                checked.failed_at)
+        origin = Source(where.topic, where.partition, (record.offset,), source.ids)
+    elif etype.id_name is not None:
+        own = _own_origin(record, where, etype, value, key, rejects)
+        if own is None:
+            return None
+        origin = own
+    return Item(key, etype, value, record, origin, checked.props or _NO_PROPS,
+                None, checked.failed_at, len(origin.offsets) if isinstance(origin, Source) else 1)
+
+
+def _own_origin(record: Record, where: Where, etype: EventType[Any], value: Any, key: str,
+                rejects: list[Reject]) -> Source | None:
+    """The origin of a main-topic record whose type declares its own id (SPEC 9);
+    None, with a reject, when the id cannot be read from the event."""
+    try:
+        own_id = etype.id_of(value)
+    except Exception as exc:  # noqa: BLE001 - a failing id accessor makes the body unusable
+        rejects.append(Reject(record, ReasonCode.UNDECODABLE_BODY,
+                              f"cannot read the id of {etype.tag!r}: "
+                              f"{type(exc).__name__}: {exc}", key))
+        return None
+    ident = message_id(where.topic, where.partition, record.offset, own_id, etype.tag)
+    return Source(where.topic, where.partition, (record.offset,), (ident,))
 
 
 _Fast = dict[tuple[Any, ...], tuple[EventType[Any], Callable[[bytes], Any], bool]]
@@ -225,40 +290,18 @@ def _safe_key(record: Record) -> str | None:
         return None
 
 
-def segment(items: Iterable[Item]) -> dict[str, list[Item]]:
-    """Group items by key, keeping each key's order and the keys' first-seen order."""
-    segments: dict[str, list[Item]] = {}
-    for item in items:
-        bucket = segments.get(item.key)
-        if bucket is None:
-            segments[item.key] = [item]
-        else:
-            bucket.append(item)
-    return segments
-
-
-def split_runs(items: Sequence[Item]) -> list[list[Item]]:
-    """Cut one key's items into maximal runs of consecutive items of one type."""
-    runs: list[list[Item]] = []
-    for item in items:
-        if runs and runs[-1][-1].event_type is item.event_type:
-            runs[-1].append(item)
-        else:
-            runs.append([item])
-    return runs
-
-
 def merge(first: Item, second: Item, event: Any) -> Item:
     """One item standing for ``first`` then ``second`` with the given event."""
     return Item(
         key=first.key,
         event_type=first.event_type,
         event=event,
-        sources=first.sources + second.sources,
-        origins=first.origins + second.origins,
+        record=first.record,
+        origin=first.origin,
         props=first.props,
+        parts=(first.parts or (first,)) + (second.parts or (second,)),
         failed_at=first.failed_at if first.failed_at is not None else second.failed_at,
-        reduced=True,
+        count=first.count + second.count,
     )
 
 
@@ -269,11 +312,9 @@ def reduce_run(items: Sequence[Item]) -> list[Item]:
     fold left to right with ``combine``; ``None`` (or an exception from
     ``combine``, which is logged) keeps the two apart. ``plain``: unchanged.
     """
-    if len(items) < 2:
-        return list(items)
+    if len(items) < 2 or items[0].event_type.algebra is Algebra.PLAIN:
+        return items if isinstance(items, list) else list(items)
     etype = items[0].event_type
-    if etype.algebra is Algebra.PLAIN:
-        return list(items)
     out: list[Item] = [items[0]]
     for item in items[1:]:
         last = out[-1]
@@ -311,14 +352,26 @@ def _combine(etype: EventType[Any], a: Item, b: Item) -> Any:
 
 
 def plan(items: Iterable[Item]) -> list[Segment]:
-    """Segments per key, each a list of reduced runs, in first-seen key order (SPEC 5.3)."""
-    segments: list[Segment] = []
-    for key, key_items in segment(items).items():
-        runs = [
-            Run(key, run[0].event_type, reduce_run(run)) for run in split_runs(key_items)
-        ]
-        segments.append(Segment(key, runs))
-    return segments
+    """Segments per key, each a list of reduced runs, in first-seen key order (SPEC 5.3).
+
+    One pass groups the items by key and cuts each key's items into maximal
+    runs of one type; each run is then reduced by its type's algebra.
+    """
+    by_key: dict[str, list[list[Item]]] = {}
+    for item in items:
+        runs = by_key.get(item.key)
+        if runs is None:
+            by_key[item.key] = [[item]]
+            continue
+        last = runs[-1]
+        if last[-1].event_type is item.event_type:
+            last.append(item)
+        else:
+            runs.append([item])
+    return [
+        Segment(key, [Run(key, run[0].event_type, reduce_run(run)) for run in runs])
+        for key, runs in by_key.items()
+    ]
 
 
 def chunk_plan(
