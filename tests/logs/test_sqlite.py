@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,6 +249,28 @@ async def test_many_pages_read_in_order_through_read_ahead(log: SQLiteLog) -> No
     assert bodies == [b"%d" % i for i in range(6000)]
     # Going back re-reads what is there.
     assert [r.offset for r in await log.read("orders", 0, 3, max_records=2)] == [3, 4]
+
+
+async def test_a_page_the_read_ahead_only_begins_is_completed_from_the_file(
+    log: SQLiteLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [(HEADERS, b"%d" % i) for i in range(6000)])
+    fetched: list[tuple[int, int]] = []
+    real = log._read
+
+    def spy(topic: str, partition: int, offset: int, max_records: int) -> Any:
+        fetched.append((offset, max_records))
+        return real(topic, partition, offset, max_records)
+
+    monkeypatch.setattr(log, "_read", spy)
+    first = await log.read("orders", 0, 0, max_records=2000)  # 2 500 fetched, 500 kept
+    second = await log.read("orders", 0, 2000, max_records=2000)
+    assert [r.body for r in first + second] == [b"%d" % i for i in range(4000)]
+    # The second page starts with the 500 kept records; only the rest is read.
+    assert fetched == [(0, 2000), (2500, 1500)]
+    third = await log.read("orders", 0, 4000, max_records=2000)
+    assert [r.offset for r in third] == list(range(4000, 6000))
 
 
 @pytest.mark.parametrize(

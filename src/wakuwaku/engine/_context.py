@@ -10,59 +10,58 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Sequence
 
+import msgspec
+
 from .._errors import WakuwakuError
 from ._plan import Item
 
 
-class ChunkContext:
+class ChunkContext(msgspec.Struct, frozen=True, gc=False):
     """The chunk a handler is handling right now.
 
-    :ivar topic: the main topic.
-    :ivar partition: its partition.
-    :ivar key: the chunk's key.
-    :ivar type_tag: the events' type tag.
-    :ivar attempt: 0 when handling the main topic, N for the N-th retry
+    :param topic: the main topic.
+    :param partition: its partition.
+    :param key: the chunk's key.
+    :param type_tag: the events' type tag.
+    :param items: the planned items behind the chunk's events (internal).
+    :param attempt: 0 when handling the main topic, N for the N-th retry
         attempt of a quarantined key (the failures so far in its cycle).
 
     Per-event details (:attr:`message_ids`, :attr:`offsets`, :attr:`props`)
     are computed when asked for, so handlers that never look cost nothing.
     """
 
-    __slots__ = ("_items", "attempt", "key", "partition", "topic", "type_tag")
-
-    def __init__(self, topic: str, partition: int, key: str, type_tag: str,
-                 items: Sequence[Item], attempt: int) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.key = key
-        self.type_tag = type_tag
-        self.attempt = attempt
-        self._items = items
+    topic: str
+    partition: int
+    key: str
+    type_tag: str
+    items: Sequence[Item]
+    attempt: int
 
     @property
     def message_ids(self) -> tuple[tuple[str, ...], ...]:
         """Per event, the message ids (SPEC 9) of the records it stands for
         (several for a reduced event)."""
-        return tuple(item.ids for item in self._items)
+        return tuple(item.ids for item in self.items)
 
     @property
     def offsets(self) -> tuple[tuple[int, ...], ...]:
         """Per event, the main-topic offsets it stands for."""
-        return tuple(item.main_offsets for item in self._items)
+        return tuple(item.main_offsets for item in self.items)
 
     @property
     def props(self) -> tuple[dict[str, str], ...]:
         """Per event, the ``wk-props`` of its first record."""
-        return tuple(item.props for item in self._items)
+        return tuple(item.props for item in self.items)
 
     @property
     def all_message_ids(self) -> tuple[str, ...]:
         """Every message id of the chunk, in order."""
-        return tuple(i for item in self._items for i in item.ids)
+        return tuple(i for item in self.items for i in item.ids)
 
     def __repr__(self) -> str:
         return (f"ChunkContext(topic={self.topic!r}, partition={self.partition}, "
-                f"key={self.key!r}, type_tag={self.type_tag!r}, events={len(self._items)}, "
+                f"key={self.key!r}, type_tag={self.type_tag!r}, events={len(self.items)}, "
                 f"attempt={self.attempt})")
 
 

@@ -21,8 +21,8 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from .._errors import ErrorClass, FencedError, HandleError
@@ -46,6 +46,8 @@ from ._stats import ConsumerStats
 
 log = logging.getLogger("wakuwaku.consumer")
 
+_count = attrgetter("count")
+
 R = TypeVar("R")
 
 ROUTED_ERROR = "routed to the retry topic: the key is quarantined"
@@ -56,44 +58,53 @@ class Abandon(Exception):
 
 
 class Gate:
-    """Open unless some chunk or log call of the partition is retrying in place (SPEC 5.6)."""
+    """Open unless some chunk or log call of the partition is retrying in place (SPEC 5.6).
+
+    :ivar is_open: true while nothing holds the gate closed (a plain
+        attribute: it is read before every chunk).
+    """
 
     def __init__(self) -> None:
         self._holders = 0
         self._open = asyncio.Event()
         self._open.set()
+        self.is_open = True
 
     def close(self) -> None:
         self._holders += 1
         self._open.clear()
+        self.is_open = False
 
     def reopen(self) -> None:
         self._holders -= 1
         if self._holders == 0:
             self._open.set()
-
-    @property
-    def is_open(self) -> bool:
-        return self._open.is_set()
+            self.is_open = True
 
     async def wait(self) -> None:
         await self._open.wait()
 
 
-@dataclass
 class SegmentOutcome:
     """How one key's segment ended.
 
-    :param done: items handled or dead-lettered, in order.
-    :param error: the Retryable failure that stopped the key, if any.
-    :param rest: the failed chunk and the rest of its run.
-    :param later: the key's later runs.
+    :ivar done: items handled or dead-lettered, in order.
+    :ivar error: the Retryable failure that stopped the key, if any.
+    :ivar rest: the failed chunk and the rest of its run.
+    :ivar later: the key's later runs.
     """
 
-    done: list[Item] = field(default_factory=list)
-    error: BaseException | None = None
-    rest: list[Item] = field(default_factory=list)
-    later: list[Item] = field(default_factory=list)
+    __slots__ = ("done", "error", "later", "rest")
+
+    def __init__(self) -> None:
+        self.done: list[Item] = []
+        self.error: BaseException | None = None
+        # Replaced (never appended to) when the segment stops on a failure.
+        self.rest: list[Item] = _NO_ITEMS
+        self.later: list[Item] = _NO_ITEMS
+
+
+_NO_ITEMS: list[Item] = []
 
 
 class PartitionWorker:
@@ -464,7 +475,11 @@ class PartitionWorker:
         after: Callable[[Segment, SegmentOutcome], Awaitable[None]],
         attempts: Mapping[str, int] | None = None,
     ) -> None:
-        """Run segments, keys concurrently and each key in order; ``after`` sees each outcome."""
+        """Run segments, keys concurrently and each key in order.
+
+        ``after`` sees each outcome of a retry attempt (``attempts`` given),
+        and each main-batch outcome that stopped on a Retryable failure.
+        """
         pending = iter(segments)
         abandoned = False
 
@@ -472,9 +487,13 @@ class PartitionWorker:
             nonlocal abandoned
             for seg in pending:
                 try:
-                    attempt = attempts.get(seg.key, 0) if attempts else 0
-                    outcome = await self._execute_segment(seg, attempt)
-                    await after(seg, outcome)
+                    if attempts is None:
+                        outcome = await self._execute_segment(seg, 0)
+                        if outcome.error is not None:
+                            await after(seg, outcome)
+                    else:
+                        outcome = await self._execute_segment(seg, attempts.get(seg.key, 0))
+                        await after(seg, outcome)
                 except Abandon:
                     abandoned = True
                     return
@@ -507,7 +526,7 @@ class PartitionWorker:
                                                          failure)
                 if failure is None:
                     done.extend(chunk)
-                    stats.handled += sum([i.count for i in chunk])
+                    stats.handled += sum(map(_count, chunk))
                     continue
                 error_class, exc = failure
                 self.stats.failed_by_class[error_class.value] += 1
@@ -776,7 +795,7 @@ class PartitionWorker:
             for item in items
             for record, origin in zip(item.sources, item.origins, strict=True)
         )
-        self._dead_counts[reason.value] += sum(i.count for i in items)
+        self._dead_counts[reason.value] += sum(map(_count, items))
         self._mark(items)
 
     def _dead_letter_rejects(self, rejects: list[Reject]) -> None:

@@ -134,8 +134,7 @@ class Reject:
     key: str | None = None
 
 
-@dataclass(slots=True)
-class Run:
+class Run(msgspec.Struct, gc=False):
     """A maximal sequence of one key's items of one type, after reduction (SPEC 2)."""
 
     key: str
@@ -147,8 +146,7 @@ class Run:
         return [self.items[i : i + max_batch] for i in range(0, len(self.items), max_batch)]
 
 
-@dataclass(slots=True)
-class Segment:
+class Segment(msgspec.Struct, gc=False):
     """One key's runs within one batch or one retry attempt, in order."""
 
     key: str
@@ -368,8 +366,13 @@ def plan(items: Iterable[Item]) -> list[Segment]:
             last.append(item)
         else:
             runs.append([item])
+    plain = Algebra.PLAIN
     return [
-        Segment(key, [Run(key, run[0].event_type, reduce_run(run)) for run in runs])
+        Segment(key, [
+            Run(key, run[0].event_type,
+                run if len(run) < 2 or run[0].event_type.algebra is plain else reduce_run(run))
+            for run in runs
+        ])
         for key, runs in by_key.items()
     ]
 

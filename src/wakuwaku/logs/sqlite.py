@@ -342,20 +342,27 @@ class SQLiteLog(Log):
         A full page of fewer than 2 500 records is fetched with the records
         behind it (2 500 in all, at most 1 MiB), which are kept for the next
         read of the partition at the following offset: a reader that keeps
-        up pays the worker-thread hop once every few pages. Records never
-        change once written, so what is kept is what the file holds.
+        up pays the worker-thread hop once every few pages; a page the kept
+        records only begin is completed from the file, so no record is read
+        from the file twice. Records never change once written, so what is
+        kept is what the file holds.
 
         While nothing is there and ``wait`` (seconds) has not run out, the
         file is polled every 25 ms, so appends of other processes are seen.
         """
-        kept = self._read_ahead(topic, partition, offset, max_records)
-        if kept is not None:
-            return kept
+        head = self._read_ahead(topic, partition, offset, max_records)
+        if len(head) == max_records:
+            return head
+        if head:  # the rest of the page follows the records read ahead
+            offset = head[-1].offset + 1
+            max_records -= len(head)
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             found, ahead = await self._run(self._read, topic, partition, offset, max_records)
             if ahead:
                 self._ahead[(topic, partition)] = ahead
+            if head:
+                return head + found
             if found or max_records < 1:
                 return found
             remaining = deadline - time.monotonic()
@@ -365,17 +372,18 @@ class SQLiteLog(Log):
 
     def _read_ahead(
         self, topic: str, partition: int, offset: int, max_records: int
-    ) -> list[Record] | None:
-        """A full page from the records read ahead, or None when they do not cover it."""
+    ) -> list[Record]:
+        """The start of the page from the records read ahead: all of it, part
+        of it (the caller reads the rest from the file), or nothing."""
         if self._closed:
             raise LogError(f"the SQLite log {self.path!r} is closed")
         key = (topic, partition)
         ahead = self._ahead.pop(key, None)
         if ahead is None or max_records < 1:
-            return None
+            return []
         index = offset - ahead[0].offset  # offsets are dense: index = distance
-        if index < 0 or len(ahead) - index < max_records:
-            return None
+        if index < 0 or index >= len(ahead):
+            return []
         end = index + max_records
         if end < len(ahead):
             self._ahead[key] = ahead[end:]
