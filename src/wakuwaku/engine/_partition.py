@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from operator import attrgetter
 from typing import Any, TypeVar
@@ -32,7 +32,7 @@ from ..logs._base import Log
 from ._config import ConsumerConfig, DeliveryMode
 from ._context import ChunkContext, _current
 from ._handler import Handler
-from ._plan import Item, Reject, Segment, decode_records, plan
+from ._plan import Groups, Item, Reject, Segment, decode_records, group, plan, plan_groups
 from ._retry import (
     Outgoing,
     RetryState,
@@ -148,6 +148,7 @@ class PartitionWorker:
         self.started = False
         self._gate = Gate()
         self._stop = asyncio.Event()
+        self._stopping = False  # mirrors _stop, read before every chunk
         self._retry_committed: int | None = None
         self._fields = {"topic": topic, "partition": partition}
         # Writes are buffered per batch or attempt round and flushed at its end,
@@ -171,6 +172,7 @@ class PartitionWorker:
     def stop(self) -> None:
         """Ask the worker to stop: no new chunk starts, waits are abandoned."""
         self._stop.set()
+        self._stopping = True
 
     @property
     def stopping(self) -> bool:
@@ -415,33 +417,32 @@ class PartitionWorker:
             self._dead_letter_rejects(rejects)
         if self._has_inbox:
             items = await self._inbox_filter(items)
+        groups = group(items)
         if self.retry.keys:
-            items = self._route_quarantined(items)
-        segments = plan(items)
-        planned = sum(len(run.items) for seg in segments for run in seg.runs)
-        self.stats.reduced_away += len(items) - planned
+            self._route_quarantined(groups)
+        segments = plan_groups(groups)
+        self.stats.reduced_away += (
+            sum(len(run) for runs in groups.values() for run in runs)
+            - sum(len(run.items) for seg in segments for run in seg.runs))
         await self._run_segments(segments, self._after_main_segment)
         await self._flush()
 
-    def _route_quarantined(self, items: list[Item]) -> list[Item]:
-        """Send the items of quarantined keys to the retry topic (SPEC 6); return the rest."""
-        fresh: list[Item] = []
-        routed: dict[str, list[Item]] = {}
-        for item in items:
-            state = self.retry.keys.get(item.key)
-            if state is None:
-                fresh.append(item)
-            elif max(item.main_offsets) <= state.max_main_offset:
-                # Redelivered after a crash: already in the retry topic.
-                self.stats.routed += 1
-                self._mark([item])
-            else:
-                routed.setdefault(item.key, []).append(item)
-        for key, key_items in routed.items():
-            state = self.retry.keys[key]
-            self.stats.routed += len(key_items)
-            self._write_retry(key_items, state.first_failed_at, ROUTED_ERROR)
-        return fresh
+    def _route_quarantined(self, groups: Groups) -> None:
+        """Take the items of quarantined keys out of ``groups`` and send them
+        to the retry topic, unreduced and in order (SPEC 6)."""
+        quarantined = self.retry.keys
+        for key in [key for key in groups if key in quarantined]:
+            state = quarantined[key]
+            routed: list[Item] = []
+            for run in groups.pop(key):
+                for item in run:
+                    if max(item.main_offsets) <= state.max_main_offset:
+                        self._mark([item])  # redelivered after a crash: already routed
+                    else:
+                        routed.append(item)
+                    self.stats.routed += 1
+            if routed:
+                self._write_retry(routed, state.first_failed_at, ROUTED_ERROR)
 
     def _mark(self, items: Iterable[Item]) -> None:
         """Note main-batch items as done (see :meth:`_store_partial`)."""
@@ -475,77 +476,93 @@ class PartitionWorker:
         after: Callable[[Segment, SegmentOutcome], Awaitable[None]],
         attempts: Mapping[str, int] | None = None,
     ) -> None:
-        """Run segments, keys concurrently and each key in order.
+        """Run segments, keys concurrently (up to ``max_concurrency`` workers
+        sharing one queue) and each key's chunks in order (SPEC 5.4).
 
         ``after`` sees each outcome of a retry attempt (``attempts`` given),
         and each main-batch outcome that stopped on a Retryable failure.
+
+        :raises Abandon: when a stop or a lost lease ended a worker early.
         """
         pending = iter(segments)
-        abandoned = False
-
-        async def worker() -> None:
-            nonlocal abandoned
-            for seg in pending:
-                try:
-                    if attempts is None:
-                        outcome = await self._execute_segment(seg, 0)
-                        if outcome.error is not None:
-                            await after(seg, outcome)
-                    else:
-                        outcome = await self._execute_segment(seg, attempts.get(seg.key, 0))
-                        await after(seg, outcome)
-                except Abandon:
-                    abandoned = True
-                    return
-
-        width = min(len(segments), self.config.max_concurrency)
-        if width <= 1:
-            await worker()
+        width = max(1, min(len(segments), self.config.max_concurrency))
+        if width == 1:
+            finished = [await self._work(pending, after, attempts)]
         else:
-            await asyncio.gather(*(worker() for _ in range(width)))
-        if abandoned:
+            finished = await asyncio.gather(
+                *(self._work(pending, after, attempts) for _ in range(width)))
+        if not all(finished):
             raise Abandon
 
-    async def _execute_segment(self, seg: Segment, attempt: int) -> SegmentOutcome:
-        outcome = SegmentOutcome()
-        if self._done is not None:
-            self._outcomes.append(outcome)  # a main batch: see _store_partial
-        done = outcome.done
+    async def _work(
+        self,
+        pending: Iterator[Segment],
+        after: Callable[[Segment, SegmentOutcome], Awaitable[None]],
+        attempts: Mapping[str, int] | None,
+    ) -> bool:
+        """One worker: run segments taken from ``pending`` until none is left.
+
+        A segment's chunks run in order; a Retryable failure stops the segment
+        (its outcome keeps the rest), an Unrecoverable one dead-letters the
+        chunk and the segment goes on. Returns False when abandoned.
+        """
         stats = self.stats
-        for run_index, run in enumerate(seg.runs):
-            handler = self.handlers[run.event_type.tag]
-            items = run.items
-            size = handler.max_batch
-            chunks = [items] if len(items) <= size else run.chunks(size)
-            for chunk_index, chunk in enumerate(chunks):
-                if self._stop.is_set() or not self._gate.is_open:
-                    await self._through_gate()
-                failure = await self._call(handler, seg.key, chunk, attempt)
-                if failure is not None and failure[0] is ErrorClass.TRANSIENT:
-                    failure = await self._retry_in_place(handler, seg.key, chunk, attempt,
-                                                         failure)
-                if failure is None:
-                    done.extend(chunk)
-                    stats.handled += sum(map(_count, chunk))
-                    continue
-                error_class, exc = failure
-                self.stats.failed_by_class[error_class.value] += 1
-                if error_class is ErrorClass.UNRECOVERABLE:
-                    error = sanitize(exc, self.config.error_text_limit)
-                    log.error(
-                        "dropping chunk after unrecoverable handler failure",
-                        extra={**self._fields, "key": seg.key, "type": run.event_type.tag,
-                               "offsets": [o for i in chunk for o in i.main_offsets],
-                               "error_class": error_class.value, "error": error},
-                    )
-                    self._dead_letter_items(chunk, ReasonCode.UNRECOVERABLE, error)
-                    outcome.done.extend(chunk)
-                    continue
-                outcome.error = exc
-                outcome.rest = [i for c in chunks[chunk_index:] for i in c]
-                outcome.later = [i for r in seg.runs[run_index + 1 :] for i in r.items]
-                return outcome
-        return outcome
+        try:
+            for seg in pending:
+                outcome = SegmentOutcome()
+                if self._done is not None:
+                    self._outcomes.append(outcome)  # a main batch: see _store_partial
+                attempt = 0 if attempts is None else attempts.get(seg.key, 0)
+                for run_index, run in enumerate(seg.runs):
+                    handler = self.handlers[run.event_type.tag]
+                    items = run.items
+                    size = handler.max_batch
+                    chunks = [items] if len(items) <= size else run.chunks(size)
+                    for chunk_index, chunk in enumerate(chunks):
+                        if self._stopping or not self._gate.is_open:
+                            await self._through_gate()
+                        failure = await self._call(handler, seg.key, chunk, attempt)
+                        if failure is not None and failure[0] is ErrorClass.TRANSIENT:
+                            failure = await self._retry_in_place(handler, seg.key, chunk,
+                                                                 attempt, failure)
+                        if failure is None:
+                            outcome.done.extend(chunk)
+                            stats.handled += sum(map(_count, chunk))
+                        elif self._chunk_failed(seg, run_index, chunks, chunk_index, failure,
+                                                outcome):
+                            break
+                    if outcome.error is not None:
+                        break
+                if attempts is not None or outcome.error is not None:
+                    await after(seg, outcome)
+        except Abandon:
+            return False
+        return True
+
+    def _chunk_failed(
+        self, seg: Segment, run_index: int, chunks: list[list[Item]], chunk_index: int,
+        failure: tuple[ErrorClass, BaseException], outcome: SegmentOutcome,
+    ) -> bool:
+        """Apply a failed chunk's class (SPEC 5.5); True when the segment stops."""
+        error_class, exc = failure
+        chunk = chunks[chunk_index]
+        run = seg.runs[run_index]
+        self.stats.failed_by_class[error_class.value] += 1
+        if error_class is ErrorClass.UNRECOVERABLE:
+            error = sanitize(exc, self.config.error_text_limit)
+            log.error(
+                "dropping chunk after unrecoverable handler failure",
+                extra={**self._fields, "key": seg.key, "type": run.event_type.tag,
+                       "offsets": [o for i in chunk for o in i.main_offsets],
+                       "error_class": error_class.value, "error": error},
+            )
+            self._dead_letter_items(chunk, ReasonCode.UNRECOVERABLE, error)
+            outcome.done.extend(chunk)
+            return False
+        outcome.error = exc
+        outcome.rest = [i for c in chunks[chunk_index:] for i in c]
+        outcome.later = [i for r in seg.runs[run_index + 1 :] for i in r.items]
+        return True
 
     async def _retry_in_place(
         self, handler: Handler[Any], key: str, chunk: list[Item], attempt: int,

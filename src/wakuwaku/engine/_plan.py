@@ -349,13 +349,14 @@ def _combine(etype: EventType[Any], a: Item, b: Item) -> Any:
         return None
 
 
-def plan(items: Iterable[Item]) -> list[Segment]:
-    """Segments per key, each a list of reduced runs, in first-seen key order (SPEC 5.3).
+Groups = dict[str, list[list[Item]]]
+"""Items by key in first-seen key order, each key's items cut into maximal
+runs of one type, in order (the planner's step before reduction)."""
 
-    One pass groups the items by key and cuts each key's items into maximal
-    runs of one type; each run is then reduced by its type's algebra.
-    """
-    by_key: dict[str, list[list[Item]]] = {}
+
+def group(items: Iterable[Item]) -> Groups:
+    """Group items by key and cut each key's items into runs of one type (SPEC 5.3)."""
+    by_key: Groups = {}
     for item in items:
         runs = by_key.get(item.key)
         if runs is None:
@@ -366,6 +367,11 @@ def plan(items: Iterable[Item]) -> list[Segment]:
             last.append(item)
         else:
             runs.append([item])
+    return by_key
+
+
+def plan_groups(groups: Groups) -> list[Segment]:
+    """One segment per key, its runs reduced by their types' algebra (SPEC 4)."""
     plain = Algebra.PLAIN
     return [
         Segment(key, [
@@ -373,8 +379,13 @@ def plan(items: Iterable[Item]) -> list[Segment]:
                 run if len(run) < 2 or run[0].event_type.algebra is plain else reduce_run(run))
             for run in runs
         ])
-        for key, runs in by_key.items()
+        for key, runs in groups.items()
     ]
+
+
+def plan(items: Iterable[Item]) -> list[Segment]:
+    """Segments per key, each a list of reduced runs, in first-seen key order (SPEC 5.3)."""
+    return plan_groups(group(items))
 
 
 def chunk_plan(
