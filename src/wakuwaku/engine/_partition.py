@@ -47,6 +47,7 @@ from ._stats import ConsumerStats
 log = logging.getLogger("wakuwaku.consumer")
 
 _count = attrgetter("count")
+_event = attrgetter("event")
 
 R = TypeVar("R")
 
@@ -602,7 +603,7 @@ class PartitionWorker:
         token = _current.set(context)
         started = time.perf_counter()
         try:
-            events = [i.event for i in chunk]
+            events = list(map(_event, chunk))
             if handler.is_async:
                 pending = handler.handle(events)
                 if pending is not None:

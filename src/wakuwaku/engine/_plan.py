@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -174,37 +175,37 @@ def decode_records(
     """
     items: list[Item] = []
     rejects: list[Reject] = []
-    # The common case takes a short path: exactly the four headers a
-    # producer stamps, with a (version, type, algebra) triple known good, so
-    # only the key and the body need decoding. Retry records carry more.
-    fast = {} if from_retry else _fast_signatures(types)
     where = Where(topic, partition)
     append = items.append
+    # The common case takes a short path: exactly the four headers a
+    # producer stamps, with a (version, type, algebra) triple known good, so
+    # only the key and the body need decoding. Anything else (retry records
+    # carry more headers) takes the careful path, which names the problem.
+    fast = {} if from_retry else _fast_signatures(types)
     for record in records:
         headers = record.headers
-        entry = fast.get((headers.get(H_VERSION), headers.get(H_TYPE), headers.get(H_ALG)))
-        if entry is not None and len(headers) == 4:
-            raw_key = headers.get(H_KEY)
-            if raw_key:
-                etype, decode, has_id = entry
-                try:
-                    key = raw_key.decode("utf-8")
-                    value = decode(record.body)
-                except Exception:  # noqa: BLE001 - the careful path below names the problem
-                    pass
-                else:
-                    if not has_id:
-                        append(Item(key, etype, value, record, where, _NO_PROPS))
-                        continue
-                    origin = _own_origin(record, where, etype, value, key, rejects)
-                    if origin is not None:
-                        append(Item(key, etype, value, record, origin, _NO_PROPS))
-                    continue
-        item = _decode_one(record, where, types, from_retry, rejects)
-        if item is not None:
-            append(item)
+        try:
+            etype, decode, has_id = fast[_signature(headers)]
+            key = headers[H_KEY].decode("utf-8")
+            if len(headers) != 4 or not key:
+                raise KeyError(H_KEY)
+            value = decode(record.body)
+        except Exception:  # noqa: BLE001 - the careful path names the problem
+            item = _decode_one(record, where, types, from_retry, rejects)
+            if item is not None:
+                append(item)
+            continue
+        if not has_id:
+            append(Item(key, etype, value, record, where, _NO_PROPS))
+            continue
+        origin = _own_origin(record, where, etype, value, key, rejects)
+        if origin is not None:
+            append(Item(key, etype, value, record, origin, _NO_PROPS))
     return items, rejects
 
+
+_signature = itemgetter(H_VERSION, H_TYPE, H_ALG)
+"""The raw ``(wk-v, wk-type, wk-alg)`` of a record's headers; KeyError when one is missing."""
 
 _NO_PROPS: dict[str, str] = {}
 """Shared by every item without properties; never mutated."""
