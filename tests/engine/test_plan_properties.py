@@ -40,7 +40,7 @@ from wakuwaku._records import (
     message_id,
 )
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
-from wakuwaku.engine._plan import Item, Segment, decode_records, plan
+from wakuwaku.engine._plan import Item, Segment, decode_batch, decode_records, group, plan
 from wakuwaku.testing import FakeClock
 
 REGISTRY = wk.Registry()
@@ -292,6 +292,20 @@ def test_planner_keeps_order_accounts_for_every_record_and_reduces_only_neighbou
         r.offset for i in items for r in i.sources), "reduction lost or duplicated a record"
     check_segments(segments, items)
     check_chunks(segments, max_batch)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=specs, steps=gaps)
+def test_decode_batch_groups_exactly_as_group_does(batch: list[Spec], steps: list[int]) -> None:
+    """The engine's one-pass decode-and-group equals decoding, then grouping."""
+    records = build_batch(batch, steps)
+    items, groups, rejects = decode_batch(records, TOPIC, PARTITION, TYPES)
+    assert (items, rejects) == decode_records(records, TOPIC, PARTITION, TYPES)
+    expected = group(items)
+    assert list(groups) == list(expected), "keys in first-seen order"
+    for key, runs in expected.items():
+        assert [[id(i) for i in run] for run in groups[key]] == [
+            [id(i) for i in run] for run in runs]
 
 
 def test_the_generator_reaches_every_case() -> None:

@@ -32,7 +32,17 @@ from ..logs._base import Log
 from ._config import ConsumerConfig, DeliveryMode
 from ._context import ChunkContext, _current
 from ._handler import Handler
-from ._plan import Groups, Item, Reject, Segment, decode_records, group, plan, plan_groups
+from ._plan import (
+    Groups,
+    Item,
+    Reject,
+    Segment,
+    decode_batch,
+    decode_records,
+    group,
+    plan,
+    plan_groups,
+)
 from ._retry import (
     Outgoing,
     RetryState,
@@ -413,12 +423,11 @@ class PartitionWorker:
     # -------------------------------------------------------------------- batch
 
     async def _process_batch(self, records: list[Record]) -> None:
-        items, rejects = decode_records(records, self.topic, self.partition, self.types)
+        items, groups, rejects = decode_batch(records, self.topic, self.partition, self.types)
         if rejects:
             self._dead_letter_rejects(rejects)
         if self._has_inbox:
-            items = await self._inbox_filter(items)
-        groups = group(items)
+            groups = group(await self._inbox_filter(items))
         if self.retry.keys:
             self._route_quarantined(groups)
         segments = plan_groups(groups)

@@ -157,6 +157,11 @@ class Segment(msgspec.Struct, gc=False):
         return [item for run in self.runs for item in run.items]
 
 
+Groups = dict[str, list[list[Item]]]
+"""Items by key in first-seen key order, each key's items cut into maximal
+runs of one type, in order (the planner's step before reduction)."""
+
+
 def decode_records(
     records: Iterable[Record],
     topic: str,
@@ -173,7 +178,25 @@ def decode_records(
         and main offsets come from ``wk-src``, which must be present.
     :returns: items in input order, and rejects with their reason codes.
     """
+    items, _, rejects = decode_batch(records, topic, partition, types, from_retry=from_retry)
+    return items, rejects
+
+
+def decode_batch(
+    records: Iterable[Record],
+    topic: str,
+    partition: int,
+    types: Mapping[str, EventType[Any]],
+    *,
+    from_retry: bool = False,
+) -> tuple[list[Item], Groups, list[Reject]]:
+    """:func:`decode_records`, and the items grouped as :func:`group` does, in one pass.
+
+    :returns: items in input order, the same items as :data:`Groups`, and
+        rejects with their reason codes.
+    """
     items: list[Item] = []
+    groups: Groups = {}
     rejects: list[Reject] = []
     where = Where(topic, partition)
     append = items.append
@@ -191,17 +214,28 @@ def decode_records(
                 raise KeyError(H_KEY)
             value = decode(record.body)
         except Exception:  # noqa: BLE001 - the careful path names the problem
-            item = _decode_one(record, where, types, from_retry, rejects)
-            if item is not None:
-                append(item)
-            continue
-        if not has_id:
-            append(Item(key, etype, value, record, where, _NO_PROPS))
-            continue
-        origin = _own_origin(record, where, etype, value, key, rejects)
-        if origin is not None:
-            append(Item(key, etype, value, record, origin, _NO_PROPS))
-    return items, rejects
+            careful = _decode_one(record, where, types, from_retry, rejects)
+            if careful is None:
+                continue
+            item, key, etype = careful, careful.key, careful.event_type
+        else:
+            if has_id:
+                origin = _own_origin(record, where, etype, value, key, rejects)
+                if origin is None:
+                    continue
+                item = Item(key, etype, value, record, origin, _NO_PROPS)
+            else:
+                item = Item(key, etype, value, record, where, _NO_PROPS)
+        append(item)
+        # Grouping as group() does, inline: this loop runs once per record.
+        runs = groups.get(key)
+        if runs is None:
+            groups[key] = [[item]]
+        elif runs[-1][-1].event_type is etype:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return items, groups, rejects
 
 
 _signature = itemgetter(H_VERSION, H_TYPE, H_ALG)
@@ -350,38 +384,36 @@ def _combine(etype: EventType[Any], a: Item, b: Item) -> Any:
         return None
 
 
-Groups = dict[str, list[list[Item]]]
-"""Items by key in first-seen key order, each key's items cut into maximal
-runs of one type, in order (the planner's step before reduction)."""
-
-
 def group(items: Iterable[Item]) -> Groups:
-    """Group items by key and cut each key's items into runs of one type (SPEC 5.3)."""
-    by_key: Groups = {}
+    """Group items by key and cut each key's items into runs of one type (SPEC 5.3).
+
+    :func:`decode_batch` does the same inline, for the records it decodes.
+    """
+    groups: Groups = {}
     for item in items:
-        runs = by_key.get(item.key)
+        runs = groups.get(item.key)
         if runs is None:
-            by_key[item.key] = [[item]]
-            continue
-        last = runs[-1]
-        if last[-1].event_type is item.event_type:
-            last.append(item)
+            groups[item.key] = [[item]]
+        elif runs[-1][-1].event_type is item.event_type:
+            runs[-1].append(item)
         else:
             runs.append([item])
-    return by_key
+    return groups
 
 
 def plan_groups(groups: Groups) -> list[Segment]:
     """One segment per key, its runs reduced by their types' algebra (SPEC 4)."""
     plain = Algebra.PLAIN
-    return [
-        Segment(key, [
-            Run(key, run[0].event_type,
-                run if len(run) < 2 or run[0].event_type.algebra is plain else reduce_run(run))
-            for run in runs
-        ])
-        for key, runs in groups.items()
-    ]
+    segments: list[Segment] = []
+    for key, runs in groups.items():
+        planned: list[Run] = []
+        for run in runs:
+            etype = run[0].event_type
+            if len(run) > 1 and etype.algebra is not plain:
+                run = reduce_run(run)
+            planned.append(Run(key, etype, run))
+        segments.append(Segment(key, planned))
+    return segments
 
 
 def plan(items: Iterable[Item]) -> list[Segment]:
