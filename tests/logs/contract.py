@@ -248,6 +248,33 @@ class LogContract:
         await log.commit("g1", "orders", 0, 2)  # going back is allowed (a reset)
         assert await log.committed("g1", "orders", 0) == 2
 
+    @pytest.mark.parametrize(
+        ("group", "offset", "problem"),
+        [("g", -1, "offset"), ("g", 1.5, "offset"), ("g", True, "offset"), ("g", "3", "offset"),
+         ("", 3, "group"), (None, 3, "group")],
+    )
+    async def test_bad_commits_are_refused_naming_what_is_wrong(
+        self, log: Log, group: object, offset: object, problem: str
+    ) -> None:
+        await log.create_topic("orders", 1)
+        with pytest.raises(ConfigError, match=f"orders/0: the {problem}|the {problem} must"):
+            await log.commit(group, "orders", 0, offset)  # type: ignore[arg-type]
+        assert await log.committed("g", "orders", 0) is None
+
+    @pytest.mark.parametrize(
+        ("headers", "body"),
+        [({"wk-v": "1"}, b"{}"), ({1: b"x"}, b"{}"), ({"a": None}, b"{}"), ({}, "text"),
+         (["wk-v"], b"{}")],
+    )
+    async def test_records_that_are_not_str_to_bytes_are_refused_and_nothing_written(
+        self, log: Log, headers: object, body: object
+    ) -> None:
+        await log.create_topic("orders", 1)
+        good = rec()
+        with pytest.raises(ConfigError, match="record"):
+            await log.append("orders", 0, [good, (headers, body)])  # type: ignore[list-item]
+        assert await log.read("orders", 0, 0) == []
+
     async def test_start_and_end_offsets(self, log: Log) -> None:
         await log.create_topic("orders", 3)
         assert await log.start_offsets("orders") == {0: 0, 1: 0, 2: 0}

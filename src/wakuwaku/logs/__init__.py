@@ -49,5 +49,10 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
             raise ConfigError(
                 f"bad SQLite log URL {url!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
             )
+        if "?" in rest or "#" in rest:
+            raise ConfigError(
+                f"bad SQLite log URL {url!r}: URL options are not supported; "
+                f"pass them to SQLiteLog (e.g. SQLiteLog(path, fsync=False))"
+            )
         return SQLiteLog(rest[1:])
     raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)

@@ -18,6 +18,7 @@ against every adapter.
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -66,6 +67,46 @@ def check_topic_name(topic: str) -> None:
             f"invalid topic name {topic!r}: no whitespace, '/' or control characters, "
             "at most 200 characters"
         )
+
+
+def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
+    """Check one outgoing record at run time (callers may be untyped).
+
+    :returns: the headers as a plain dict.
+    :raises ConfigError: when the body is not bytes-like, or a header name is
+        not a str or a header value not bytes-like; nothing is written then.
+    """
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise ConfigError(f"a record body must be bytes, got {type(body).__name__}")
+    if not isinstance(headers, Mapping):
+        raise ConfigError(f"record headers must be a mapping, got {type(headers).__name__}")
+    headers = dict(headers)
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, bytes | bytearray | memoryview):
+            raise ConfigError(
+                f"record headers must map str to bytes; got {name!r}: {type(value).__name__}"
+            )
+    return headers
+
+
+def check_commit(group: str, topic: str, partition: int, offset: int) -> int:
+    """Check a commit's arguments (the next offset to read is never negative).
+
+    :returns: the offset as an int (integer types such as numpy's are accepted).
+    :raises ConfigError: for an empty or non-str group, or an offset that is
+        not an integer >= 0 (a bool or a float is refused).
+    """
+    if not isinstance(group, str) or not group:
+        raise ConfigError(f"commit on {topic}/{partition}: the group must be a non-empty "
+                          f"str, got {group!r}")
+    try:
+        value = operator.index(offset)
+    except TypeError:
+        value = -1
+    if isinstance(offset, bool) or value < 0:
+        raise ConfigError(f"commit of group {group!r} on {topic}/{partition}: the offset must "
+                          f"be an int >= 0, got {offset!r}")
+    return value
 
 
 def check_partition(topic: str, partition: int, partitions: int) -> None:
@@ -153,6 +194,8 @@ class Log(abc.ABC):
 
         :param generation: the lease generation of the committer; when given,
             a commit from a stale generation is refused.
+        :raises ConfigError: for an empty group or a negative offset
+            (:func:`check_commit`).
         :raises FencedError: when ``generation`` is no longer the partition's
             current lease generation.
         """

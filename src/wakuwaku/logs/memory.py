@@ -13,7 +13,16 @@ from collections.abc import Sequence
 
 from .._errors import ConfigError, FencedError, PartitionCountMismatch, UnknownTopicError
 from .._records import Record
-from ._base import Lease, Log, OutgoingRecord, TopicInfo, check_partition, check_topic_name
+from ._base import (
+    Lease,
+    Log,
+    OutgoingRecord,
+    TopicInfo,
+    check_commit,
+    check_partition,
+    check_record,
+    check_topic_name,
+)
 
 _WAIT_STEP = 0.005
 
@@ -61,15 +70,16 @@ class MemoryLog(Log):
         self, topic: str, partition: int, records: Sequence[OutgoingRecord]
     ) -> list[int]:
         now = time.time()
+        checked = [(check_record(headers, body), bytes(body)) for headers, body in records]
         with self._lock:
             parts = self._partitions(topic)
             check_partition(topic, partition, len(parts))
             log = parts[partition]
             first = self._start.get((topic, partition), 0) + len(log)
-            offsets = list(range(first, first + len(records)))
+            offsets = list(range(first, first + len(checked)))
             log.extend(
-                Record(offset, dict(headers), bytes(body), now)
-                for offset, (headers, body) in zip(offsets, records, strict=True)
+                Record(offset, {name: bytes(value) for name, value in headers.items()}, body, now)
+                for offset, (headers, body) in zip(offsets, checked, strict=True)
             )
         return offsets
 
@@ -112,6 +122,7 @@ class MemoryLog(Log):
         *,
         generation: int | None = None,
     ) -> None:
+        offset = check_commit(group, topic, partition, offset)
         with self._lock:
             parts = self._partitions(topic)
             check_partition(topic, partition, len(parts))
@@ -119,7 +130,7 @@ class MemoryLog(Log):
                 lease = self._leases.get((group, topic, partition))
                 if lease is None or lease.generation != generation:
                     raise FencedError(group, topic, partition, generation)
-            self._offsets[(group, topic, partition)] = int(offset)
+            self._offsets[(group, topic, partition)] = offset
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         with self._lock:

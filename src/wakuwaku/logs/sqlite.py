@@ -42,7 +42,16 @@ from .._errors import (
     UnknownTopicError,
 )
 from .._records import Record
-from ._base import Lease, Log, OutgoingRecord, TopicInfo, check_partition, check_topic_name
+from ._base import (
+    Lease,
+    Log,
+    OutgoingRecord,
+    TopicInfo,
+    check_commit,
+    check_partition,
+    check_record,
+    check_topic_name,
+)
 
 __all__ = ("APPLICATION_ID", "SCHEMA_VERSION", "SQLiteLog")
 
@@ -442,7 +451,8 @@ class SQLiteLog(Log):
             topic or partition that does not exist.
         :raises FencedError: when ``generation`` is not the current lease's.
         """
-        await self._run(self._commit, group, topic, partition, int(offset), generation)
+        offset = check_commit(group, topic, partition, offset)
+        await self._run(self._commit, group, topic, partition, offset, generation)
         if self.retention:
             self._forget(topic)
 
@@ -646,19 +656,11 @@ def _records(rows: list[tuple[int, bytes, bytes, float]]) -> list[Record]:
 
 
 def _encode_record(headers: Mapping[str, bytes], body: bytes) -> tuple[bytes, bytes]:
-    """``(msgpack headers, body)`` of one record, checked at run time (callers may be untyped)."""
-    if not isinstance(body, bytes | bytearray | memoryview):
-        raise ConfigError(f"a record body must be bytes, got {type(body).__name__}")
-    if not headers:
+    """``(msgpack headers, body)`` of one record, checked by :func:`check_record`."""
+    checked = check_record(headers, body)
+    if not checked:
         return _EMPTY_HEADERS, bytes(body)
-    if not isinstance(headers, dict):
-        headers = dict(headers)
-    for name, value in headers.items():
-        if not isinstance(name, str) or not isinstance(value, bytes | bytearray | memoryview):
-            raise ConfigError(
-                f"record headers must map str to bytes; got {name!r}: {type(value).__name__}"
-            )
-    return _encode_headers(headers), bytes(body)
+    return _encode_headers(checked), bytes(body)
 
 
 @functools.cache
