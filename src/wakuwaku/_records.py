@@ -38,7 +38,9 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     """One record read from a log partition.
 
     :param offset: its offset in the partition (int, monotonic per partition).
-    :param headers: header name -> raw bytes.
+    :param headers: header name -> raw bytes. Read-only: records read
+        together may share one dict when their headers are equal (the SQLite
+        log does this); copy it before changing anything.
     :param body: the body bytes.
     :param timestamp: when the log stored it (seconds since the epoch).
     """

@@ -308,6 +308,28 @@ def test_decode_batch_groups_exactly_as_group_does(batch: list[Spec], steps: lis
             [id(i) for i in run] for run in runs]
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=specs, steps=gaps)
+def test_records_sharing_one_headers_dict_decode_as_if_each_had_its_own(
+    batch: list[Spec], steps: list[int]
+) -> None:
+    """SQLiteLog hands out one dict for equal headers; the planner's per-dict
+    memo must not change what any record decodes to or why it is rejected."""
+    records = build_batch(batch, steps)
+    shared: dict[tuple[tuple[str, bytes], ...], dict[str, bytes]] = {}
+    interned = [
+        Record(r.offset, shared.setdefault(tuple(sorted(r.headers.items())), r.headers),
+               r.body, r.timestamp)
+        for r in records
+    ]
+    assert decode_batch(interned, TOPIC, PARTITION, TYPES)[2] == decode_batch(
+        records, TOPIC, PARTITION, TYPES)[2]
+    got, _, _ = decode_batch(interned, TOPIC, PARTITION, TYPES)
+    want, _, _ = decode_batch(records, TOPIC, PARTITION, TYPES)
+    assert [(i.key, i.tag, i.event, i.record.offset, i.ids) for i in got] == [
+        (i.key, i.tag, i.event, i.record.offset, i.ids) for i in want]
+
+
 def test_the_generator_reaches_every_case() -> None:
     """Guard against a vacuous property: these batches hit reduction and every reject."""
     batch = [Spec("assoc", "a", 1), Spec("assoc", "a", 2), Spec("assoc", "a", 3),

@@ -180,6 +180,16 @@ async def test_close_without_use_opens_nothing(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+async def test_records_with_equal_headers_share_one_dict_within_a_read(log: SQLiteLog) -> None:
+    await log.create_topic("orders", 1)
+    other = {**HEADERS, "wk-key": b"k2"}
+    await log.append("orders", 0, [(HEADERS, b"1"), (other, b"2"), (dict(HEADERS), b"3")])
+    first, second, third = await log.read("orders", 0, 0)
+    assert first.headers is third.headers
+    assert first.headers == HEADERS and second.headers == other
+    assert second.headers is not first.headers
+
+
 async def test_bytes_like_values_are_stored_as_bytes(log: SQLiteLog) -> None:
     await log.create_topic("orders", 1)
     headers: dict[str, object] = {"a": bytearray(b"x"), "b": memoryview(b"y")}

@@ -204,14 +204,23 @@ def decode_batch(
     # producer stamps, with a (version, type, algebra) triple known good, so
     # only the key and the body need decoding. Anything else (retry records
     # carry more headers) takes the careful path, which names the problem.
+    # Logs may hand out one headers dict for equal headers (SQLiteLog does),
+    # so a dict found good is not checked again within the batch (each entry
+    # holds its dict, so an id is never reused for another one meanwhile).
     fast = {} if from_retry else _fast_signatures(types)
+    known: dict[int, tuple[Any, EventType[Any], Callable[[bytes], Any], bool, str]] = {}
     for record in records:
         headers = record.headers
         try:
-            etype, decode, has_id = fast[_signature(headers)]
-            key = headers[H_KEY].decode("utf-8")
-            if len(headers) != 4 or not key:
-                raise KeyError(H_KEY)
+            found = known.get(id(headers))
+            if found is not None and found[0] is headers:
+                _, etype, decode, has_id, key = found
+            else:
+                etype, decode, has_id = fast[_signature(headers)]
+                key = headers[H_KEY].decode("utf-8")
+                if len(headers) != 4 or not key:
+                    raise KeyError(H_KEY)
+                known[id(headers)] = (headers, etype, decode, has_id, key)
             value = decode(record.body)
         except Exception:  # noqa: BLE001 - the careful path names the problem
             careful = _decode_one(record, where, types, from_retry, rejects)
