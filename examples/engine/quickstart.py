@@ -55,5 +55,8 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    stderr = logging.StreamHandler()
+    # Appends the fields each log line carries (topic, partition, key, offsets...).
+    stderr.setFormatter(wakuwaku.StructuredFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[stderr])
     asyncio.run(main())

@@ -36,6 +36,7 @@ from ._events import Registry as Registry
 from ._events import default_registry as default_registry
 from ._events import event as event
 from ._events import event_type as event_type
+from ._logging import StructuredFormatter as StructuredFormatter
 from ._partitioner import murmur2 as murmur2
 from ._partitioner import partition_for as partition_for
 from ._producer import Producer as Producer
@@ -111,6 +112,7 @@ __all__ = (
     "SQLiteLog",
     "Source",
     "StepError",
+    "StructuredFormatter",
     "SyncProducer",
     "SystemClock",
     "TopicInfo",

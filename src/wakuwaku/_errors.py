@@ -164,7 +164,11 @@ class HandleError(WakuwakuError):
         self.cause = cause
         if isinstance(cause, BaseException):
             self.__cause__ = cause
-            text = f"{type(cause).__name__}: {cause}"
+            try:
+                detail = str(cause)
+            except Exception:  # noqa: BLE001 - a cause whose __str__ fails keeps its class
+                detail = "<unprintable>"
+            text = f"{type(cause).__name__}: {detail}"
         else:
             text = cause or self.error_class.value
         super().__init__(text)

@@ -13,7 +13,7 @@ import pytest
 import wakuwaku as wk
 from wakuwaku._records import build_headers
 from wakuwaku.engine import ConsumerConfig, DeliveryMode, Handler
-from wakuwaku.logs import Log
+from wakuwaku.logs import Log, MemoryLog
 from wakuwaku.testing import FakeClock
 
 from .conftest import Item, Script, consumer, dead_letters, reason, setup_topic
@@ -124,3 +124,64 @@ def test_bad_event_declarations_are_config_errors() -> None:
             wk.event("test.bad-declaration", registry=wk.Registry(), **kwargs)(Thing)
     with pytest.raises(wk.ConfigError):
         wk.event("has space", key="k", registry=wk.Registry())(Thing)
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str exploded")
+
+
+async def test_a_retryable_whose_cause_cannot_be_printed_is_still_retried(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(memory_log)
+    await producer.publish(Item("a", 1))
+    script = Script(clock)
+    script.fail[1] = [wk.Retryable(Unprintable())]
+    stats = await consumer(memory_log, clock, [Handler(Item, script)]).drain()
+    assert script.handled_ns() == [1]  # handled on the retry attempt, not dead-lettered
+    assert stats.quarantined_keys == 1
+    assert await dead_letters(memory_log) == []
+
+
+async def test_changing_the_props_a_handler_sees_changes_no_other_record(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(memory_log)
+    await producer.publish(Item("a", 1), properties={"tenant": "acme"})
+    await producer.publish(Item("b", 2))
+    seen: list[dict[str, str]] = []
+
+    async def handle(run: Sequence[Item]) -> None:
+        props = wk.current_chunk().props[0]
+        seen.append(dict(props))
+        props["tenant"] = "mutated"
+
+    await consumer(memory_log, clock, [Handler(Item, handle)]).drain()
+    await consumer(memory_log, clock, [Handler(Item, handle)], group="again").drain()
+    assert seen == [{"tenant": "acme"}, {}, {"tenant": "acme"}, {}]
+
+
+@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt()])
+def test_a_handler_that_ends_the_process_is_logged_with_its_place(
+    caplog: pytest.LogCaptureFixture, error: BaseException
+) -> None:
+    # A sync test: SystemExit and KeyboardInterrupt leave asyncio.run() itself.
+    log = MemoryLog()
+
+    async def handle(run: Sequence[Item]) -> None:
+        if run[0].n == 2:
+            raise error
+
+    async def main() -> None:
+        producer = await setup_topic(log)
+        await producer.publish_many([Item("a", 1), Item("b", 2)])
+        await consumer(log, FakeClock(1_700_000_000.0), [Handler(Item, handle)]).drain()
+
+    with pytest.raises(type(error)):
+        asyncio.run(main())
+    (line,) = [r for r in caplog.records if "the consumer stops" in r.getMessage()]
+    assert type(error).__name__ in line.getMessage()
+    assert (line.topic, line.partition, line.key, line.offsets) == (  # type: ignore[attr-defined]
+        "t", 0, "b", [1])
+    assert asyncio.run(log.committed("g", "t", 0)) is None

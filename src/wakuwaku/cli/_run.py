@@ -28,38 +28,12 @@ from typing import Any
 import click
 
 from .._errors import ConfigError
+from .._logging import StructuredFormatter
 from ..engine import Consumer
 from . import ExitCode
 from ._status import LOG_ENV, log_option, open_existing_log
 
 logger = logging.getLogger("wakuwaku.cli")
-
-_STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
-    "message", "asctime", "taskName"}
-
-
-class StructuredFormatter(logging.Formatter):
-    """``time level logger: message key=value ...``: the ``extra`` fields the
-    engine logs (topic, partition, key, type, offsets, error class) appended."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        record.message = record.getMessage()
-        if self.usesTime():
-            record.asctime = self.formatTime(record, self.datefmt)
-        text = self.formatMessage(record)
-        fields = [f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
-                  for name, value in record.__dict__.items()
-                  if name not in _STANDARD_ATTRS and not name.startswith("_")]
-        if fields:
-            text = f"{text} {' '.join(fields)}"
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:
-            text = f"{text}\n{record.exc_text}"
-        if record.stack_info:
-            text = f"{text}\n{self.formatStack(record.stack_info)}"
-        return text
-
 
 @contextlib.contextmanager
 def logging_to_stderr(level: str) -> Iterator[None]:

@@ -51,8 +51,9 @@ class ChunkContext(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def props(self) -> tuple[dict[str, str], ...]:
-        """Per event, the ``wk-props`` of its first record."""
-        return tuple(item.props for item in self.items)
+        """Per event, the ``wk-props`` of its first record (copies: changing
+        one changes nothing else)."""
+        return tuple(dict(item.props) for item in self.items)
 
     @property
     def all_message_ids(self) -> tuple[str, ...]:

@@ -628,7 +628,14 @@ class PartitionWorker:
             if task is not None and task.cancelling():
                 raise  # we are being cancelled (shutdown deadline): let it through
             return self._classify(exc, key, handler), exc  # the handler raised it itself
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Not a failure to classify: the process is asked to end. Say where.
+            log.error(
+                "handler raised %s; the consumer stops without storing this batch's offset",
+                type(exc).__name__,
+                extra={**self._fields, "key": key, "type": handler.event_type.tag,
+                       "offsets": [o for i in chunk for o in i.main_offsets]},
+            )
             raise
         except BaseException as exc:  # noqa: BLE001 - GeneratorExit & co. from a handler
             return self._classify(exc, key, handler), exc
