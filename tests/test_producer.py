@@ -107,6 +107,28 @@ async def test_an_unencodable_event_is_refused_naming_type_and_key(log: MemoryLo
     assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 0, 3: 0}
 
 
+@event("shop.price-set", key="sku", registry=registry)
+class PriceSet(msgspec.Struct):
+    sku: str
+    price: float
+    note: str | None = None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+async def test_a_float_json_cannot_carry_is_refused_instead_of_written_as_null(
+    log: MemoryLog, bad: float
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape("'shop.price-set' with key 'p-1'")):
+        await Producer(log, "orders").publish_many([PriceSet("p-2", 1.0), PriceSet("p-1", bad)])
+    assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 0, 3: 0}
+
+
+async def test_a_none_field_written_as_null_is_still_published(log: MemoryLog) -> None:
+    published = await Producer(log, "orders").publish(PriceSet("p-1", 2.5, None))
+    (record,) = await log.read("orders", published.partition, published.offset)
+    assert msgspec.json.decode(record.body) == {"sku": "p-1", "price": 2.5, "note": None}
+
+
 async def test_non_string_properties_are_refused(log: MemoryLog) -> None:
     with pytest.raises(ConfigError, match="properties"):
         await Producer(log, "orders").publish(Placed("o-1"), properties={"n": 1})  # type: ignore[dict-item]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import unicodedata
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -257,3 +258,31 @@ def test_no_fragment_of_a_secret_survives_any_limit(before: int, limit: int, sec
     assert len(out) <= limit
     for piece in _fragments(secret):
         assert piece not in out
+
+
+def test_a_huge_text_is_cut_before_redaction_without_leaking_a_split_url() -> None:
+    limit = 100
+    scan = 4 * limit + 4096
+    # A URL with a secret straddles the point where the long text is first cut.
+    text = "a " * ((scan - 10) // 2) + "https://user:hunter2@db.internal/x " + "b " * 10_000_000
+    out = sanitize(text, limit=limit)
+    assert len(out) <= limit and out.endswith("…[truncated]")
+    assert "hunter2" not in out and "https" not in out
+
+
+def test_a_huge_text_after_many_urls_never_shows_a_fragment_of_the_cut_one() -> None:
+    # Redaction shrinks the head a lot, so text near the first cut reaches the output.
+    limit = 1000
+    scan = 4 * limit + 4096
+    urls = "http://x.example/" + "p" * 60 + " "
+    head = urls * (scan // len(urls))
+    text = head[: scan - 12] + " /home/alice/.ssh/id_rsa_secret and more " * 50_000
+    out = sanitize(text, limit=limit)
+    assert "alice" not in out and "/ho" not in out
+    assert out.endswith("…[truncated]") and len(out) <= limit
+
+
+@pytest.mark.parametrize("make", [str, lambda t: t.encode(), ValueError])
+def test_a_huge_message_keeps_its_head(make: Any) -> None:
+    out = sanitize(make("start " + "x" * 30_000_000), limit=50)
+    assert out.startswith(("start", "ValueError: start")) and out.endswith("…[truncated]")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ConfigError
-from ._events import event_type
+from ._events import JsonCodec, event_type
 from ._partitioner import partition_for
 from ._records import build_headers
 from .logs._base import Log, OutgoingRecord
@@ -62,7 +62,10 @@ class Producer:
             or a property is not str -> str.
         :raises MissingKeyError: when the event's key is None or empty (the error
             names the type and the field).
-        :raises ConfigError: when the codec cannot encode the event.
+        :raises ConfigError: when the codec cannot encode the event, or (JSON
+            codec) when its body would not decode back: JSON has no NaN or
+            infinity, which msgspec writes as ``null``, and a consumer would
+            dead-letter the record as ``undecodable_body``.
         """
         etype = event_type(event)
         key = etype.key_of(event)
@@ -72,6 +75,14 @@ class Producer:
             raise ConfigError(
                 f"cannot encode an event of type {etype.tag!r} with key {key!r}: {exc}"
             ) from exc
+        if b"null" in body and isinstance(etype.codec, JsonCodec):
+            try:
+                etype.decode(body)
+            except Exception as exc:
+                raise ConfigError(
+                    f"an event of type {etype.tag!r} with key {key!r} would not decode back "
+                    f"from its JSON body ({exc}); a NaN or infinite float is written as null"
+                ) from exc
         return key, (build_headers(etype, key, properties), body)
 
     async def publish(

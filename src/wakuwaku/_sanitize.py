@@ -100,7 +100,31 @@ def _redact(pattern: re.Pattern[str], marker: str, text: str) -> str:
     return pattern.sub(replace, text)
 
 
-def _as_text(value: str | bytes | BaseException) -> str:
+_SCAN_MARGIN = 4096
+"""Characters read past ``4 * limit``: a longer text is cut there first."""
+
+
+def _scan_length(limit: int) -> int:
+    return 4 * limit + _SCAN_MARGIN
+
+
+def _precut(value: str, limit: int) -> tuple[str, bool]:
+    """Cut a text far longer than ``limit`` before the regexes run over it.
+
+    The cut backs up to the last whitespace, so a URL or path the cut would
+    split is dropped whole rather than left as a fragment the redaction no
+    longer recognises (seed 000's bug, the other way round). A head without
+    whitespace is one token from its start, which the redaction sees whole.
+    """
+    scan = _scan_length(limit)
+    if len(value) <= scan:
+        return value, False
+    head = value[:scan]
+    space = max(head.rfind(" "), head.rfind("\t"), head.rfind("\n"), head.rfind("\r"))
+    return (head[:space] if space > 0 else head), True
+
+
+def _as_text(value: str | bytes | BaseException, limit: int) -> str:
     if isinstance(value, BaseException):
         name = type(value).__name__
         try:
@@ -108,15 +132,21 @@ def _as_text(value: str | bytes | BaseException) -> str:
         except Exception:  # noqa: BLE001 - a broken __str__ must not break error reporting
             message = "<unprintable>"
         text = f"{name}: {message}" if message else name
-        return _SURROGATES.sub("\ufffd", text)  # a lone surrogate cannot be encoded
+        # A lone surrogate cannot be encoded.
+        return _SURROGATES.sub("\ufffd", text[: _scan_length(limit) + 1])
     if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return _SURROGATES.sub("\ufffd", value)
+        # At most 4 bytes a character: decoding more could not reach the output.
+        return value[: 4 * _scan_length(limit) + 4].decode("utf-8", errors="replace")
+    return _SURROGATES.sub("\ufffd", value[: _scan_length(limit) + 1])
 
 
-def _truncate(text: str, limit: int) -> str:
-    if len(text) <= limit:
+def _truncate(text: str, limit: int, cut: bool = False) -> str:
+    """``text`` within ``limit``, ending in the marker when anything was cut
+    (here, or before: ``cut``)."""
+    if len(text) <= limit and not cut:
         return text
+    if len(text) + len(TRUNCATION_MARKER) <= limit:
+        return text.rstrip() + TRUNCATION_MARKER
     room = limit - len(TRUNCATION_MARKER)
     if room <= 0:
         # No space for the marker: a hard cut is the only way to respect limit.
@@ -147,11 +177,14 @@ def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> s
 
     Redaction runs before truncation, so a URL or path straddling the limit is
     replaced whole and no fragment of it survives (the postmortem's "truncate
-    first and half a path no longer matches" bug).
+    first and half a path no longer matches" bug). Only a text longer than
+    ``4 * limit + 4096`` characters is cut before redaction, at whitespace,
+    dropping the token the cut falls in; so a 20 MB message costs what its
+    first few kilobytes cost.
     """
     if limit < 0:
         raise ConfigError(f"sanitize limit must be >= 0, got {limit}")
-    value = _as_text(text)
+    value, cut = _precut(_as_text(text, limit), limit)
     value = _ANSI.sub("", value)
     value = _LINE_BREAKS.sub(" ", value)
     value = _REMOVED.sub("", value)
@@ -159,4 +192,4 @@ def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> s
     value = _redact(_URL, URL_MARKER, value)
     value = _redact(_PATH, PATH_MARKER, value)
     value = value.strip()
-    return _truncate(value, limit)
+    return _truncate(value, limit, cut)
