@@ -26,6 +26,7 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from .._errors import ErrorClass, FencedError, HandleError
+from .._events import Algebra
 from .._records import ReasonCode, Record, Source, message_id
 from .._sanitize import sanitize
 from ..logs._base import Log
@@ -150,6 +151,7 @@ class PartitionWorker:
         self.handlers = handlers
         self.types = {tag: h.event_type for tag, h in handlers.items()}
         self._has_inbox = any(h.inbox is not None for h in handlers.values())
+        self._reduces = any(h.event_type.algebra is not Algebra.PLAIN for h in handlers.values())
         self.stats = stats
         self.generation = generation
         self.clock = config.clock
@@ -431,9 +433,10 @@ class PartitionWorker:
         if self.retry.keys:
             self._route_quarantined(groups)
         segments = plan_groups(groups)
-        self.stats.reduced_away += (
-            sum(len(run) for runs in groups.values() for run in runs)
-            - sum(len(run.items) for seg in segments for run in seg.runs))
+        if self._reduces:
+            self.stats.reduced_away += (
+                sum(len(run) for runs in groups.values() for run in runs)
+                - sum(len(run.items) for seg in segments for run in seg.runs))
         await self._run_segments(segments, self._after_main_segment)
         await self._flush()
 
