@@ -123,6 +123,42 @@ async def test_a_float_json_cannot_carry_is_refused_instead_of_written_as_null(
     assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 0, 3: 0}
 
 
+@event("shop.reading", key="sku", registry=registry)
+class Reading(msgspec.Struct):
+    sku: str
+    value: float | None = None
+    series: list[float | None] = []
+    extra: dict[str, Any] = {}
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [Reading("r-1", float("nan")), Reading("r-1", 1.0, [1.0, float("inf")]),
+     Reading("r-1", None, [], {"deep": [{"x": float("-inf")}]})],
+)
+async def test_a_nan_where_null_is_allowed_is_refused_too(
+    log: MemoryLog, reading: Reading
+) -> None:
+    with pytest.raises(ConfigError, match="NaN or infinite float"):
+        await Producer(log, "orders").publish(reading)
+    assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 0, 3: 0}
+
+
+async def test_a_body_that_would_not_decode_back_is_refused_naming_the_problem(
+    log: MemoryLog,
+) -> None:
+    import pydantic
+
+    @event("shop.hidden", key="key", registry=registry)
+    class Hidden(pydantic.BaseModel):
+        key: str
+        required: int = pydantic.Field(exclude=True)  # never written, always required
+
+    with pytest.raises(ConfigError, match=r"(?s)would not decode back.*required"):
+        await Producer(log, "orders").publish(Hidden(key="k", required=3))
+    assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 0, 3: 0}
+
+
 async def test_a_none_field_written_as_null_is_still_published(log: MemoryLog) -> None:
     published = await Producer(log, "orders").publish(PriceSet("p-1", 2.5, None))
     (record,) = await log.read("orders", published.partition, published.offset)

@@ -286,3 +286,25 @@ def test_a_huge_text_after_many_urls_never_shows_a_fragment_of_the_cut_one() -> 
 def test_a_huge_message_keeps_its_head(make: Any) -> None:
     out = sanitize(make("start " + "x" * 30_000_000), limit=50)
     assert out.startswith(("start", "ValueError: start")) and out.endswith("…[truncated]")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["\x1b[/home/alice/.ssh/id_rsa", "see \x1b[0 /home/alice/x", "open \x1b[ C:\\Users\\alice\\key",
+     "\x1b[31mhttps://alice:pw@db/x\x1b[0m"],
+)
+def test_an_escape_sequence_that_swallows_the_start_of_a_path_hides_nothing(text: str) -> None:
+    out = sanitize(text)
+    assert "alice" not in out, out
+
+
+@pytest.mark.parametrize("padding", [" " * 5000, "\x1b[0m" * 1200, "\n" * 4600, "\u200b" * 9000])
+def test_padding_that_cleans_away_does_not_hide_the_message_behind_it(padding: str) -> None:
+    assert sanitize(padding + "Error: disk full", 100) == "Error: disk full"
+
+
+def test_an_integral_float_limit_is_accepted_and_other_limits_are_refused() -> None:
+    assert sanitize("short", 10.0) == "short"  # type: ignore[arg-type]
+    for bad in (1.5, "10", True, -1):
+        with pytest.raises(ConfigError, match="limit"):
+            sanitize("short", bad)  # type: ignore[arg-type]

@@ -7,10 +7,13 @@ An event without a usable key is refused before anything is written.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from ._errors import ConfigError
 from ._events import JsonCodec, event_type
@@ -63,9 +66,10 @@ class Producer:
         :raises MissingKeyError: when the event's key is None or empty (the error
             names the type and the field).
         :raises ConfigError: when the codec cannot encode the event, or (JSON
-            codec) when its body would not decode back: JSON has no NaN or
-            infinity, which msgspec writes as ``null``, and a consumer would
-            dead-letter the record as ``undecodable_body``.
+            codec) when its body holds a NaN or infinite float (JSON has
+            neither; msgspec would write ``null``) or would not decode back
+            into the type (a consumer would dead-letter it as
+            ``undecodable_body``).
         """
         etype = event_type(event)
         key = etype.key_of(event)
@@ -75,14 +79,8 @@ class Producer:
             raise ConfigError(
                 f"cannot encode an event of type {etype.tag!r} with key {key!r}: {exc}"
             ) from exc
-        if b"null" in body and isinstance(etype.codec, JsonCodec):
-            try:
-                etype.decode(body)
-            except Exception as exc:
-                raise ConfigError(
-                    f"an event of type {etype.tag!r} with key {key!r} would not decode back "
-                    f"from its JSON body ({exc}); a NaN or infinite float is written as null"
-                ) from exc
+        if isinstance(etype.codec, JsonCodec):
+            _check_json_body(etype.tag, key, event, etype.decode, body)
         return key, (build_headers(etype, key, properties), body)
 
     async def publish(
@@ -174,3 +172,42 @@ class SyncProducer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_json_body(tag: str, key: str, event: Any, decode: Callable[[bytes], Any],
+                     body: bytes) -> None:
+    """Refuse a JSON body that would not carry ``event`` to a consumer (see
+    :meth:`Producer.encode`)."""
+    if b"null" in body and _has_non_finite(_builtins(event)):
+        raise ConfigError(
+            f"an event of type {tag!r} with key {key!r} holds a NaN or infinite float, "
+            f"which JSON cannot carry (it would be written as null)"
+        )
+    try:
+        decode(body)
+    except Exception as exc:
+        raise ConfigError(
+            f"an event of type {tag!r} with key {key!r} would not decode back from its "
+            f"JSON body: {exc}"
+        ) from exc
+
+
+def _builtins(event: Any) -> Any:
+    dump = getattr(event, "model_dump", None)  # pydantic
+    if callable(dump):
+        return dump()
+    try:
+        return msgspec.to_builtins(event)
+    except Exception:  # noqa: BLE001 - a type msgspec cannot walk is checked by decoding
+        return None
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_has_non_finite(v) for v in value)
+    return False
+

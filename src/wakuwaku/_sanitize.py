@@ -35,6 +35,7 @@ space.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ._errors import ConfigError
 
@@ -101,43 +102,67 @@ def _redact(pattern: re.Pattern[str], marker: str, text: str) -> str:
 
 
 _SCAN_MARGIN = 4096
-"""Characters read past ``4 * limit``: a longer text is cut there first."""
+"""Cleaned characters kept past ``4 * limit`` when a long text is cut early."""
+_MAX_WINDOW = 256
+"""At most this many times that much raw text is read looking for it."""
+
+# Placeholders for what the first redaction pass (before escape sequences
+# are removed) replaced: private-use characters that no later pattern eats.
+_URL_HOLD = "\ue000"
+_PATH_HOLD = "\ue001"
+# The second pass also takes a placeholder with the scheme letters that a
+# removed zero-width character had kept apart from it ("ht\u200btps://...").
+_URL_AGAIN = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z0-9+.\-]*(?:://|\ue000)\S*")
 
 
-def _scan_length(limit: int) -> int:
-    return 4 * limit + _SCAN_MARGIN
-
-
-def _precut(value: str, limit: int) -> tuple[str, bool]:
-    """Cut a text far longer than ``limit`` before the regexes run over it.
-
-    The cut backs up to the last whitespace, so a URL or path the cut would
-    split is dropped whole rather than left as a fragment the redaction no
-    longer recognises (seed 000's bug, the other way round). A head without
-    whitespace is one token from its start, which the redaction sees whole.
-    """
-    scan = _scan_length(limit)
-    if len(value) <= scan:
-        return value, False
-    head = value[:scan]
-    space = max(head.rfind(" "), head.rfind("\t"), head.rfind("\n"), head.rfind("\r"))
-    return (head[:space] if space > 0 else head), True
-
-
-def _as_text(value: str | bytes | BaseException, limit: int) -> str:
+def _as_text(value: str | bytes | BaseException) -> str:
     if isinstance(value, BaseException):
         name = type(value).__name__
         try:
             message = str(value)
         except Exception:  # noqa: BLE001 - a broken __str__ must not break error reporting
             message = "<unprintable>"
-        text = f"{name}: {message}" if message else name
-        # A lone surrogate cannot be encoded.
-        return _SURROGATES.sub("\ufffd", text[: _scan_length(limit) + 1])
+        return f"{name}: {message}" if message else name
     if isinstance(value, bytes):
-        # At most 4 bytes a character: decoding more could not reach the output.
-        return value[: 4 * _scan_length(limit) + 4].decode("utf-8", errors="replace")
-    return _SURROGATES.sub("\ufffd", value[: _scan_length(limit) + 1])
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+def _clean(text: str) -> str:
+    """One line without escapes, controls or runs of spaces; URLs and paths
+    already redacted once (as placeholders), so an escape sequence that
+    swallows the start of a path cannot leave the rest of it readable."""
+    text = _SURROGATES.sub("\ufffd", text)  # a lone surrogate cannot be encoded
+    # Runs of whitespace end URLs and paths either way: fold them first, so
+    # the patterns below do not try every position of a megabyte of padding.
+    text = _SPACES.sub(" ", _LINE_BREAKS.sub(" ", text))
+    text = _redact(_URL, _URL_HOLD, text)
+    text = _redact(_PATH, _PATH_HOLD, text)
+    text = _ANSI.sub("", text)
+    text = _LINE_BREAKS.sub(" ", text)
+    text = _REMOVED.sub("", text)
+    return _SPACES.sub(" ", text)
+
+
+def _clean_head(raw: str, limit: int) -> tuple[str, bool]:
+    """The cleaned text, or for a text far longer than ``limit`` its cleaned
+    head: the window read grows until its cleaned form is long enough (so
+    padding that cleans away does not hide the message behind it), and the
+    head is cut at whitespace so a token the cut would split is dropped
+    whole. Past ``256`` times the head's length of raw text, what follows
+    padding is given up. Returns the text and whether anything was cut."""
+    scan = 4 * limit + _SCAN_MARGIN
+    window = scan
+    while True:
+        cleaned = _clean(raw[:window])
+        if window >= len(raw):
+            return cleaned, False
+        if len(cleaned) > scan or window >= _MAX_WINDOW * scan:
+            break
+        window *= 4
+    head = cleaned[:scan]
+    space = head.rfind(" ")
+    return (head[:space] if space > 0 else head), True
 
 
 def _truncate(text: str, limit: int, cut: bool = False) -> str:
@@ -168,28 +193,32 @@ def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> s
         type name when the message is empty).
     :param limit: the maximum length of the result in characters (code
         points); the result is never longer. When the text is cut, it ends in
-        :data:`TRUNCATION_MARKER` (unless ``limit`` is too small to hold it,
-        then the cut is bare).
+        :data:`TRUNCATION_MARKER` (unless ``limit`` leaves no room for any
+        text before it, then the cut is bare).
     :returns: one line of printable text without control, bidi or zero-width
         characters, with URLs replaced by :data:`URL_MARKER` and absolute
         paths by :data:`PATH_MARKER`; always encodable as UTF-8.
-    :raises ConfigError: when ``limit`` is negative.
 
     Redaction runs before truncation, so a URL or path straddling the limit is
     replaced whole and no fragment of it survives (the postmortem's "truncate
-    first and half a path no longer matches" bug). Only a text longer than
-    ``4 * limit + 4096`` characters is cut before redaction, at whitespace,
-    dropping the token the cut falls in; so a 20 MB message costs what its
-    first few kilobytes cost.
+    first and half a path no longer matches" bug). Redaction runs twice: on
+    the raw text (an escape sequence can swallow the start of a path) and
+    after escapes and controls are gone (they can split one). A text whose
+    cleaned form is longer than ``4 * limit + 4096`` characters is cut there
+    first, at whitespace, dropping the token the cut falls in; so a 20 MB
+    message costs what its first few kilobytes cost.
+
+    :raises ConfigError: when ``limit`` is not an int >= 0 (an integral
+        float is accepted).
     """
-    if limit < 0:
-        raise ConfigError(f"sanitize limit must be >= 0, got {limit}")
-    value, cut = _precut(_as_text(text, limit), limit)
-    value = _ANSI.sub("", value)
-    value = _LINE_BREAKS.sub(" ", value)
-    value = _REMOVED.sub("", value)
-    value = _SPACES.sub(" ", value)
-    value = _redact(_URL, URL_MARKER, value)
+    given: Any = limit  # callers may be untyped
+    if isinstance(given, float) and given.is_integer():
+        limit = int(given)
+    elif isinstance(given, bool) or not isinstance(given, int) or given < 0:
+        raise ConfigError(f"sanitize limit must be an int >= 0, got {given!r}")
+    value, cut = _clean_head(_as_text(text), limit)
+    # Second pass: URLs and paths that escapes or controls were hiding.
+    value = _redact(_URL_AGAIN, URL_MARKER, value)
     value = _redact(_PATH, PATH_MARKER, value)
-    value = value.strip()
+    value = value.replace(_URL_HOLD, URL_MARKER).replace(_PATH_HOLD, PATH_MARKER).strip()
     return _truncate(value, limit, cut)

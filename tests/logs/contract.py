@@ -194,6 +194,19 @@ class LogContract:
         (record,) = await log.read("orders", 0, 0)
         assert before - 0.01 <= record.timestamp <= after + 0.01
 
+    @pytest.mark.parametrize("partition", ["0", True, 1.0])
+    async def test_a_commit_to_a_partition_that_is_not_an_int_is_refused(
+        self, log: Log, partition: object
+    ) -> None:
+        await log.create_topic("orders", 2)
+        with pytest.raises(ConfigError, match="partition must be an int"):
+            await log.commit("g", "orders", partition, 3)  # type: ignore[arg-type]
+
+    async def test_the_largest_offset_sqlite_can_store_is_accepted(self, log: Log) -> None:
+        await log.create_topic("orders", 1)
+        await log.commit("g", "orders", 0, 2**63 - 1)
+        assert await log.committed("g", "orders", 0) == 2**63 - 1
+
     @pytest.mark.parametrize(
         ("headers", "body"),
         [
@@ -251,7 +264,7 @@ class LogContract:
     @pytest.mark.parametrize(
         ("group", "offset", "problem"),
         [("g", -1, "offset"), ("g", 1.5, "offset"), ("g", True, "offset"), ("g", "3", "offset"),
-         ("", 3, "group"), (None, 3, "group")],
+         ("g", 2**63, "offset"), ("", 3, "group"), (None, 3, "group")],
     )
     async def test_bad_commits_are_refused_naming_what_is_wrong(
         self, log: Log, group: object, offset: object, problem: str

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from wakuwaku import MemoryLog
+from wakuwaku import ConfigError, MemoryLog, open_log
 from wakuwaku.logs import Log
 
 from .contract import LogContract
@@ -18,3 +18,9 @@ class TestMemoryLog(LogContract):
         log = MemoryLog()
         yield log
         await log.close()
+
+
+@pytest.mark.parametrize("url", ["memory://?x=1", "memory://somewhere"])
+def test_a_memory_url_takes_nothing_after_the_scheme(url: str) -> None:
+    with pytest.raises(ConfigError, match="takes nothing after memory://"):
+        open_log(url)

@@ -625,12 +625,12 @@ class PartitionWorker:
         except HandleError as exc:
             return exc.error_class, exc
         except Exception as exc:  # noqa: BLE001 - every handler exception is classified
-            return self._classify(exc, key, handler), exc
+            return self._classify(exc, key, handler, chunk), exc
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # we are being cancelled (shutdown deadline): let it through
-            return self._classify(exc, key, handler), exc  # the handler raised it itself
+            return self._classify(exc, key, handler, chunk), exc  # the handler raised it itself
         except (KeyboardInterrupt, SystemExit) as exc:
             # Not a failure to classify: the process is asked to end. Say where.
             log.error(
@@ -641,14 +641,15 @@ class PartitionWorker:
             )
             raise
         except BaseException as exc:  # noqa: BLE001 - GeneratorExit & co. from a handler
-            return self._classify(exc, key, handler), exc
+            return self._classify(exc, key, handler, chunk), exc
         finally:
             self.stats.handler_seconds += time.perf_counter() - started
             _current.reset(token)
         self.stats.handler_calls += 1
         return None
 
-    def _classify(self, exc: BaseException, key: str, handler: Handler[Any]) -> ErrorClass:
+    def _classify(self, exc: BaseException, key: str, handler: Handler[Any],
+                  chunk: list[Item]) -> ErrorClass:
         try:
             error_class = ErrorClass(self.config.classify(exc))
         except Exception as bad:  # noqa: BLE001 - a broken classifier must not lose the chunk
@@ -659,6 +660,7 @@ class PartitionWorker:
             "handler raised an exception that is not a HandleError; classified as %s",
             error_class.value,
             extra={**self._fields, "key": key, "type": handler.event_type.tag,
+                   "offsets": [o for i in chunk for o in i.main_offsets],
                    "error_class": error_class.value,
                    "error": sanitize(exc, self.config.error_text_limit)},
         )
@@ -819,7 +821,8 @@ class PartitionWorker:
                 markers.append(resolved_marker(key, max(done_before), now))
             markers.append(attempt_failed_marker(key, failures, now))
             log.warning("retry attempt failed", extra={
-                **fields, "next_attempt_in": self.config.delay(failures)})
+                **fields, "offsets": [o for i in outcome.rest for o in i.main_offsets],
+                "next_attempt_in": self.config.delay(failures)})
         self._retry_out.extend(markers)
 
     # ------------------------------------------------------------ dead letters

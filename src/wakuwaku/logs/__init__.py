@@ -40,6 +40,10 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
         raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
     scheme = scheme.lower()
     if scheme == "memory":
+        if rest:
+            from .._errors import ConfigError
+
+            raise ConfigError(f"bad memory log URL {url!r}: it takes nothing after memory://")
         return MemoryLog()
     if scheme == "sqlite":
         from .._errors import ConfigError

@@ -93,9 +93,13 @@ def check_commit(group: str, topic: str, partition: int, offset: int) -> int:
     """Check a commit's arguments (the next offset to read is never negative).
 
     :returns: the offset as an int (integer types such as numpy's are accepted).
-    :raises ConfigError: for an empty or non-str group, or an offset that is
-        not an integer >= 0 (a bool or a float is refused).
+    :raises ConfigError: for a partition that is not an int, an empty or
+        non-str group, or an offset that is not an integer in [0, 2**63) (a
+        bool or a float is refused; 2**63 is past what SQLite stores).
     """
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        raise ConfigError(f"commit on topic {topic!r}: the partition must be an int, "
+                          f"got {partition!r}")
     if not isinstance(group, str) or not group:
         raise ConfigError(f"commit on {topic}/{partition}: the group must be a non-empty "
                           f"str, got {group!r}")
@@ -103,9 +107,9 @@ def check_commit(group: str, topic: str, partition: int, offset: int) -> int:
         value = operator.index(offset)
     except TypeError:
         value = -1
-    if isinstance(offset, bool) or value < 0:
+    if isinstance(offset, bool) or not 0 <= value < 2**63:
         raise ConfigError(f"commit of group {group!r} on {topic}/{partition}: the offset must "
-                          f"be an int >= 0, got {offset!r}")
+                          f"be an int in [0, 2**63), got {offset!r}")
     return value
 
 

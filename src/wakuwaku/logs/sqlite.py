@@ -354,7 +354,8 @@ class SQLiteLog(Log):
         up pays the worker-thread hop once every few pages; a page the kept
         records only begin is completed from the file, so no record is read
         from the file twice. Records never change once written, so what is
-        kept is what the file holds.
+        kept is what the file held; records another process's retention has
+        deleted since may still be returned from it.
 
         While nothing is there and ``wait`` (seconds) has not run out, the
         file is polled every 25 ms, so appends of other processes are seen.
