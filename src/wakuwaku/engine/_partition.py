@@ -98,18 +98,16 @@ class Gate:
 
 
 class SegmentOutcome:
-    """How one key's segment ended.
+    """How one key's segment ended, when a chunk failed or for a retry attempt.
 
-    :ivar done: items handled or dead-lettered, in order.
     :ivar error: the Retryable failure that stopped the key, if any.
     :ivar rest: the failed chunk and the rest of its run.
     :ivar later: the key's later runs.
     """
 
-    __slots__ = ("done", "error", "later", "rest")
+    __slots__ = ("error", "later", "rest")
 
     def __init__(self) -> None:
-        self.done: list[Item] = []
         self.error: BaseException | None = None
         # Replaced (never appended to) when the segment stops on a failure.
         self.rest: list[Item] = _NO_ITEMS
@@ -171,11 +169,10 @@ class PartitionWorker:
         self._retry_out: list[Outgoing] = []
         self._unflushed_work = 0
         # Offsets of the current main batch that are done (dead-lettered,
-        # routed, skipped by the inbox), and the outcomes of its segments
-        # (whose ``done`` lists hold the handled items): a graceful stop
-        # stores the offset of the first record that is not done.
+        # routed, skipped by the inbox), and its handled chunks: a graceful
+        # stop stores the offset of the first record that is not done.
         self._done: set[int] | None = None
-        self._outcomes: list[SegmentOutcome] = []
+        self._handled: list[list[Item]] = []
         # Decoded retry records that passed the inbox filter, by retry offset.
         self._pending_items: dict[int, Item] = {}
         self._pending_rejected: set[int] = set()
@@ -338,7 +335,7 @@ class PartitionWorker:
         if mode is DeliveryMode.NO_DOUBLE_CONSUME:
             await self._commit_main(following)
         self._done = set()
-        self._outcomes = []
+        self._handled = []
         try:
             await self._process_batch(records)
         except Abandon:
@@ -346,7 +343,7 @@ class PartitionWorker:
             raise
         finally:
             self._done = None
-            self._outcomes = []
+            self._handled = []
         await self._commit_retry()
         if mode is DeliveryMode.NO_EVENT_LOSE:
             await self._commit_main(following)
@@ -364,7 +361,7 @@ class PartitionWorker:
         are lost, as at-most-once allows, and their count is logged.
         """
         done = set(self._done or ())
-        done.update(r.offset for outcome in self._outcomes for item in outcome.done
+        done.update(r.offset for chunk in self._handled for item in chunk
                     for r in item.sources)
         following = records[-1].offset + 1
         first = next((r.offset for r in records if r.offset not in done), following)
@@ -520,11 +517,10 @@ class PartitionWorker:
         chunk and the segment goes on. Returns False when abandoned.
         """
         stats = self.stats
+        handled = self._handled  # see _store_partial (attempt rounds leave it unread)
         try:
             for seg in pending:
-                outcome = SegmentOutcome()
-                if self._done is not None:
-                    self._outcomes.append(outcome)  # a main batch: see _store_partial
+                outcome: SegmentOutcome | None = None
                 attempt = 0 if attempts is None else attempts.get(seg.key, 0)
                 for run_index, run in enumerate(seg.runs):
                     handler = self.handlers[run.event_type.tag]
@@ -539,15 +535,19 @@ class PartitionWorker:
                             failure = await self._retry_in_place(handler, seg.key, chunk,
                                                                  attempt, failure)
                         if failure is None:
-                            outcome.done.extend(chunk)
+                            handled.append(chunk)
                             stats.handled += sum(map(_count, chunk))
-                        elif self._chunk_failed(seg, run_index, chunks, chunk_index, failure,
-                                                outcome):
+                            continue
+                        outcome = outcome or SegmentOutcome()
+                        if self._chunk_failed(seg, run_index, chunks, chunk_index, failure,
+                                              outcome):
                             break
-                    if outcome.error is not None:
+                    if outcome is not None and outcome.error is not None:
                         break
-                if attempts is not None or outcome.error is not None:
+                if outcome is not None and outcome.error is not None:
                     await after(seg, outcome)
+                elif attempts is not None:
+                    await after(seg, outcome or SegmentOutcome())
         except Abandon:
             return False
         return True
@@ -570,7 +570,6 @@ class PartitionWorker:
                        "error_class": error_class.value, "error": error},
             )
             self._dead_letter_items(chunk, ReasonCode.UNRECOVERABLE, error)
-            outcome.done.extend(chunk)
             return False
         outcome.error = exc
         outcome.rest = [i for c in chunks[chunk_index:] for i in c]
