@@ -139,7 +139,6 @@ def _clean(text: str) -> str:
     text = _redact(_URL, _URL_HOLD, text)
     text = _redact(_PATH, _PATH_HOLD, text)
     text = _ANSI.sub("", text)
-    text = _LINE_BREAKS.sub(" ", text)
     text = _REMOVED.sub("", text)
     return _SPACES.sub(" ", text)
 

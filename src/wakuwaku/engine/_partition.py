@@ -186,7 +186,7 @@ class PartitionWorker:
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        return self._stopping
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep on the clock; raise :class:`Abandon` as soon as a stop is asked."""
@@ -517,10 +517,12 @@ class PartitionWorker:
         chunk and the segment goes on. Returns False when abandoned.
         """
         stats = self.stats
-        handled = self._handled  # see _store_partial (attempt rounds leave it unread)
+        # Handled chunks of a main batch, for _store_partial; an attempt round's are dropped.
+        handled = self._handled if self._done is not None else []
         try:
             for seg in pending:
                 outcome: SegmentOutcome | None = None
+                stopped = False
                 attempt = 0 if attempts is None else attempts.get(seg.key, 0)
                 for run_index, run in enumerate(seg.runs):
                     handler = self.handlers[run.event_type.tag]
@@ -539,14 +541,13 @@ class PartitionWorker:
                             stats.handled += sum(map(_count, chunk))
                             continue
                         outcome = outcome or SegmentOutcome()
-                        if self._chunk_failed(seg, run_index, chunks, chunk_index, failure,
-                                              outcome):
+                        stopped = self._chunk_failed(seg, run_index, chunks, chunk_index,
+                                                     failure, outcome)
+                        if stopped:
                             break
-                    if outcome is not None and outcome.error is not None:
+                    if stopped:
                         break
-                if outcome is not None and outcome.error is not None:
-                    await after(seg, outcome)
-                elif attempts is not None:
+                if stopped or attempts is not None:
                     await after(seg, outcome or SegmentOutcome())
         except Abandon:
             return False

@@ -72,7 +72,7 @@ def check_topic_name(topic: str) -> None:
 def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
     """Check one outgoing record at run time (callers may be untyped).
 
-    :returns: the headers as a plain dict.
+    :returns: the headers as a dict (``headers`` itself when it is one).
     :raises ConfigError: when the body is not bytes-like, or a header name is
         not a str or a header value not bytes-like; nothing is written then.
     """
@@ -80,7 +80,8 @@ def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
         raise ConfigError(f"a record body must be bytes, got {type(body).__name__}")
     if not isinstance(headers, Mapping):
         raise ConfigError(f"record headers must be a mapping, got {type(headers).__name__}")
-    headers = dict(headers)
+    if not isinstance(headers, dict):
+        headers = dict(headers)
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, bytes | bytearray | memoryview):
             raise ConfigError(
