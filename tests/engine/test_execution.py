@@ -396,6 +396,22 @@ async def test_a_chunk_waiting_out_a_transient_delay_is_abandoned_at_shutdown(
     assert restarted.handled_ns() == [1]
 
 
+async def test_drain_returns_when_caught_up_without_waiting_for_its_next_tick(
+    log: Log,
+) -> None:
+    # A clock that never moves: drain used to check idleness only after
+    # sleeping ``poll_interval`` on it, so it would wait here forever.
+    still = FakeClock(autojump=False)
+    producer = await setup_topic(log, partitions=2)
+    await producer.publish_many([Item(f"k{n % 5}", n) for n in range(40)])
+    script = Script(still)
+    c = consumer(log, still, [Handler(Item, script, max_batch=3)], poll_interval=30.0)
+    stats = await asyncio.wait_for(c.drain(), timeout=20.0)
+    assert stats.handled == 40
+    assert sorted(script.handled_ns()) == list(range(40))
+    assert still.monotonic() == 0.0
+
+
 async def test_two_handlers_for_one_type_are_refused(memory_log: Log, clock: FakeClock) -> None:
     script = Script(clock)
     with pytest.raises(wk.ConfigError, match=r"two handlers for event type 'test\.item'"):

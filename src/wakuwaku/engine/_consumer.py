@@ -62,6 +62,9 @@ class Consumer:
         self._assignment: list[tuple[str, int]] = []
         self._stop = asyncio.Event()
         self._started = False
+        # Set by a worker each time it reads to the end of its partition, so
+        # that drain() notices idleness at once instead of on its next tick.
+        self._caught_up = asyncio.Event()
 
     # ------------------------------------------------------------------ setup
 
@@ -141,18 +144,33 @@ class Consumer:
 
         For batch jobs, tests and the demo. Records appended while draining
         are consumed too when they arrive before the consumer goes idle.
+        Idleness is checked each time a partition reads to its end, and at
+        least every ``poll_interval`` seconds on the configured clock; the
+        call returns as soon as the consumer has stopped.
         """
         runner = asyncio.create_task(self.run(install_signal_handlers=install_signal_handlers))
         try:
             while not runner.done():
-                await self.config.clock.sleep(self.config.poll_interval)
+                self._caught_up.clear()
                 if self.idle():
                     self.stop()
+                    break
+                await self._until_progress(runner)
             return await runner
         finally:
             if not runner.done():
                 self.stop()
                 await runner
+
+    async def _until_progress(self, runner: asyncio.Task[ConsumerStats]) -> None:
+        """Wait until a partition catches up, ``runner`` ends, or ``poll_interval`` passes."""
+        caught_up = asyncio.ensure_future(self._caught_up.wait())
+        tick = asyncio.ensure_future(self.config.clock.sleep(self.config.poll_interval))
+        try:
+            await asyncio.wait({runner, caught_up, tick}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            caught_up.cancel()
+            tick.cancel()
 
     def idle(self) -> bool:
         """True when every partition is owned, has read to its end, and has no
@@ -192,6 +210,7 @@ class Consumer:
             worker = PartitionWorker(
                 log=self.log, config=self.config, topic=topic, partition=partition,
                 handlers=self.handlers, stats=self.stats, generation=lease.generation,
+                on_caught_up=self._caught_up.set,
             )
             self.workers[(topic, partition)] = worker
             if self._stop.is_set():

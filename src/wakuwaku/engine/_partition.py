@@ -127,6 +127,8 @@ class PartitionWorker:
     :param handlers: handler per type tag.
     :param stats: counters shared by the consumer's workers.
     :param generation: the partition lease's generation (fences commits).
+    :param on_caught_up: called each time a poll finds nothing new (the
+        consumer's :meth:`~wakuwaku.Consumer.drain` listens).
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class PartitionWorker:
         handlers: Mapping[str, Handler[Any]],
         stats: ConsumerStats,
         generation: int | None = None,
+        on_caught_up: Callable[[], None] | None = None,
     ) -> None:
         self.log = log
         self.config = config
@@ -156,6 +159,7 @@ class PartitionWorker:
         self.retry = RetryState(config.delay)
         self.position = 0
         self.caught_up = False
+        self._on_caught_up = on_caught_up
         self.started = False
         self._gate = Gate()
         self._stop = asyncio.Event()
@@ -263,6 +267,8 @@ class PartitionWorker:
                     records = await self._poll(self.position)
                 if not records:
                     self.caught_up = True
+                    if self._on_caught_up is not None:
+                        self._on_caught_up()
                     await self._commit_retry()
                     await self._sleep(self._idle_wait())
                     continue
