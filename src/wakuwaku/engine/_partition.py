@@ -522,33 +522,50 @@ class PartitionWorker:
         (its outcome keeps the rest), an Unrecoverable one dead-letters the
         chunk and the segment goes on. Returns False when abandoned.
         """
-        stats = self.stats
+        stats, handlers, gate = self.stats, self.handlers, self._gate
+        topic, partition = self.topic, self.partition
+        set_context, reset_context, perf_counter = _current.set, _current.reset, time.perf_counter
         # Handled chunks of a main batch, for _store_partial; an attempt round's are dropped.
         handled = self._handled if self._done is not None else []
+        # Main-topic items stand for one record each unless reduction merged them.
+        single = attempts is None and not self._reduces
         try:
             for seg in pending:
                 outcome: SegmentOutcome | None = None
                 stopped = False
                 attempt = 0 if attempts is None else attempts.get(seg.key, 0)
+                key = seg.key
                 for run_index, run in enumerate(seg.runs):
-                    handler = self.handlers[run.event_type.tag]
-                    items = run.items
-                    size = handler.max_batch
-                    chunks = [items] if len(items) <= size else run.chunks(size)
+                    tag = run.event_type.tag
+                    handler = handlers[tag]
+                    invoke = handler.invoke
+                    chunks = run.chunks(handler.max_batch)
                     for chunk_index, chunk in enumerate(chunks):
-                        if self._stopping or not self._gate.is_open:
+                        if self._stopping or not gate.is_open:
                             await self._through_gate()
-                        failure = await self._call(handler, seg.key, chunk, attempt)
-                        if failure is not None and failure[0] is ErrorClass.TRANSIENT:
-                            failure = await self._retry_in_place(handler, seg.key, chunk,
-                                                                 attempt, failure)
+                        # The handler call, as _call makes it, inline.
+                        token = set_context(ChunkContext(topic, partition, key, tag, chunk,
+                                                         attempt))
+                        started = perf_counter()
+                        try:
+                            called = invoke(list(map(_event, chunk)))
+                            if called is not None:
+                                await called
+                            stats.handler_calls += 1
+                            failure = None
+                        except BaseException as exc:  # noqa: BLE001 - see _failure
+                            failure = self._failure(exc, handler, key, chunk)
+                        finally:
+                            stats.handler_seconds += perf_counter() - started
+                            reset_context(token)
                         if failure is None:
                             handled.append(chunk)
-                            stats.handled += sum(map(_count, chunk))
+                            stats.handled += len(chunk) if single else sum(map(_count, chunk))
                             continue
                         outcome = outcome or SegmentOutcome()
-                        stopped = self._chunk_failed(seg, run_index, chunks, chunk_index,
-                                                     failure, outcome)
+                        stopped = await self._chunk_failed(
+                            handler, seg, run_index, chunks, chunk_index, attempt, failure,
+                            outcome, handled)
                         if stopped:
                             break
                     if stopped:
@@ -559,13 +576,25 @@ class PartitionWorker:
             return False
         return True
 
-    def _chunk_failed(
-        self, seg: Segment, run_index: int, chunks: list[list[Item]], chunk_index: int,
-        failure: tuple[ErrorClass, BaseException], outcome: SegmentOutcome,
+    async def _chunk_failed(
+        self, handler: Handler[Any], seg: Segment, run_index: int, chunks: list[list[Item]],
+        chunk_index: int, attempt: int, failure: tuple[ErrorClass, BaseException],
+        outcome: SegmentOutcome, handled: list[list[Item]],
     ) -> bool:
-        """Apply a failed chunk's class (SPEC 5.5); True when the segment stops."""
-        error_class, exc = failure
+        """Apply a failed chunk's class (SPEC 5.5, 5.6); True when the segment stops.
+
+        A Transient failure is retried in place first; a chunk that then
+        succeeds goes to ``handled`` and the segment goes on.
+        """
         chunk = chunks[chunk_index]
+        if failure[0] is ErrorClass.TRANSIENT:
+            again = await self._retry_in_place(handler, seg.key, chunk, attempt, failure)
+            if again is None:
+                handled.append(chunk)
+                self.stats.handled += sum(map(_count, chunk))
+                return False
+            failure = again
+        error_class, exc = failure
         run = seg.runs[run_index]
         self.stats.failed_by_class[error_class.value] += 1
         if error_class is ErrorClass.UNRECOVERABLE:
@@ -616,28 +645,41 @@ class PartitionWorker:
     async def _call(
         self, handler: Handler[Any], key: str, chunk: list[Item], attempt: int
     ) -> tuple[ErrorClass, BaseException] | None:
-        context = ChunkContext(self.topic, self.partition, key, handler.event_type.tag, chunk,
-                               attempt)
-        token = _current.set(context)
+        """Call the handler on one chunk; its failure, classified, or None.
+
+        :meth:`_work` makes the first call of every chunk with the same steps
+        inline (a coroutine less per chunk); this is the call of a retry in place.
+        """
+        token = _current.set(ChunkContext(self.topic, self.partition, key,
+                                          handler.event_type.tag, chunk, attempt))
         started = time.perf_counter()
         try:
-            events = list(map(_event, chunk))
-            if handler.is_async:
-                pending = handler.handle(events)
-                if pending is not None:
-                    await pending
-            else:
-                await handler(events)
-        except HandleError as exc:
+            called = handler.invoke(list(map(_event, chunk)))
+            if called is not None:
+                await called
+        except BaseException as exc:  # noqa: BLE001 - _failure lets through what is no failure
+            return self._failure(exc, handler, key, chunk)
+        finally:
+            self.stats.handler_seconds += time.perf_counter() - started
+            _current.reset(token)
+        self.stats.handler_calls += 1
+        return None
+
+    def _failure(self, exc: BaseException, handler: Handler[Any], key: str,
+                 chunk: list[Item]) -> tuple[ErrorClass, BaseException]:
+        """The class of what a handler raised (SPEC 5.8).
+
+        :raises: ``exc`` itself when it is not a failure of the chunk: a
+            cancellation of the running task (shutdown deadline), or
+            ``KeyboardInterrupt``/``SystemExit`` (logged with where it came from).
+        """
+        if isinstance(exc, HandleError):
             return exc.error_class, exc
-        except Exception as exc:  # noqa: BLE001 - every handler exception is classified
-            return self._classify(exc, key, handler, chunk), exc
-        except asyncio.CancelledError as exc:
+        if isinstance(exc, asyncio.CancelledError):
             task = asyncio.current_task()
             if task is not None and task.cancelling():
-                raise  # we are being cancelled (shutdown deadline): let it through
-            return self._classify(exc, key, handler, chunk), exc  # the handler raised it itself
-        except (KeyboardInterrupt, SystemExit) as exc:
+                raise exc  # we are being cancelled (shutdown deadline): let it through
+        elif isinstance(exc, (KeyboardInterrupt, SystemExit)):
             # Not a failure to classify: the process is asked to end. Say where.
             log.error(
                 "handler raised %s; the consumer stops without storing this batch's offset",
@@ -645,14 +687,10 @@ class PartitionWorker:
                 extra={**self._fields, "key": key, "type": handler.event_type.tag,
                        "offsets": [o for i in chunk for o in i.main_offsets]},
             )
-            raise
-        except BaseException as exc:  # noqa: BLE001 - GeneratorExit & co. from a handler
-            return self._classify(exc, key, handler, chunk), exc
-        finally:
-            self.stats.handler_seconds += time.perf_counter() - started
-            _current.reset(token)
-        self.stats.handler_calls += 1
-        return None
+            raise exc
+        # Any other exception, GeneratorExit & co., or a CancelledError the
+        # handler raised itself.
+        return self._classify(exc, key, handler, chunk), exc
 
     def _classify(self, exc: BaseException, key: str, handler: Handler[Any],
                   chunk: list[Item]) -> ErrorClass:

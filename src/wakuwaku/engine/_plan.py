@@ -143,8 +143,12 @@ class Run(msgspec.Struct, gc=False):
     items: list[Item]
 
     def chunks(self, max_batch: int) -> list[list[Item]]:
-        """The run cut into chunks of at most ``max_batch`` items, in order."""
-        return [self.items[i : i + max_batch] for i in range(0, len(self.items), max_batch)]
+        """The run cut into chunks of at most ``max_batch`` items, in order
+        (a run that fits is its own only chunk: the same list, not a copy)."""
+        items = self.items
+        if len(items) <= max_batch:
+            return [items]
+        return [items[i : i + max_batch] for i in range(0, len(items), max_batch)]
 
 
 class Segment(msgspec.Struct, gc=False):
