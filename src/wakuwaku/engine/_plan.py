@@ -209,28 +209,34 @@ def decode_batch(
     # only the key and the body need decoding. Anything else (retry records
     # carry more headers) takes the careful path, which names the problem.
     # Logs may hand out one headers dict for equal headers (SQLiteLog does),
-    # so a dict found good is not checked again within the batch (each entry
-    # holds its dict, so an id is never reused for another one meanwhile).
+    # so a dict found good is not checked again within the batch, and its
+    # entry leads straight to its key's runs.
     fast = {} if from_retry else _fast_signatures(types)
-    known: dict[int, tuple[Any, EventType[Any], Callable[[bytes], Any], bool, str]] = {}
+    # id(headers) -> (headers, type, decode, has_id, key, the key's runs).
+    # Each entry holds its dict, so no other dict gets that id meanwhile.
+    known: dict[int, tuple[Any, EventType[Any], Callable[[bytes], Any], bool, str,
+                           list[list[Item]]]] = {}
+    runs_of: dict[str, list[list[Item]]] = {}  # per key; in groups once it has an item
+    get = known.get
     for record in records:
         headers = record.headers
+        entry = get(id(headers))
         try:
-            found = known.get(id(headers))
-            if found is not None and found[0] is headers:
-                _, etype, decode, has_id, key = found
-            else:
+            if entry is None:
                 etype, decode, has_id = fast[_signature(headers)]
                 key = headers[H_KEY].decode("utf-8")
                 if len(headers) != 4 or not key:
                     raise KeyError(H_KEY)
-                known[id(headers)] = (headers, etype, decode, has_id, key)
+                entry = known[id(headers)] = (headers, etype, decode, has_id, key,
+                                              runs_of.setdefault(key, []))
+            _, etype, decode, has_id, key, runs = entry
             value = decode(record.body)
         except Exception:  # noqa: BLE001 - the careful path names the problem
             careful = _decode_one(record, where, types, from_retry, rejects)
             if careful is None:
                 continue
             item, key, etype = careful, careful.key, careful.event_type
+            runs = runs_of.setdefault(key, [])
         else:
             if has_id:
                 origin = _own_origin(record, where, etype, value, key, rejects)
@@ -241,13 +247,15 @@ def decode_batch(
                 item = Item(key, etype, value, record, where, _NO_PROPS)
         append(item)
         # Grouping as group() does, inline: this loop runs once per record.
-        runs = groups.get(key)
-        if runs is None:
-            groups[key] = [[item]]
-        elif runs[-1][-1].event_type is etype:
-            runs[-1].append(item)
+        if runs:
+            last = runs[-1]
+            if last[-1].event_type is etype:
+                last.append(item)
+            else:
+                runs.append([item])
         else:
             runs.append([item])
+            groups[key] = runs
     return items, groups, rejects
 
 
