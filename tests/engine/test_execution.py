@@ -106,6 +106,32 @@ async def test_5_4_keys_run_concurrently_and_each_key_in_order(
     assert script.handled_ns("b") == list(range(20))
 
 
+@pytest.mark.parametrize("width", [1, 3, 16])
+async def test_5_4_as_many_keys_run_at_once_as_max_concurrency_allows(
+    memory_log: Log, clock: FakeClock, width: int
+) -> None:
+    log = memory_log
+    producer = await setup_topic(log)
+    await producer.publish_many([Item(f"k{k}", n) for n in range(3) for k in range(10)])
+    running: set[str] = set()
+    peak = 0
+    order: dict[str, list[int]] = {}
+
+    async def slow(run: Sequence[Item]) -> None:
+        nonlocal peak
+        key = run[0].key
+        assert key not in running, "two chunks of one key at once"
+        running.add(key)
+        peak = max(peak, len(running))
+        await clock.sleep(1.0)  # every key waits: the others can start meanwhile
+        running.discard(key)
+        order.setdefault(key, []).extend(e.n for e in run)
+
+    await consumer(log, clock, [Handler(Item, slow)], max_concurrency=width).drain()
+    assert peak == min(width, 10)
+    assert order == {f"k{k}": [0, 1, 2] for k in range(10)}
+
+
 async def test_5_5_retryable_stops_the_key_and_writes_its_unfinished_work_to_the_retry_partition(
     log: Log, clock: FakeClock
 ) -> None:

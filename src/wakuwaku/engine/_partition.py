@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from operator import attrgetter
+from operator import attrgetter, length_hint
 from typing import Any, TypeVar
 
 from .._errors import ErrorClass, FencedError, HandleError
@@ -505,10 +505,33 @@ class PartitionWorker:
         if width == 1:
             finished = [await self._work(pending, after, attempts)]
         else:
-            finished = await asyncio.gather(
-                *(self._work(pending, after, attempts) for _ in range(width)))
+            finished = await self._spread(pending, width, after, attempts)
         if not all(finished):
             raise Abandon
+
+    async def _spread(
+        self,
+        pending: Iterator[Segment],
+        width: int,
+        after: Callable[[Segment, SegmentOutcome], Awaitable[None]],
+        attempts: Mapping[str, int] | None,
+    ) -> list[bool]:
+        """Run up to ``width`` workers on ``pending``, starting one more each
+        time the running ones all wait while segments are left: handlers that
+        never wait are run by one worker, without a task per idle worker."""
+        workers = [asyncio.ensure_future(self._work(pending, after, attempts))]
+        try:
+            while len(workers) < width:
+                await asyncio.sleep(0)  # the workers run until they wait
+                if not length_hint(pending) or all(w.done() for w in workers):
+                    break
+                workers.append(asyncio.ensure_future(self._work(pending, after, attempts)))
+        except BaseException:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
+        return list(await asyncio.gather(*workers))
 
     async def _work(
         self,
