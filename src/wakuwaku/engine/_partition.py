@@ -37,6 +37,7 @@ from ._plan import (
     Groups,
     Item,
     Reject,
+    Run,
     Segment,
     decode_batch,
     decode_records,
@@ -552,18 +553,23 @@ class PartitionWorker:
         handled = self._handled if self._done is not None else []
         # Main-topic items stand for one record each unless reduction merged them.
         single = attempts is None and not self._reduces
+        # Counted here and added to the shared stats when the worker ends.
+        calls = records = 0
+        seconds = 0.0
         try:
             for seg in pending:
                 outcome: SegmentOutcome | None = None
                 stopped = False
-                attempt = 0 if attempts is None else attempts.get(seg.key, 0)
                 key = seg.key
-                for run_index, run in enumerate(seg.runs):
+                attempt = 0 if attempts is None else attempts.get(key, 0)
+                for run in seg.runs:
                     tag = run.event_type.tag
                     handler = handlers[tag]
                     invoke = handler.invoke
-                    chunks = run.chunks(handler.max_batch)
-                    for chunk_index, chunk in enumerate(chunks):
+                    items = run.items
+                    size = handler.max_batch
+                    for start in range(0, len(items), size):
+                        chunk = items if len(items) <= size else items[start : start + size]
                         if self._stopping or not gate.is_open:
                             await self._through_gate()
                         # The handler call, as _call makes it, inline.
@@ -574,21 +580,20 @@ class PartitionWorker:
                             called = invoke(list(map(_event, chunk)))
                             if called is not None:
                                 await called
-                            stats.handler_calls += 1
+                            calls += 1
                             failure = None
                         except BaseException as exc:  # noqa: BLE001 - see _failure
                             failure = self._failure(exc, handler, key, chunk)
                         finally:
-                            stats.handler_seconds += perf_counter() - started
+                            seconds += perf_counter() - started
                             reset_context(token)
                         if failure is None:
                             handled.append(chunk)
-                            stats.handled += len(chunk) if single else sum(map(_count, chunk))
+                            records += len(chunk) if single else sum(map(_count, chunk))
                             continue
                         outcome = outcome or SegmentOutcome()
                         stopped = await self._chunk_failed(
-                            handler, seg, run_index, chunks, chunk_index, attempt, failure,
-                            outcome, handled)
+                            handler, seg, run, start, attempt, failure, outcome, handled)
                         if stopped:
                             break
                     if stopped:
@@ -597,19 +602,24 @@ class PartitionWorker:
                     await after(seg, outcome or SegmentOutcome())
         except Abandon:
             return False
+        finally:
+            stats.handler_calls += calls
+            stats.handled += records
+            stats.handler_seconds += seconds
         return True
 
     async def _chunk_failed(
-        self, handler: Handler[Any], seg: Segment, run_index: int, chunks: list[list[Item]],
-        chunk_index: int, attempt: int, failure: tuple[ErrorClass, BaseException],
-        outcome: SegmentOutcome, handled: list[list[Item]],
+        self, handler: Handler[Any], seg: Segment, run: Run, start: int, attempt: int,
+        failure: tuple[ErrorClass, BaseException], outcome: SegmentOutcome,
+        handled: list[list[Item]],
     ) -> bool:
-        """Apply a failed chunk's class (SPEC 5.5, 5.6); True when the segment stops.
+        """Apply the class of a failed chunk, the one at ``start`` in ``run``
+        (SPEC 5.5, 5.6); True when the segment stops.
 
         A Transient failure is retried in place first; a chunk that then
         succeeds goes to ``handled`` and the segment goes on.
         """
-        chunk = chunks[chunk_index]
+        chunk = run.items[start : start + handler.max_batch]
         if failure[0] is ErrorClass.TRANSIENT:
             again = await self._retry_in_place(handler, seg.key, chunk, attempt, failure)
             if again is None:
@@ -618,7 +628,6 @@ class PartitionWorker:
                 return False
             failure = again
         error_class, exc = failure
-        run = seg.runs[run_index]
         self.stats.failed_by_class[error_class.value] += 1
         if error_class is ErrorClass.UNRECOVERABLE:
             error = sanitize(exc, self.config.error_text_limit)
@@ -630,9 +639,10 @@ class PartitionWorker:
             )
             self._dead_letter_items(chunk, ReasonCode.UNRECOVERABLE, error)
             return False
+        index = next(n for n, r in enumerate(seg.runs) if r is run)
         outcome.error = exc
-        outcome.rest = [i for c in chunks[chunk_index:] for i in c]
-        outcome.later = [i for r in seg.runs[run_index + 1 :] for i in r.items]
+        outcome.rest = run.items[start:]
+        outcome.later = [i for r in seg.runs[index + 1 :] for i in r.items]
         return True
 
     async def _retry_in_place(
