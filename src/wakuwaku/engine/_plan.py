@@ -212,7 +212,10 @@ def decode_batch(
     # so a dict found good is not checked again within the batch, and its
     # entry leads straight to its key's runs.
     fast = {} if from_retry else _fast_signatures(types)
-    known: dict[int, _Known] = {}  # by id(headers); each entry holds its dict
+    # id(headers) -> (headers, type, decode, has_id, key, the key's runs).
+    # Each entry holds its dict, so no other dict gets that id meanwhile.
+    known: dict[int, tuple[Any, EventType[Any], Callable[[bytes], Any], bool, str,
+                           list[list[Item]]]] = {}
     runs_of: dict[str, list[list[Item]]] = {}  # per key; in groups once it has an item
     get = known.get
     for record in records:
@@ -224,14 +227,9 @@ def decode_batch(
                 key = headers[H_KEY].decode("utf-8")
                 if len(headers) != 4 or not key:
                     raise KeyError(H_KEY)
-                entry = known[id(headers)] = _Known(headers, etype, decode, has_id, key,
-                                                    runs_of.setdefault(key, []))
-            else:
-                etype = entry.etype
-                decode = entry.decode
-                has_id = entry.has_id
-                key = entry.key
-            runs = entry.runs
+                entry = known[id(headers)] = (headers, etype, decode, has_id, key,
+                                              runs_of.setdefault(key, []))
+            _, etype, decode, has_id, key, runs = entry
             value = decode(record.body)
         except Exception:  # noqa: BLE001 - the careful path names the problem
             careful = _decode_one(record, where, types, from_retry, rejects)
@@ -259,22 +257,6 @@ def decode_batch(
             runs.append([item])
             groups[key] = runs
     return items, groups, rejects
-
-
-class _Known(msgspec.Struct, gc=False):
-    """A headers dict found good within one batch: what its records share.
-
-    Untracked by the garbage collector (gc=False): a batch makes hundreds,
-    and tracked objects are what trigger collections. It refers to no object
-    that refers back to it, so it can be part of no cycle.
-    """
-
-    headers: dict[str, bytes]  # held, so that no other dict gets its id meanwhile
-    etype: EventType[Any]
-    decode: Callable[[bytes], Any]
-    has_id: bool
-    key: str
-    runs: list[list[Item]]
 
 
 _signature = itemgetter(H_VERSION, H_TYPE, H_ALG)
