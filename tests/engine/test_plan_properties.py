@@ -40,7 +40,15 @@ from wakuwaku._records import (
     message_id,
 )
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
-from wakuwaku.engine._plan import Item, Segment, decode_batch, decode_records, group, plan
+from wakuwaku.engine._plan import (
+    Item,
+    Segment,
+    chunks,
+    decode_batch,
+    decode_records,
+    group,
+    plan,
+)
 from wakuwaku.testing import FakeClock
 
 REGISTRY = wk.Registry()
@@ -222,20 +230,20 @@ def check_segments(segments: list[Segment], items: list[Item]) -> None:
         assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), \
             f"key {seg.key!r}: order lost: {offsets}"
         for index, run in enumerate(seg.runs):
-            assert run.items, "a run is never empty"
-            assert run.key == seg.key
+            assert run, "a run is never empty"
+            etype = run[0].event_type
             if index:
-                assert run.event_type is not seg.runs[index - 1].event_type, "runs are maximal"
-            for item in run.items:
-                assert item.key == seg.key and item.event_type is run.event_type
+                assert etype is not seg.runs[index - 1][0].event_type, "runs are maximal"
+            for item in run:
+                assert item.key == seg.key and item.event_type is etype
                 for record in item.sources:
                     assert record.headers[H_KEY].decode() == seg.key, "merged across keys"
-                    assert record.headers[H_TYPE].decode() == run.event_type.tag, \
+                    assert record.headers[H_TYPE].decode() == etype.tag, \
                         "merged across types"
                 places = [position[r.offset] for r in item.sources]
                 assert places == list(range(places[0], places[0] + len(places))), \
                     "merged events that were not adjacent"
-            check_reduction(run.items)
+            check_reduction(run)
 
 
 def check_reduction(run: list[Item]) -> None:
@@ -272,9 +280,9 @@ def _assoc_combine_strict(a: Assoc, b: Assoc) -> Assoc:
 def check_chunks(segments: list[Segment], max_batch: int) -> None:
     for seg in segments:
         for run in seg.runs:
-            chunks = run.chunks(max_batch)
-            assert all(1 <= len(c) <= max_batch for c in chunks)
-            assert [i for c in chunks for i in c] == run.items
+            cut = chunks(run, max_batch)
+            assert all(1 <= len(c) <= max_batch for c in cut)
+            assert [i for c in cut for i in c] == run
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -37,7 +37,6 @@ from ._plan import (
     Groups,
     Item,
     Reject,
-    Run,
     Segment,
     decode_batch,
     decode_records,
@@ -440,7 +439,7 @@ class PartitionWorker:
         if self._reduces:
             self.stats.reduced_away += (
                 sum(len(run) for runs in groups.values() for run in runs)
-                - sum(len(run.items) for seg in segments for run in seg.runs))
+                - sum(len(run) for seg in segments for run in seg.runs))
         await self._run_segments(segments, self._after_main_segment)
         await self._flush()
 
@@ -563,13 +562,12 @@ class PartitionWorker:
                 key = seg.key
                 attempt = 0 if attempts is None else attempts.get(key, 0)
                 for run in seg.runs:
-                    tag = run.event_type.tag
+                    tag = run[0].event_type.tag
                     handler = handlers[tag]
                     invoke = handler.invoke
-                    items = run.items
                     size = handler.max_batch
-                    for start in range(0, len(items), size):
-                        chunk = items if len(items) <= size else items[start : start + size]
+                    for start in range(0, len(run), size):
+                        chunk = run if len(run) <= size else run[start : start + size]
                         if self._stopping or not gate.is_open:
                             await self._through_gate()
                         # The handler call, as _call makes it, inline.
@@ -609,7 +607,7 @@ class PartitionWorker:
         return True
 
     async def _chunk_failed(
-        self, handler: Handler[Any], seg: Segment, run: Run, start: int, attempt: int,
+        self, handler: Handler[Any], seg: Segment, run: list[Item], start: int, attempt: int,
         failure: tuple[ErrorClass, BaseException], outcome: SegmentOutcome,
         handled: list[list[Item]],
     ) -> bool:
@@ -619,7 +617,7 @@ class PartitionWorker:
         A Transient failure is retried in place first; a chunk that then
         succeeds goes to ``handled`` and the segment goes on.
         """
-        chunk = run.items[start : start + handler.max_batch]
+        chunk = run[start : start + handler.max_batch]
         if failure[0] is ErrorClass.TRANSIENT:
             again = await self._retry_in_place(handler, seg.key, chunk, attempt, failure)
             if again is None:
@@ -633,7 +631,7 @@ class PartitionWorker:
             error = sanitize(exc, self.config.error_text_limit)
             log.error(
                 "dropping chunk after unrecoverable handler failure",
-                extra={**self._fields, "key": seg.key, "type": run.event_type.tag,
+                extra={**self._fields, "key": seg.key, "type": handler.event_type.tag,
                        "offsets": [o for i in chunk for o in i.main_offsets],
                        "error_class": error_class.value, "error": error},
             )
@@ -641,8 +639,8 @@ class PartitionWorker:
             return False
         index = next(n for n, r in enumerate(seg.runs) if r is run)
         outcome.error = exc
-        outcome.rest = run.items[start:]
-        outcome.later = [i for r in seg.runs[index + 1 :] for i in r.items]
+        outcome.rest = run[start:]
+        outcome.later = [i for r in seg.runs[index + 1 :] for i in r]
         return True
 
     async def _retry_in_place(

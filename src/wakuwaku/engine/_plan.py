@@ -135,30 +135,26 @@ class Reject:
     key: str | None = None
 
 
-class Run(msgspec.Struct, gc=False):
-    """A maximal sequence of one key's items of one type, after reduction (SPEC 2)."""
-
-    key: str
-    event_type: EventType[Any]
-    items: list[Item]
-
-    def chunks(self, max_batch: int) -> list[list[Item]]:
-        """The run cut into chunks of at most ``max_batch`` items, in order
-        (a run that fits is its own only chunk: the same list, not a copy)."""
-        items = self.items
-        if len(items) <= max_batch:
-            return [items]
-        return [items[i : i + max_batch] for i in range(0, len(items), max_batch)]
-
-
 class Segment(msgspec.Struct, gc=False):
-    """One key's runs within one batch or one retry attempt, in order."""
+    """One key's runs within one batch or one retry attempt, in order.
+
+    A run is a non-empty list of the key's items of one type, reduced by
+    the type's algebra; consecutive runs have different types (SPEC 2).
+    """
 
     key: str
-    runs: list[Run]
+    runs: list[list[Item]]
 
     def items(self) -> list[Item]:
-        return [item for run in self.runs for item in run.items]
+        return [item for run in self.runs for item in run]
+
+
+def chunks(run: list[Item], max_batch: int) -> list[list[Item]]:
+    """``run`` cut into chunks of at most ``max_batch`` items, in order (a run
+    that fits is its own only chunk: the same list, not a copy)."""
+    if len(run) <= max_batch:
+        return [run]
+    return [run[i : i + max_batch] for i in range(0, len(run), max_batch)]
 
 
 Groups = dict[str, list[list[Item]]]
@@ -423,17 +419,22 @@ def group(items: Iterable[Item]) -> Groups:
 
 
 def plan_groups(groups: Groups) -> list[Segment]:
-    """One segment per key, its runs reduced by their types' algebra (SPEC 4)."""
+    """One segment per key, its runs reduced by their types' algebra (SPEC 4).
+
+    A key whose runs are all plain keeps the very list ``groups`` holds
+    (nothing is copied for it); ``groups`` itself is not changed.
+    """
     plain = Algebra.PLAIN
     segments: list[Segment] = []
+    append = segments.append
     for key, runs in groups.items():
-        planned: list[Run] = []
-        for run in runs:
-            etype = run[0].event_type
-            if len(run) > 1 and etype.algebra is not plain:
-                run = reduce_run(run)
-            planned.append(Run(key, etype, run))
-        segments.append(Segment(key, planned))
+        planned = runs
+        for index, run in enumerate(runs):
+            if len(run) > 1 and run[0].event_type.algebra is not plain:
+                if planned is runs:
+                    planned = list(runs)
+                planned[index] = reduce_run(run)
+        append(Segment(key, planned))
     return segments
 
 
@@ -447,6 +448,6 @@ def chunk_plan(
 ) -> list[list[list[Item]]]:
     """For inspection and tests: every segment's chunks, flattened per segment."""
     return [
-        [chunk for run in seg.runs for chunk in run.chunks(max_batch_of(run.event_type.tag))]
+        [chunk for run in seg.runs for chunk in chunks(run, max_batch_of(run[0].event_type.tag))]
         for seg in segments
     ]
