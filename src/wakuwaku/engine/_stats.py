@@ -31,6 +31,10 @@ class ConsumerStats:
     :param failed_by_class: handler failures by error class.
     :param dead_letters: dead-lettered records by reason code.
     :param handler_seconds: total time spent in handlers (seconds).
+
+    ``handled``, ``handler_calls`` and ``handler_seconds`` are added up per
+    worker and reach these fields when the worker has run its share of a
+    batch (a hot-path saving): a reader sees them at most one batch late.
     """
 
     polled: int = 0
