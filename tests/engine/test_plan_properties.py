@@ -42,6 +42,7 @@ from wakuwaku._records import (
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.engine._plan import (
     Item,
+    Run,
     Segment,
     chunks,
     decode_batch,
@@ -282,7 +283,7 @@ def check_chunks(segments: list[Segment], max_batch: int) -> None:
         for run in seg.runs:
             cut = chunks(run, max_batch)
             assert all(1 <= len(c) <= max_batch for c in cut)
-            assert [i for c in cut for i in c] == run
+            assert [i for c in cut for i in c] == list(run)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -314,6 +315,19 @@ def test_decode_batch_groups_exactly_as_group_does(batch: list[Spec], steps: lis
     for key, runs in expected.items():
         assert [[id(i) for i in run] for run in groups[key]] == [
             [id(i) for i in run] for run in runs]
+        assert [run.events for run in groups[key]] == [
+            [i.event for i in run] for run in runs], "a run's events are its items' events"
+    # Compact runs keep bare records where an item would be the plain one of
+    # its record: read back, they are the same items.
+    nothing, compacted, compact_rejects = decode_batch(records, TOPIC, PARTITION, TYPES,
+                                                       compact=True)
+    assert nothing == [] and compact_rejects == rejects
+    assert list(compacted) == list(expected)
+    for key, runs in expected.items():
+        assert [list(run) for run in compacted[key]] == [list(run) for run in runs]
+        assert [run.events for run in compacted[key]] == [run.events for run in runs]
+        assert [list(chunk) for run in compacted[key] for chunk in chunks(run, 2)] == [
+            list(chunk) for run in runs for chunk in chunks(run, 2)]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -336,6 +350,24 @@ def test_records_sharing_one_headers_dict_decode_as_if_each_had_its_own(
     want, _, _ = decode_batch(records, TOPIC, PARTITION, TYPES)
     assert [(i.key, i.tag, i.event, i.record.offset, i.ids) for i in got] == [
         (i.key, i.tag, i.event, i.record.offset, i.ids) for i in want]
+
+
+def test_a_run_of_bare_records_reads_as_the_items_of_those_records() -> None:
+    batch = [Spec("plain", "a", n) for n in (1, 2, 3)] + [Spec("replayed", "a", 4)]
+    records = build_batch(batch, [1] * len(batch))
+    items, _ = decode_records(records, TOPIC, PARTITION, TYPES)
+    _, groups, _ = decode_batch(records, TOPIC, PARTITION, TYPES, compact=True)
+    (run,) = groups["a"]
+    # Three bare records, and the replayed one's item (its identity is its wk-src).
+    assert [type(e).__name__ for e in run.entries] == ["Record"] * 3 + ["Item"]
+    assert run.entries[3] == items[3]
+    assert len(run) == 4 and list(run) == items
+    assert run[0] == items[0] and run[-1] == items[-1]
+    assert isinstance(run[1:3], Run) and list(run[1:3]) == items[1:3]
+    assert items[1] in run and items[0] not in run[1:]
+    assert run.events == [i.event for i in items]
+    assert [i.ids for i in run] == [i.ids for i in items]
+    assert Run.of(items).entries == items and list(Run.of(items)) == items
 
 
 def test_the_generator_reaches_every_case() -> None:

@@ -8,7 +8,7 @@ Sync handlers see the same context: worker threads get a copy of it.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Collection
 
 import msgspec
 
@@ -35,7 +35,7 @@ class ChunkContext(msgspec.Struct, frozen=True, gc=False):
     partition: int
     key: str
     type_tag: str
-    items: Sequence[Item]
+    items: Collection[Item]
     attempt: int
 
     @property

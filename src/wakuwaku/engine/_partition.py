@@ -37,6 +37,7 @@ from ._plan import (
     Groups,
     Item,
     Reject,
+    Run,
     Segment,
     decode_batch,
     decode_records,
@@ -176,7 +177,7 @@ class PartitionWorker:
         # routed, skipped by the inbox), and its handled chunks: a graceful
         # stop stores the offset of the first record that is not done.
         self._done: set[int] | None = None
-        self._handled: list[list[Item]] = []
+        self._handled: list[Run] = []
         # Decoded retry records that passed the inbox filter, by retry offset.
         self._pending_items: dict[int, Item] = {}
         self._pending_rejected: set[int] = set()
@@ -428,7 +429,10 @@ class PartitionWorker:
     # -------------------------------------------------------------------- batch
 
     async def _process_batch(self, records: list[Record]) -> None:
-        items, groups, rejects = decode_batch(records, self.topic, self.partition, self.types)
+        # Without an inbox nothing needs the items of a batch that goes well:
+        # the runs keep records instead (see Run).
+        items, groups, rejects = decode_batch(records, self.topic, self.partition, self.types,
+                                              compact=not self._has_inbox)
         if rejects:
             self._dead_letter_rejects(rejects)
         if self._has_inbox:
@@ -562,7 +566,7 @@ class PartitionWorker:
                 key = seg.key
                 attempt = 0 if attempts is None else attempts.get(key, 0)
                 for run in seg.runs:
-                    tag = run[0].event_type.tag
+                    tag = run.event_type.tag
                     handler = handlers[tag]
                     invoke = handler.invoke
                     size = handler.max_batch
@@ -575,7 +579,7 @@ class PartitionWorker:
                                                          attempt))
                         started = perf_counter()
                         try:
-                            called = invoke(list(map(_event, chunk)))
+                            called = invoke(chunk.events.copy())
                             if called is not None:
                                 await called
                             calls += 1
@@ -607,9 +611,9 @@ class PartitionWorker:
         return True
 
     async def _chunk_failed(
-        self, handler: Handler[Any], seg: Segment, run: list[Item], start: int, attempt: int,
+        self, handler: Handler[Any], seg: Segment, run: Run, start: int, attempt: int,
         failure: tuple[ErrorClass, BaseException], outcome: SegmentOutcome,
-        handled: list[list[Item]],
+        handled: list[Run],
     ) -> bool:
         """Apply the class of a failed chunk, the one at ``start`` in ``run``
         (SPEC 5.5, 5.6); True when the segment stops.
@@ -639,12 +643,12 @@ class PartitionWorker:
             return False
         index = next(n for n, r in enumerate(seg.runs) if r is run)
         outcome.error = exc
-        outcome.rest = run[start:]
+        outcome.rest = list(run[start:])
         outcome.later = [i for r in seg.runs[index + 1 :] for i in r]
         return True
 
     async def _retry_in_place(
-        self, handler: Handler[Any], key: str, chunk: list[Item], attempt: int,
+        self, handler: Handler[Any], key: str, chunk: Run, attempt: int,
         failure: tuple[ErrorClass, BaseException],
     ) -> tuple[ErrorClass, BaseException] | None:
         """After a Transient failure, call the handler again on the schedule,
@@ -674,7 +678,7 @@ class PartitionWorker:
             self._gate.reopen()
 
     async def _call(
-        self, handler: Handler[Any], key: str, chunk: list[Item], attempt: int
+        self, handler: Handler[Any], key: str, chunk: Run, attempt: int
     ) -> tuple[ErrorClass, BaseException] | None:
         """Call the handler on one chunk; its failure, classified, or None.
 
@@ -685,7 +689,7 @@ class PartitionWorker:
                                           handler.event_type.tag, chunk, attempt))
         started = time.perf_counter()
         try:
-            called = handler.invoke(list(map(_event, chunk)))
+            called = handler.invoke(chunk.events.copy())
             if called is not None:
                 await called
         except BaseException as exc:  # noqa: BLE001 - _failure lets through what is no failure
@@ -697,7 +701,7 @@ class PartitionWorker:
         return None
 
     def _failure(self, exc: BaseException, handler: Handler[Any], key: str,
-                 chunk: list[Item]) -> tuple[ErrorClass, BaseException]:
+                 chunk: Iterable[Item]) -> tuple[ErrorClass, BaseException]:
         """The class of what a handler raised (SPEC 5.8).
 
         :raises: ``exc`` itself when it is not a failure of the chunk: a
@@ -724,7 +728,7 @@ class PartitionWorker:
         return self._classify(exc, key, handler, chunk), exc
 
     def _classify(self, exc: BaseException, key: str, handler: Handler[Any],
-                  chunk: list[Item]) -> ErrorClass:
+                  chunk: Iterable[Item]) -> ErrorClass:
         try:
             error_class = ErrorClass(self.config.classify(exc))
         except Exception as bad:  # noqa: BLE001 - a broken classifier must not lose the chunk

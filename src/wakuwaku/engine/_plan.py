@@ -10,10 +10,10 @@ message id it stands for.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
@@ -135,29 +135,89 @@ class Reject:
     key: str | None = None
 
 
-class Segment(msgspec.Struct, gc=False):
-    """One key's runs within one batch or one retry attempt, in order.
+class Run(msgspec.Struct, gc=False):
+    """A maximal sequence of one key's items of one type (SPEC 2), read as a
+    sequence of :class:`Item` (``len``, indexing, slicing, iteration).
 
-    A run is a non-empty list of the key's items of one type, reduced by
-    the type's algebra; consecutive runs have different types (SPEC 2).
+    Held as the events and, per event, its item or only its record: a record
+    of the main topic decoded on the short path (no own id, no props) needs
+    no item until something asks for it (a failure, the chunk context, a
+    graceful stop), so the common path builds none. Items built on demand
+    are new objects each time, equal to each other.
+
+    :param key: the key.
+    :param event_type: the type.
+    :param where: the main topic and partition of the bare records.
+    :param events: the events, in order (handlers get a copy).
+    :param entries: per event, its :class:`Item`, or its :class:`Record`
+        when the item is the plain one of that record.
     """
 
     key: str
-    runs: list[list[Item]]
+    event_type: EventType[Any]
+    where: Where
+    events: list[Any]
+    entries: list[Item | Record]
+
+    @classmethod
+    def of(cls, items: Sequence[Item]) -> Run:
+        """A run of existing items (non-empty, one key, one type)."""
+        first = items[0]
+        return cls(first.key, first.event_type, _NOWHERE, [i.event for i in items], list(items))
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    @overload
+    def __getitem__(self, index: int) -> Item: ...
+    @overload
+    def __getitem__(self, index: slice) -> Run: ...
+    def __getitem__(self, index: int | slice) -> Item | Run:
+        if isinstance(index, slice):
+            return Run(self.key, self.event_type, self.where, self.events[index],
+                       self.entries[index])
+        return self._item(self.events[index], self.entries[index])
+
+    def __iter__(self) -> Iterator[Item]:
+        for event, entry in zip(self.events, self.entries, strict=True):
+            yield self._item(event, entry)
+
+    def __contains__(self, item: object) -> bool:
+        return any(item == mine for mine in self)
+
+    def _item(self, event: Any, entry: Item | Record) -> Item:
+        if isinstance(entry, Item):
+            return entry
+        return Item(self.key, self.event_type, event, entry, self.where, _NO_PROPS)
+
+
+_NOWHERE = Where("", -1)
+"""The ``where`` of runs whose every entry is an item (never used to build one)."""
+
+
+class Segment(msgspec.Struct, gc=False):
+    """One key's runs within one batch or one retry attempt, in order.
+
+    Each run is non-empty and reduced by its type's algebra; consecutive
+    runs have different types (SPEC 2).
+    """
+
+    key: str
+    runs: list[Run]
 
     def items(self) -> list[Item]:
         return [item for run in self.runs for item in run]
 
 
-def chunks(run: list[Item], max_batch: int) -> list[list[Item]]:
+def chunks(run: Run, max_batch: int) -> list[Run]:
     """``run`` cut into chunks of at most ``max_batch`` items, in order (a run
-    that fits is its own only chunk: the same list, not a copy)."""
+    that fits is its own only chunk: the same run, not a copy)."""
     if len(run) <= max_batch:
         return [run]
     return [run[i : i + max_batch] for i in range(0, len(run), max_batch)]
 
 
-Groups = dict[str, list[list[Item]]]
+Groups = dict[str, list[Run]]
 """Items by key in first-seen key order, each key's items cut into maximal
 runs of one type, in order (the planner's step before reduction)."""
 
@@ -189,17 +249,22 @@ def decode_batch(
     types: Mapping[str, EventType[Any]],
     *,
     from_retry: bool = False,
+    compact: bool = False,
 ) -> tuple[list[Item], Groups, list[Reject]]:
     """:func:`decode_records`, and the items grouped as :func:`group` does, in one pass.
 
-    :returns: items in input order, the same items as :data:`Groups`, and
-        rejects with their reason codes.
+    :param compact: build no item for a record on the short path whose type
+        has no own id: its run keeps the record (see :class:`Run`), and the
+        list of items in input order is not built (empty).
+    :returns: items in input order (the runs hold the same objects), the
+        items as :data:`Groups`, and rejects with their reason codes.
     """
     items: list[Item] = []
     groups: Groups = {}
     rejects: list[Reject] = []
     where = Where(topic, partition)
-    append = items.append
+    # When compact, items are not listed (a list thrown away takes the few built).
+    append = ([] if compact else items).append
     # The common case takes a short path: exactly the four headers a
     # producer stamps, with a (version, type, algebra) triple known good, so
     # only the key and the body need decoding. Anything else (retry records
@@ -211,46 +276,52 @@ def decode_batch(
     # id(headers) -> (headers, type, decode, has_id, key, the key's runs).
     # Each entry holds its dict, so no other dict gets that id meanwhile.
     known: dict[int, tuple[Any, EventType[Any], Callable[[bytes], Any], bool, str,
-                           list[list[Item]]]] = {}
-    runs_of: dict[str, list[list[Item]]] = {}  # per key; in groups once it has an item
+                           list[Run]]] = {}
+    runs_of: dict[str, list[Run]] = {}  # per key; in groups once it has an item
     get = known.get
+    entry: Item | Record
     for record in records:
         headers = record.headers
-        entry = get(id(headers))
+        memo = get(id(headers))
         try:
-            if entry is None:
+            if memo is None:
                 etype, decode, has_id = fast[_signature(headers)]
                 key = headers[H_KEY].decode("utf-8")
                 if len(headers) != 4 or not key:
                     raise KeyError(H_KEY)
-                entry = known[id(headers)] = (headers, etype, decode, has_id, key,
-                                              runs_of.setdefault(key, []))
-            _, etype, decode, has_id, key, runs = entry
+                memo = known[id(headers)] = (headers, etype, decode, has_id, key,
+                                             runs_of.setdefault(key, []))
+            _, etype, decode, has_id, key, runs = memo
             value = decode(record.body)
         except Exception:  # noqa: BLE001 - the careful path names the problem
             careful = _decode_one(record, where, types, from_retry, rejects)
             if careful is None:
                 continue
-            item, key, etype = careful, careful.key, careful.event_type
+            entry, key, etype, value = careful, careful.key, careful.event_type, careful.event
             runs = runs_of.setdefault(key, [])
+            append(careful)
         else:
             if has_id:
                 origin = _own_origin(record, where, etype, value, key, rejects)
                 if origin is None:
                     continue
-                item = Item(key, etype, value, record, origin, _NO_PROPS)
+                entry = Item(key, etype, value, record, origin, _NO_PROPS)
+                append(entry)
+            elif compact:
+                entry = record
             else:
-                item = Item(key, etype, value, record, where, _NO_PROPS)
-        append(item)
+                entry = Item(key, etype, value, record, where, _NO_PROPS)
+                append(entry)
         # Grouping as group() does, inline: this loop runs once per record.
         if runs:
             last = runs[-1]
-            if last[-1].event_type is etype:
-                last.append(item)
+            if last.event_type is etype:
+                last.events.append(value)
+                last.entries.append(entry)
             else:
-                runs.append([item])
+                runs.append(Run(key, etype, where, [value], [entry]))
         else:
-            runs.append([item])
+            runs.append(Run(key, etype, where, [value], [entry]))
             groups[key] = runs
     return items, groups, rejects
 
@@ -406,16 +477,16 @@ def group(items: Iterable[Item]) -> Groups:
 
     :func:`decode_batch` does the same inline, for the records it decodes.
     """
-    groups: Groups = {}
+    lists: dict[str, list[list[Item]]] = {}
     for item in items:
-        runs = groups.get(item.key)
+        runs = lists.get(item.key)
         if runs is None:
-            groups[item.key] = [[item]]
+            lists[item.key] = [[item]]
         elif runs[-1][-1].event_type is item.event_type:
             runs[-1].append(item)
         else:
             runs.append([item])
-    return groups
+    return {key: [Run.of(run) for run in runs] for key, runs in lists.items()}
 
 
 def plan_groups(groups: Groups) -> list[Segment]:
@@ -430,10 +501,10 @@ def plan_groups(groups: Groups) -> list[Segment]:
     for key, runs in groups.items():
         planned = runs
         for index, run in enumerate(runs):
-            if len(run) > 1 and run[0].event_type.algebra is not plain:
+            if len(run) > 1 and run.event_type.algebra is not plain:
                 if planned is runs:
                     planned = list(runs)
-                planned[index] = reduce_run(run)
+                planned[index] = Run.of(reduce_run(list(run)))
         append(Segment(key, planned))
     return segments
 
@@ -446,8 +517,9 @@ def plan(items: Iterable[Item]) -> list[Segment]:
 def chunk_plan(
     segments: Sequence[Segment], max_batch_of: Callable[[str], int]
 ) -> list[list[list[Item]]]:
-    """For inspection and tests: every segment's chunks, flattened per segment."""
+    """For inspection and tests: every segment's chunks as item lists, flattened per segment."""
     return [
-        [chunk for run in seg.runs for chunk in chunks(run, max_batch_of(run[0].event_type.tag))]
+        [list(chunk) for run in seg.runs
+         for chunk in chunks(run, max_batch_of(run.event_type.tag))]
         for seg in segments
     ]
