@@ -570,8 +570,9 @@ class PartitionWorker:
                     handler = handlers[tag]
                     invoke = handler.invoke
                     size = handler.max_batch
-                    for start in range(0, len(run), size):
-                        chunk = run if len(run) <= size else run[start : start + size]
+                    count = len(run.events)  # not len(run): a Python-level __len__
+                    for start in range(0, count, size):
+                        chunk = run if count <= size else run[start : start + size]
                         if self._stopping or not gate.is_open:
                             await self._through_gate()
                         # The handler call, as _call makes it, inline.
@@ -591,7 +592,8 @@ class PartitionWorker:
                             reset_context(token)
                         if failure is None:
                             handled.append(chunk)
-                            records += len(chunk) if single else sum(map(_count, chunk))
+                            records += (len(chunk.events) if single
+                                        else sum(map(_count, chunk)))
                             continue
                         outcome = outcome or SegmentOutcome()
                         stopped = await self._chunk_failed(

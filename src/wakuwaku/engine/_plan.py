@@ -501,7 +501,7 @@ def plan_groups(groups: Groups) -> list[Segment]:
     for key, runs in groups.items():
         planned = runs
         for index, run in enumerate(runs):
-            if len(run) > 1 and run.event_type.algebra is not plain:
+            if len(run.events) > 1 and run.event_type.algebra is not plain:
                 if planned is runs:
                     planned = list(runs)
                 planned[index] = Run.of(reduce_run(list(run)))
