@@ -49,6 +49,7 @@ from wakuwaku.engine._plan import (
     decode_records,
     group,
     plan,
+    plan_groups,
 )
 from wakuwaku.testing import FakeClock
 
@@ -368,6 +369,8 @@ def test_a_run_of_bare_records_reads_as_the_items_of_those_records() -> None:
     assert run.events == [i.event for i in items]
     assert [i.ids for i in run] == [i.ids for i in items]
     assert Run.of(items).entries == items and list(Run.of(items)) == items
+    # With plain types only, planning without the reduction check is the same.
+    assert plan_groups(groups, reduces=False) == plan_groups(groups)
 
 
 def test_the_generator_reaches_every_case() -> None:

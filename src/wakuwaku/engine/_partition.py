@@ -439,7 +439,7 @@ class PartitionWorker:
             groups = group(await self._inbox_filter(items))
         if self.retry.keys:
             self._route_quarantined(groups)
-        segments = plan_groups(groups)
+        segments = plan_groups(groups, reduces=self._reduces)
         if self._reduces:
             self.stats.reduced_away += (
                 sum(len(run) for runs in groups.values() for run in runs)

@@ -489,12 +489,17 @@ def group(items: Iterable[Item]) -> Groups:
     return {key: [Run.of(run) for run in runs] for key, runs in lists.items()}
 
 
-def plan_groups(groups: Groups) -> list[Segment]:
+def plan_groups(groups: Groups, *, reduces: bool = True) -> list[Segment]:
     """One segment per key, its runs reduced by their types' algebra (SPEC 4).
 
     A key whose runs are all plain keeps the very list ``groups`` holds
     (nothing is copied for it); ``groups`` itself is not changed.
+
+    :param reduces: false when no type of ``groups`` has an algebra other
+        than plain (the caller knows its handlers' types): nothing is checked.
     """
+    if not reduces:
+        return [Segment(key, runs) for key, runs in groups.items()]
     plain = Algebra.PLAIN
     segments: list[Segment] = []
     append = segments.append
