@@ -177,6 +177,8 @@ class HandleError(WakuwakuError):
 class Transient(HandleError):
     """Nothing can succeed right now; retry the same chunk in place (SPEC 5.6)."""
 
+    error_class = ErrorClass.TRANSIENT  # also when a subclass's __init__ skips ours
+
     def __init__(self, cause: BaseException | str | None = None) -> None:
         super().__init__(ErrorClass.TRANSIENT, cause)
 
@@ -184,12 +186,16 @@ class Transient(HandleError):
 class Retryable(HandleError):
     """This key failed but may succeed later; quarantine and retry it (SPEC 6)."""
 
+    error_class = ErrorClass.RETRYABLE  # also when a subclass's __init__ skips ours
+
     def __init__(self, cause: BaseException | str | None = None) -> None:
         super().__init__(ErrorClass.RETRYABLE, cause)
 
 
 class Unrecoverable(HandleError):
     """Retrying will never help; dead-letter the chunk and go on (SPEC 5.7)."""
+
+    error_class = ErrorClass.UNRECOVERABLE  # also when a subclass's __init__ skips ours
 
     def __init__(self, cause: BaseException | str | None = None) -> None:
         super().__init__(ErrorClass.UNRECOVERABLE, cause)

@@ -132,6 +132,48 @@ async def test_5_4_as_many_keys_run_at_once_as_max_concurrency_allows(
     assert order == {f"k{k}": [0, 1, 2] for k in range(10)}
 
 
+async def test_a_worker_that_crashes_ends_its_sibling_workers_before_the_partition_restarts(
+    memory_log: Log, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wakuwaku.engine._partition import PartitionWorker
+
+    log = memory_log
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("b", 2)])
+    running: set[str] = set()
+    overlaps: list[str] = []
+    completed: list[str] = []
+
+    async def body(run: Sequence[Item]) -> None:
+        key = run[0].key
+        if key in running:
+            overlaps.append(key)
+        running.add(key)
+        try:
+            await clock.sleep(0.01 if key == "a" else 5.0)  # "b" is still running...
+            if key == "a":
+                raise wk.Unrecoverable("poison")
+            completed.append(key)
+        finally:
+            running.discard(key)
+
+    original = PartitionWorker._chunk_failed
+    crashes: list[str] = []
+
+    async def crash_once(self: PartitionWorker, *args: Any, **kwargs: Any) -> bool:
+        if not crashes:  # ...when a bug in the engine ends the worker running "a"
+            crashes.append("crashed")
+            raise RuntimeError("a bug in the engine")
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PartitionWorker, "_chunk_failed", crash_once)
+    await consumer(log, clock, [Handler(Item, body)], max_concurrency=4).drain()
+    assert crashes == ["crashed"]
+    assert overlaps == [], "a chunk of one key ran twice at once"
+    assert completed == ["b"]  # the cancelled first call of "b" never completed
+    assert [reason(r) for r in await dead_letters(log)] == ["unrecoverable"]
+
+
 async def test_5_5_retryable_stops_the_key_and_writes_its_unfinished_work_to_the_retry_partition(
     log: Log, clock: FakeClock
 ) -> None:
@@ -330,6 +372,54 @@ async def test_5_8_an_unknown_exception_is_unrecoverable_by_default_and_logged(
     assert any("classified as unrecoverable" in r.getMessage() for r in caplog.records)
 
 
+class RowMissing(wk.Retryable):
+    def __init__(self, row: int) -> None:  # forgets super().__init__()
+        self.row = row
+
+
+class Homemade(wk.HandleError):
+    def __init__(self) -> None:  # forgets super().__init__(): no class at all
+        pass
+
+
+async def test_5_8_handle_errors_whose_init_skips_the_base_keep_their_class_or_are_classified(
+    log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Such an error used to crash the partition on every restart (AttributeError).
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("b", 2), Item("c", 3)])
+    script = Script(clock)
+    script.fail[1] = [RowMissing(1)]
+    script.fail[2] = [Homemade()]
+    with caplog.at_level(logging.WARNING, logger="wakuwaku.consumer"):
+        stats = await consumer(log, clock, [Handler(Item, script)],
+                               retry_delays=[1.0]).drain()
+    assert stats.quarantined_keys == 1  # a Retryable subclass stays Retryable
+    assert sorted(script.handled_ns()) == [1, 3]  # "a" succeeded on its retry attempt
+    assert [reason(r) for r in await dead_letters(log)] == ["unrecoverable"]  # default classify
+    assert any("HandleError without an error_class" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_async_handle_replaced_on_the_handler_is_the_one_called(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    log = memory_log
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    called: list[str] = []
+
+    async def real(run: Sequence[Item]) -> None:
+        called.append("real")
+
+    async def stand_in(run: Sequence[Item]) -> None:
+        called.append("stand-in")
+
+    handler_ = Handler(Item, real)
+    handler_.handle = stand_in  # type: ignore[method-assign] # as mock.patch.object does
+    await consumer(log, clock, [handler_]).drain()
+    assert called == ["stand-in"]
+
+
 async def test_5_8_a_custom_classify_decides_the_class_of_unknown_exceptions(
     log: Log, clock: FakeClock
 ) -> None:
@@ -436,6 +526,26 @@ async def test_drain_returns_when_caught_up_without_waiting_for_its_next_tick(
     assert stats.handled == 40
     assert sorted(script.handled_ns()) == list(range(40))
     assert still.monotonic() == 0.0
+
+
+async def test_drain_consumes_what_a_handler_publishes_to_a_partition_that_had_caught_up(
+    log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(log, partitions=2)
+    first = next(f"k{i}" for i in range(100) if wk.partition_for(f"k{i}", 2) == 0)
+    second = next(f"k{i}" for i in range(100) if wk.partition_for(f"k{i}", 2) == 1)
+    await producer.publish_many([Item(second, n) for n in range(50)])
+    seen: list[int] = []
+
+    async def body(run: Sequence[Item]) -> None:
+        seen.extend(e.n for e in run)
+        await clock.sleep(0.001)
+        if run[-1].n == 49:  # partition 0 caught up long ago: a follow-up lands there
+            await producer.publish(Item(first, 1000))
+
+    await consumer(log, clock, [Handler(Item, body, max_batch=10)]).drain()
+    assert seen == [*range(50), 1000]
+    assert await log.committed("g", "t", 0) == 1
 
 
 async def test_two_handlers_for_one_type_are_refused(memory_log: Log, clock: FakeClock) -> None:

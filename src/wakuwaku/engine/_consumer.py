@@ -152,7 +152,7 @@ class Consumer:
         try:
             while not runner.done():
                 self._caught_up.clear()
-                if self.idle():
+                if self.idle() and await self._at_end():
                     self.stop()
                     break
                 await self._until_progress(runner)
@@ -161,6 +161,23 @@ class Consumer:
             if not runner.done():
                 self.stop()
                 await runner
+
+    async def _at_end(self) -> bool:
+        """True when every partition's position is its log's end offset.
+
+        A partition flags itself caught up when a poll finds nothing; records
+        appended since (a handler of another partition publishing, say) are
+        not behind that flag, so :meth:`drain` checks the log before stopping.
+        """
+        ends: dict[str, dict[int, int]] = {}
+        try:
+            for topic, _ in self.workers:
+                if topic not in ends:
+                    ends[topic] = await self.log.end_offsets(topic)
+        except Exception:  # noqa: BLE001 - cannot tell: not at the end; the next check asks again
+            return False
+        return all(worker.position >= ends[topic].get(partition, 0)
+                   for (topic, partition), worker in self.workers.items())
 
     async def _until_progress(self, runner: asyncio.Task[ConsumerStats]) -> None:
         """Wait until a partition catches up, ``runner`` ends, or ``poll_interval`` passes."""

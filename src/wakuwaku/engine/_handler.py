@@ -60,10 +60,6 @@ class Handler(Generic[T]):
         self.name = getattr(fn, "__qualname__", type(self).__qualname__)
         if fn is not None and type(self).handle is Handler.handle:
             self.handle = fn  # type: ignore[method-assign,assignment] # a frame less
-        # What the engine calls per chunk: an async handle directly (a frame
-        # less), a sync one through __call__ (a worker thread).
-        self.invoke: Callable[[Sequence[T]], Awaitable[None] | None] = (
-            self.handle if self.is_async else self.__call__)
 
     def handle(self, run: Sequence[T]) -> Awaitable[None] | None:
         """Handle one chunk; raise ``Transient``, ``Retryable`` or ``Unrecoverable``.

@@ -65,6 +65,8 @@ R = TypeVar("R")
 
 ROUTED_ERROR = "routed to the retry topic: the key is quarantined"
 
+_CLASSES = frozenset(ErrorClass)
+
 
 class Abandon(Exception):
     """The partition task stops without finishing its batch (shutdown or lost lease)."""
@@ -530,12 +532,20 @@ class PartitionWorker:
                 if not length_hint(pending) or all(w.done() for w in workers):
                     break
                 workers.append(asyncio.ensure_future(self._work(pending, after, attempts)))
+            await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
+            for worker in workers:
+                if worker.done() and not worker.cancelled() and worker.exception() is not None:
+                    raise worker.exception()  # type: ignore[misc]
         except BaseException:
+            # A worker that fails (a bug, not a handler failure: those are
+            # classified) or our own cancellation ends every sibling: the
+            # partition restarts from its stored offset, and a chunk still
+            # running here would then run twice at once.
             for worker in workers:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             raise
-        return list(await asyncio.gather(*workers))
+        return [worker.result() for worker in workers]
 
     async def _work(
         self,
@@ -568,7 +578,10 @@ class PartitionWorker:
                 for run in seg.runs:
                     tag = run.event_type.tag
                     handler = handlers[tag]
-                    invoke = handler.invoke
+                    # An async handle is called directly (a frame less), looked up
+                    # per run so that a replaced handle is honoured; a sync one
+                    # goes through __call__ (a worker thread).
+                    invoke = handler.handle if handler.is_async else handler
                     size = handler.max_batch
                     count = len(run.events)  # not len(run): a Python-level __len__
                     for start in range(0, count, size):
@@ -691,7 +704,8 @@ class PartitionWorker:
                                           handler.event_type.tag, chunk, attempt))
         started = time.perf_counter()
         try:
-            called = handler.invoke(chunk.events.copy())
+            invoke = handler.handle if handler.is_async else handler
+            called = invoke(chunk.events.copy())
             if called is not None:
                 await called
         except BaseException as exc:  # noqa: BLE001 - _failure lets through what is no failure
@@ -711,7 +725,15 @@ class PartitionWorker:
             ``KeyboardInterrupt``/``SystemExit`` (logged with where it came from).
         """
         if isinstance(exc, HandleError):
-            return exc.error_class, exc
+            declared = getattr(exc, "error_class", None)
+            if isinstance(declared, str) and declared in _CLASSES:
+                return ErrorClass(declared), exc
+            # A HandleError subclass whose __init__ skipped HandleError's: it
+            # says no class, so it is classified like any other exception.
+            log.warning("HandleError without an error_class (its __init__ did not call "
+                        "HandleError.__init__); classifying it",
+                        extra={**self._fields, "key": key, "type": handler.event_type.tag,
+                               "error": sanitize(exc, self.config.error_text_limit)})
         if isinstance(exc, asyncio.CancelledError):
             task = asyncio.current_task()
             if task is not None and task.cancelling():

@@ -39,7 +39,7 @@ def _sqlstate(exc: BaseException) -> str | None:
 
 def classify_postgres(exc: BaseException) -> ErrorClass:
     """Classify a PostgreSQL driver exception (psycopg 3, psycopg2, asyncpg) by SQLSTATE."""
-    if isinstance(exc, HandleError):
+    if isinstance(exc, HandleError) and isinstance(getattr(exc, "error_class", None), ErrorClass):
         return exc.error_class
     code = _sqlstate(exc)
     if code in RETRYABLE_SQLSTATES:
@@ -53,7 +53,7 @@ def classify_postgres(exc: BaseException) -> ErrorClass:
 
 def classify_sqlite(exc: BaseException) -> ErrorClass:
     """Classify a :mod:`sqlite3` exception: locked/busy databases are Transient."""
-    if isinstance(exc, HandleError):
+    if isinstance(exc, HandleError) and isinstance(getattr(exc, "error_class", None), ErrorClass):
         return exc.error_class
     if isinstance(exc, sqlite3.OperationalError):
         text = str(exc).lower()
