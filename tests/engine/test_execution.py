@@ -548,6 +548,22 @@ async def test_drain_consumes_what_a_handler_publishes_to_a_partition_that_had_c
     assert await log.committed("g", "t", 0) == 1
 
 
+async def test_a_consumer_runs_once_and_says_so_when_run_again(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(memory_log)
+    await producer.publish(Item("a", 1))
+    script = Script(clock)
+    c = consumer(memory_log, clock, [Handler(Item, script)])
+    await c.drain()
+    await producer.publish(Item("a", 2))
+    with pytest.raises(wk.WakuwakuError, match="already run"):
+        await c.drain()  # used to return at once, leaving record 2 unread
+    assert script.handled_ns() == [1]
+    await consumer(memory_log, clock, [Handler(Item, script)]).drain()
+    assert script.handled_ns() == [1, 2]
+
+
 async def test_two_handlers_for_one_type_are_refused(memory_log: Log, clock: FakeClock) -> None:
     script = Script(clock)
     with pytest.raises(wk.ConfigError, match=r"two handlers for event type 'test\.item'"):

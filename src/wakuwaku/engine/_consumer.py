@@ -18,7 +18,12 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._errors import ConfigError, PartitionCountMismatch, UnknownPartitionError
+from .._errors import (
+    ConfigError,
+    PartitionCountMismatch,
+    UnknownPartitionError,
+    WakuwakuError,
+)
 from ..logs._base import Lease, Log
 from ._config import ConsumerConfig
 from ._handler import Handler
@@ -62,6 +67,7 @@ class Consumer:
         self._assignment: list[tuple[str, int]] = []
         self._stop = asyncio.Event()
         self._started = False
+        self._ran = False
         # Set by a worker each time it reads to the end of its partition, so
         # that drain() notices idleness at once instead of on its next tick.
         self._caught_up = asyncio.Event()
@@ -106,10 +112,20 @@ class Consumer:
     async def run(self, *, install_signal_handlers: bool = True) -> ConsumerStats:
         """Consume until :meth:`stop`, SIGINT or SIGTERM; returns the counters.
 
+        A consumer runs once, like a closed Kafka consumer: make a new one to
+        consume again (its workers, counters and stop request are spent).
+
         :param install_signal_handlers: install SIGINT/SIGTERM handlers that
             call :meth:`stop` (only possible in the main thread).
+        :raises WakuwakuError: when this consumer has already run (a second
+            :meth:`run` or :meth:`drain` used to return at once, consuming nothing).
         :raises: what :meth:`start` raises.
         """
+        if self._ran:
+            raise WakuwakuError(
+                f"this Consumer of group {self.config.group!r} has already run; "
+                "create a new Consumer to consume again")
+        self._ran = True
         if not self._started:
             await self.start()
         installed = self._install_signals() if install_signal_handlers else []
