@@ -446,7 +446,7 @@ class PartitionWorker:
             self.stats.reduced_away += (
                 sum(len(run) for runs in groups.values() for run in runs)
                 - sum(len(run) for seg in segments for run in seg.runs))
-        await self._run_segments(segments, self._after_main_segment)
+        await self._run_segments(segments, self._after_main_segment, self._handled)
         await self._flush()
 
     def _route_quarantined(self, groups: Groups) -> None:
@@ -496,6 +496,7 @@ class PartitionWorker:
         self,
         segments: Sequence[Segment],
         after: Callable[[Segment, SegmentOutcome], Awaitable[None]],
+        handled: list[Run],
         attempts: Mapping[str, int] | None = None,
     ) -> None:
         """Run segments, keys concurrently (up to ``max_concurrency`` workers
@@ -503,15 +504,16 @@ class PartitionWorker:
 
         ``after`` sees each outcome of a retry attempt (``attempts`` given),
         and each main-batch outcome that stopped on a Retryable failure.
+        ``handled`` gets every chunk that succeeded, in order per key.
 
         :raises Abandon: when a stop or a lost lease ended a worker early.
         """
         pending = iter(segments)
         width = max(1, min(len(segments), self.config.max_concurrency))
         if width == 1:
-            finished = [await self._work(pending, after, attempts)]
+            finished = [await self._work(pending, after, handled, attempts)]
         else:
-            finished = await self._spread(pending, width, after, attempts)
+            finished = await self._spread(pending, width, after, handled, attempts)
         if not all(finished):
             raise Abandon
 
@@ -520,18 +522,20 @@ class PartitionWorker:
         pending: Iterator[Segment],
         width: int,
         after: Callable[[Segment, SegmentOutcome], Awaitable[None]],
+        handled: list[Run],
         attempts: Mapping[str, int] | None,
     ) -> list[bool]:
         """Run up to ``width`` workers on ``pending``, starting one more each
         time the running ones all wait while segments are left: handlers that
         never wait are run by one worker, without a task per idle worker."""
-        workers = [asyncio.ensure_future(self._work(pending, after, attempts))]
+        workers = [asyncio.ensure_future(self._work(pending, after, handled, attempts))]
         try:
             while len(workers) < width:
                 await asyncio.sleep(0)  # the workers run until they wait
                 if not length_hint(pending) or all(w.done() for w in workers):
                     break
-                workers.append(asyncio.ensure_future(self._work(pending, after, attempts)))
+                workers.append(asyncio.ensure_future(
+                    self._work(pending, after, handled, attempts)))
             await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
             for worker in workers:
                 if worker.done() and not worker.cancelled() and worker.exception() is not None:
@@ -551,6 +555,7 @@ class PartitionWorker:
         self,
         pending: Iterator[Segment],
         after: Callable[[Segment, SegmentOutcome], Awaitable[None]],
+        handled: list[Run],
         attempts: Mapping[str, int] | None,
     ) -> bool:
         """One worker: run segments taken from ``pending`` until none is left.
@@ -562,8 +567,6 @@ class PartitionWorker:
         stats, handlers, gate = self.stats, self.handlers, self._gate
         topic, partition = self.topic, self.partition
         set_context, reset_context, perf_counter = _current.set, _current.reset, time.perf_counter
-        # Handled chunks of a main batch, for _store_partial; an attempt round's are dropped.
-        handled = self._handled if self._done is not None else []
         # Main-topic items stand for one record each unless reduction merged them.
         single = attempts is None and not self._reduces
         # Counted here and added to the shared stats when the worker ends.
@@ -877,15 +880,47 @@ class PartitionWorker:
             for seg in plan(decoded):
                 by_key[seg.key] = seg
             segments = list(by_key.values())
-            await self._run_segments(
-                segments,
-                lambda seg, out, taken=snapshots: self._finish_attempt(  # type: ignore[misc]
-                    seg.key, taken[seg.key], out),
-                attempts,
-            )
+            finished: set[str] = set()
+
+            async def after(seg: Segment, outcome: SegmentOutcome,
+                            taken: dict[str, list[Record]] = snapshots,
+                            ended: set[str] = finished) -> None:
+                await self._finish_attempt(seg.key, taken[seg.key], outcome)
+                ended.add(seg.key)
+
+            handled: list[Run] = []
+            try:
+                await self._run_segments(segments, after, handled, attempts)
+            except Abandon:
+                await self._store_partial_attempts(handled, finished)
+                raise
             await self._flush()
             self._forget_resolved()
             await self._commit_retry()
+
+    async def _store_partial_attempts(self, handled: list[Run], finished: set[str]) -> None:
+        """At a stop in the middle of an attempt round, write what it did.
+
+        Keys whose attempt ended have their markers buffered already; a key
+        stopped between two chunks is resolved through the last retry record
+        its handled chunks stand for (they are a prefix of its pending
+        records, in order). Without this, a restart ran the whole round
+        again: chunks that had succeeded were handled twice, even with
+        ``NO_DOUBLE_CONSUME``.
+        """
+        through: dict[str, int] = {}
+        for chunk in handled:
+            if chunk.key not in finished:
+                last = max(r.offset for item in chunk for r in item.sources)
+                through[chunk.key] = max(through.get(chunk.key, last), last)
+        now = self.clock.now()
+        self._retry_out.extend(resolved_marker(key, offset, now)
+                               for key, offset in through.items())
+        try:
+            await self._flush()
+            await self._commit_retry()
+        except Abandon:
+            return  # the log refused while stopping: store nothing more
 
     def _forget_resolved(self) -> None:
         """Drop decoded pending items whose records are no longer pending."""
