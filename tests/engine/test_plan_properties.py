@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -373,7 +375,7 @@ def test_a_run_of_bare_records_reads_as_the_items_of_those_records() -> None:
     assert plan_groups(groups, reduces=False) == plan_groups(groups)
 
 
-def test_the_generator_reaches_every_case() -> None:
+def test_the_generator_reaches_every_case(caplog: pytest.LogCaptureFixture) -> None:
     """Guard against a vacuous property: these batches hit reduction and every reject."""
     batch = [Spec("assoc", "a", 1), Spec("assoc", "a", 2), Spec("assoc", "a", 3),
              Spec("idem", "b", 2), Spec("bad_body", "b", 0, ReasonCode.UNDECODABLE_BODY),
@@ -382,11 +384,16 @@ def test_the_generator_reaches_every_case() -> None:
     records = build_batch(batch, [1] * len(batch))
     items, rejects = decode_records(records, TOPIC, PARTITION, TYPES)
     check_accounting(records, items, rejects, batch)
-    segments = plan(items)
+    with caplog.at_level(logging.ERROR, logger="wakuwaku.consumer"):
+        segments = plan(items)
     check_segments(segments, items)
     a, b, c = (next(s for s in segments if s.key == k) for k in KEYS)
     # 1+2 combine; 3 starts anew (3 % 3 == 0); 7 raises in combine and stays apart.
     assert [i.event.parts for i in a.items()] == [(1, 2), (3,), (7,)]
+    (failed,) = [r for r in caplog.records if r.getMessage() == "combine failed; events kept apart"]
+    assert (failed.topic, failed.partition, failed.key) == (TOPIC, PARTITION, "a")  # type: ignore[attr-defined]
+    assert failed.offsets == [records[2].offset, records[6].offset]  # type: ignore[attr-defined]
+    assert "seven does not combine" in failed.error  # type: ignore[attr-defined]
     # The undecodable record between two equal Idem events does not stop the collapse.
     assert [len(i.sources) for i in b.items()] == [2]
     assert c.items()[0].ids == ("id:replayed:5",)

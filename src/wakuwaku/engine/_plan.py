@@ -32,6 +32,7 @@ from .._records import (
     message_id,
     validate_headers,
 )
+from .._sanitize import sanitize
 
 log = logging.getLogger("wakuwaku.consumer")
 
@@ -466,8 +467,9 @@ def _combine(etype: EventType[Any], a: Item, b: Item) -> Any:
     except Exception as exc:  # noqa: BLE001 - a failing combine must not lose events
         log.error(
             "combine failed; events kept apart",
-            extra={"type": etype.tag, "key": a.key, "offsets": list(a.offsets + b.offsets),
-                   "error": f"{type(exc).__name__}: {exc}"},
+            extra={"topic": a.origin.topic, "partition": a.origin.partition, "type": etype.tag,
+                   "key": a.key, "offsets": list(a.main_offsets + b.main_offsets),
+                   "error": sanitize(exc)},
         )
         return None
 
