@@ -65,8 +65,6 @@ R = TypeVar("R")
 
 ROUTED_ERROR = "routed to the retry topic: the key is quarantined"
 
-_CLASSES = frozenset(ErrorClass)
-
 
 class Abandon(Exception):
     """The partition task stops without finishing its batch (shutdown or lost lease)."""
@@ -729,8 +727,8 @@ class PartitionWorker:
         """
         if isinstance(exc, HandleError):
             declared = getattr(exc, "error_class", None)
-            if isinstance(declared, str) and declared in _CLASSES:
-                return ErrorClass(declared), exc
+            if isinstance(declared, ErrorClass):
+                return declared, exc
             # A HandleError subclass whose __init__ skipped HandleError's: it
             # says no class, so it is classified like any other exception.
             log.warning("HandleError without an error_class (its __init__ did not call "

@@ -314,16 +314,13 @@ def decode_batch(
                 entry = Item(key, etype, value, record, where, _NO_PROPS)
                 append(entry)
         # Grouping as group() does, inline: this loop runs once per record.
-        if runs:
-            last = runs[-1]
-            if last.event_type is etype:
-                last.events.append(value)
-                last.entries.append(entry)
-            else:
-                runs.append(Run(key, etype, where, [value], [entry]))
+        if runs and (last := runs[-1]).event_type is etype:
+            last.events.append(value)
+            last.entries.append(entry)
         else:
+            if not runs:
+                groups[key] = runs
             runs.append(Run(key, etype, where, [value], [entry]))
-            groups[key] = runs
     return items, groups, rejects
 
 
@@ -479,16 +476,15 @@ def group(items: Iterable[Item]) -> Groups:
 
     :func:`decode_batch` does the same inline, for the records it decodes.
     """
-    lists: dict[str, list[list[Item]]] = {}
+    groups: Groups = {}
     for item in items:
-        runs = lists.get(item.key)
-        if runs is None:
-            lists[item.key] = [[item]]
-        elif runs[-1][-1].event_type is item.event_type:
-            runs[-1].append(item)
+        runs = groups.setdefault(item.key, [])
+        if runs and (last := runs[-1]).event_type is item.event_type:
+            last.events.append(item.event)
+            last.entries.append(item)
         else:
-            runs.append([item])
-    return {key: [Run.of(run) for run in runs] for key, runs in lists.items()}
+            runs.append(Run(item.key, item.event_type, _NOWHERE, [item.event], [item]))
+    return groups
 
 
 def plan_groups(groups: Groups, *, reduces: bool = True) -> list[Segment]:
