@@ -29,7 +29,7 @@ from wakuwaku import (
     open_log,
     partition_for,
 )
-from wakuwaku.logs import Log, TopicInfo
+from wakuwaku.logs import BatchWrite, Lease, Log, TopicInfo
 
 HEADERS = {"wk-v": b"1", "wk-type": b"t.created", "wk-key": b"k1", "wk-alg": b"plain"}
 
@@ -386,6 +386,82 @@ class LogContract:
         # Releasing a lease that was taken over does not free the new owner's.
         await log.release_partition(lease)
         assert await log.acquire_partition("g", "orders", 0, "c", ttl=60.0) is None
+
+    # -- fenced writes (SPEC 15) ------------------------------------------
+
+    async def _taken_over(self, log: Log) -> tuple[Lease, Lease]:
+        """Member a's lease on orders/0, then member b's after a released it."""
+        for topic in ("orders", "retry_orders", "dlq_orders"):
+            await log.create_topic(topic, 2)
+        old = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        assert old is not None
+        await log.release_partition(old)
+        new = await log.acquire_partition("g", "orders", 0, "b", ttl=60.0)
+        assert new is not None and new.generation > old.generation
+        return old, new
+
+    async def test_a_stale_fence_refuses_appends_to_any_topic_and_writes_nothing(
+        self, log: Log
+    ) -> None:
+        old, new = await self._taken_over(log)
+        with pytest.raises(FencedError) as caught:
+            await log.append("retry_orders", 0, [rec(b"late")], fence=old)
+        assert (caught.value.topic, caught.value.partition,
+                caught.value.generation) == ("orders", 0, old.generation)
+        with pytest.raises(FencedError):
+            await log.append("dlq_orders", 1, [rec(b"late")], fence=old)
+        assert (await log.end_offsets("retry_orders"), await log.end_offsets("dlq_orders")) == (
+            {0: 0, 1: 0}, {0: 0, 1: 0})
+        assert await log.append("retry_orders", 0, [rec(b"owner")], fence=new) == [0]
+        # A fence of another group, or of a partition nobody leased, is stale too.
+        other = Lease("h", "orders", 0, "a", new.generation, new.expires_at)
+        with pytest.raises(FencedError):
+            await log.append("retry_orders", 0, [rec()], fence=other)
+
+    async def test_a_stale_fence_refuses_commits_of_another_partition(self, log: Log) -> None:
+        old, new = await self._taken_over(log)
+        with pytest.raises(FencedError):
+            await log.commit("g", "retry_orders", 0, 3, fence=old)
+        assert await log.committed("g", "retry_orders", 0) is None
+        await log.commit("g", "retry_orders", 0, 3, fence=new)
+        assert await log.committed("g", "retry_orders", 0) == 3
+
+    async def test_store_writes_appends_then_offsets(self, log: Log) -> None:
+        _, lease = await self._taken_over(log)
+        write = BatchWrite(
+            "g",
+            appends=[("dlq_orders", 0, [rec(b"d1")]),
+                     ("retry_orders", 0, [rec(b"r1"), rec(b"r2")])],
+            commits=[("orders", 0, 7), ("retry_orders", 0, 1)],
+        )
+        assert await log.store(write, fence=lease) == [[0], [0, 1]]
+        assert [r.body for r in await read_all(log, "retry_orders", 0)] == [b"r1", b"r2"]
+        assert [r.body for r in await read_all(log, "dlq_orders", 0)] == [b"d1"]
+        assert await log.committed("g", "orders", 0) == 7
+        assert await log.committed("g", "retry_orders", 0) == 1
+
+    async def test_store_under_a_stale_fence_writes_nothing(self, log: Log) -> None:
+        old, _ = await self._taken_over(log)
+        write = BatchWrite("g", appends=[("retry_orders", 0, [rec()])],
+                           commits=[("orders", 0, 7)])
+        with pytest.raises(FencedError):
+            await log.store(write, fence=old)
+        assert await log.end_offsets("retry_orders") == {0: 0, 1: 0}
+        assert await log.committed("g", "orders", 0) is None
+
+    async def test_a_store_that_fails_midway_keeps_what_atomic_store_promises(
+        self, log: Log
+    ) -> None:
+        _, lease = await self._taken_over(log)
+        write = BatchWrite("g", appends=[("retry_orders", 0, [rec()]),
+                                         ("dlq_orders", 5, [rec()])],
+                           commits=[("orders", 0, 7)])
+        with pytest.raises(UnknownPartitionError):
+            await log.store(write, fence=lease)
+        # Atomic: nothing. Call by call: the appends before the failure, no offset.
+        written = 0 if log.atomic_store else 1
+        assert await log.end_offsets("retry_orders") == {0: written, 1: 0}
+        assert await log.committed("g", "orders", 0) is None
 
     # -- several processes ------------------------------------------------
 

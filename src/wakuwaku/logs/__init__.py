@@ -14,6 +14,7 @@ The default URL is ``sqlite:///wakuwaku.db`` (``./wakuwaku.db``).
 from __future__ import annotations
 
 from .._errors import UnsupportedLogURL
+from ._base import BatchWrite as BatchWrite
 from ._base import Lease as Lease
 from ._base import Log as Log
 from ._base import OutgoingRecord as OutgoingRecord
@@ -21,7 +22,7 @@ from ._base import TopicInfo as TopicInfo
 from .memory import MemoryLog as MemoryLog
 from .sqlite import SQLiteLog as SQLiteLog
 
-__all__ = ("DEFAULT_LOG_URL", "SUPPORTED_SCHEMES", "Lease", "Log", "MemoryLog",
+__all__ = ("DEFAULT_LOG_URL", "SUPPORTED_SCHEMES", "BatchWrite", "Lease", "Log", "MemoryLog",
            "OutgoingRecord", "SQLiteLog", "TopicInfo", "open_log")
 
 DEFAULT_LOG_URL = "sqlite:///wakuwaku.db"

@@ -7,9 +7,18 @@ is an ordered sequence of records with int offsets that grow monotonically
 (Kafka's convention), so ``end_offset - committed`` is the lag.
 
 Partition ownership (SPEC 15): :meth:`Log.acquire_partition` grants a lease
-with a *generation* number; :meth:`Log.commit` with that generation is
-refused with :class:`~wakuwaku.FencedError` once another member took the
-lease over, so a stale owner cannot store offsets.
+with a *generation* number. Every write the engine makes for a partition it
+owns carries that lease as a *fence*: :meth:`Log.append`, :meth:`Log.commit`
+and :meth:`Log.store` with ``fence=lease`` are refused with
+:class:`~wakuwaku.FencedError`, writing nothing, once another member took
+the lease over. The check and the write are one transaction (SQLite), one
+lock hold (memory) or one server-side script (Redis), never a read followed
+by a write. The fence names the *main* partition's lease; the write may go
+to another topic (the group's retry and dead-letter topics).
+
+:meth:`Log.store` writes what one batch stores (retry work, dead letters,
+offsets) together: atomically where the log can (:attr:`Log.atomic_store`),
+otherwise appends first, offsets last, each fenced.
 
 The contract suite in ``tests/logs/contract.py`` is written once and run
 against every adapter.
@@ -52,6 +61,22 @@ class Lease:
     member: str
     generation: int
     expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BatchWrite:
+    """What one batch or retry attempt round stores, for :meth:`Log.store`.
+
+    :param group: the consumer group whose offsets ``commits`` are.
+    :param appends: ``(topic, partition, records)`` in the order they are
+        written (the engine writes dead letters before retry records).
+    :param commits: ``(topic, partition, offset)``: offsets stored after the
+        appends (the next offset to read, as :meth:`Log.commit`).
+    """
+
+    group: str
+    appends: Sequence[tuple[str, int, Sequence[OutgoingRecord]]] = ()
+    commits: Sequence[tuple[str, int, int]] = ()
 
 
 def check_topic_name(topic: str) -> None:
@@ -128,6 +153,8 @@ class Log(abc.ABC):
     """
 
     url: str = ""
+    atomic_store: bool = False
+    """True when :meth:`store` writes all or nothing (one transaction)."""
 
     @abc.abstractmethod
     async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
@@ -151,13 +178,22 @@ class Log(abc.ABC):
 
     @abc.abstractmethod
     async def append(
-        self, topic: str, partition: int, records: Sequence[OutgoingRecord]
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[OutgoingRecord],
+        *,
+        fence: Lease | None = None,
     ) -> list[int]:
         """Append ``records`` to one partition, atomically and in order.
 
+        :param fence: the lease this write is made under (see the module
+            docstring); None for a write that needs no ownership (producers).
         :returns: the offsets given to the records, in order.
         :raises UnknownTopicError: when the topic does not exist.
         :raises UnknownPartitionError: when the partition does not exist.
+        :raises FencedError: when ``fence`` is no longer the current lease of
+            its partition; nothing is written.
         """
 
     @abc.abstractmethod
@@ -194,15 +230,20 @@ class Log(abc.ABC):
         offset: int,
         *,
         generation: int | None = None,
+        fence: Lease | None = None,
     ) -> None:
         """Store ``offset`` (the next offset to read) as the group's position.
 
-        :param generation: the lease generation of the committer; when given,
-            a commit from a stale generation is refused.
+        :param generation: the lease generation of the committer on this
+            (group, topic, partition); when given, a commit from a stale
+            generation is refused.
+        :param fence: the lease this commit is made under when it is another
+            partition's (a retry partition belongs to its main partition's
+            owner).
         :raises ConfigError: for an empty group or a negative offset
             (:func:`check_commit`).
-        :raises FencedError: when ``generation`` is no longer the partition's
-            current lease generation.
+        :raises FencedError: when ``generation`` or ``fence`` is no longer the
+            current lease generation; nothing is stored.
         """
 
     @abc.abstractmethod
@@ -224,6 +265,26 @@ class Log(abc.ABC):
     @abc.abstractmethod
     async def release_partition(self, lease: Lease) -> None:
         """Give up a lease (at shutdown) so another member can take it at once."""
+
+    async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
+        """Write a batch's appends, then its offsets, under ``fence``.
+
+        Logs with :attr:`atomic_store` write all of it or nothing. This
+        default makes one fenced call per append and per commit, in order: a
+        crash between them leaves the appends without the offsets (the
+        engine tolerates that: at-least-once, SPEC 7).
+
+        :returns: the offsets given to each append's records, per append.
+        :raises FencedError: when ``fence`` is stale; with an atomic store
+            nothing was written.
+        :raises UnknownTopicError: / :raises UnknownPartitionError: as
+            :meth:`append`; :raises ConfigError: as :meth:`commit`.
+        """
+        assigned = [await self.append(topic, partition, records, fence=fence)
+                    for topic, partition, records in write.appends]
+        for topic, partition, offset in write.commits:
+            await self.commit(write.group, topic, partition, offset, fence=fence)
+        return assigned
 
     async def apply_retention(self, topic: str) -> int:
         """Delete records below every group's committed offset; returns how many.

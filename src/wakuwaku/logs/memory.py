@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from .._errors import ConfigError, FencedError, PartitionCountMismatch, UnknownTopicError
 from .._records import Record
 from ._base import (
+    BatchWrite,
     Lease,
     Log,
     OutgoingRecord,
@@ -31,6 +32,7 @@ class MemoryLog(Log):
     """A :class:`~wakuwaku.logs.Log` kept in this process's memory."""
 
     url = "memory://"
+    atomic_store = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -67,21 +69,58 @@ class MemoryLog(Log):
             return [TopicInfo(name, len(parts)) for name, parts in sorted(self._topics.items())]
 
     async def append(
-        self, topic: str, partition: int, records: Sequence[OutgoingRecord]
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[OutgoingRecord],
+        *,
+        fence: Lease | None = None,
     ) -> list[int]:
-        now = time.time()
         checked = [(check_record(headers, body), bytes(body)) for headers, body in records]
         with self._lock:
-            parts = self._partitions(topic)
-            check_partition(topic, partition, len(parts))
-            log = parts[partition]
-            first = self._start.get((topic, partition), 0) + len(log)
-            offsets = list(range(first, first + len(checked)))
-            log.extend(
-                Record(offset, {name: bytes(value) for name, value in headers.items()}, body, now)
-                for offset, (headers, body) in zip(offsets, checked, strict=True)
-            )
+            self._check_fence(fence)
+            return self._append(topic, partition, checked, time.time())
+
+    def _append(self, topic: str, partition: int,
+                checked: list[tuple[dict[str, bytes], bytes]], now: float) -> list[int]:
+        parts = self._partitions(topic)
+        check_partition(topic, partition, len(parts))
+        log = parts[partition]
+        first = self._start.get((topic, partition), 0) + len(log)
+        offsets = list(range(first, first + len(checked)))
+        log.extend(
+            Record(offset, {name: bytes(value) for name, value in headers.items()}, body, now)
+            for offset, (headers, body) in zip(offsets, checked, strict=True)
+        )
         return offsets
+
+    def _check_fence(self, fence: Lease | None) -> None:
+        """:raises FencedError: when ``fence`` is not its partition's current lease."""
+        if fence is None:
+            return
+        current = self._leases.get((fence.group, fence.topic, fence.partition))
+        if current is None or current.generation != fence.generation:
+            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+
+    async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
+        """Write all of ``write`` or nothing, under one lock hold; see :meth:`Log.store`."""
+        appends = [(topic, partition,
+                    [(check_record(headers, body), bytes(body)) for headers, body in records])
+                   for topic, partition, records in write.appends]
+        commits = [(topic, partition, check_commit(write.group, topic, partition, offset))
+                   for topic, partition, offset in write.commits]
+        now = time.time()
+        with self._lock:
+            self._check_fence(fence)
+            for topic, partition, _ in appends:
+                check_partition(topic, partition, len(self._partitions(topic)))
+            for topic, partition, _ in commits:
+                check_partition(topic, partition, len(self._partitions(topic)))
+            assigned = [self._append(topic, partition, checked, now)
+                        for topic, partition, checked in appends]
+            for topic, partition, offset in commits:
+                self._offsets[(write.group, topic, partition)] = offset
+            return assigned
 
     async def read(
         self,
@@ -121,11 +160,13 @@ class MemoryLog(Log):
         offset: int,
         *,
         generation: int | None = None,
+        fence: Lease | None = None,
     ) -> None:
         offset = check_commit(group, topic, partition, offset)
         with self._lock:
             parts = self._partitions(topic)
             check_partition(topic, partition, len(parts))
+            self._check_fence(fence)
             if generation is not None:
                 lease = self._leases.get((group, topic, partition))
                 if lease is None or lease.generation != generation:

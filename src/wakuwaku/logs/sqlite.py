@@ -43,6 +43,7 @@ from .._errors import (
 )
 from .._records import Record
 from ._base import (
+    BatchWrite,
     Lease,
     Log,
     OutgoingRecord,
@@ -108,6 +109,8 @@ class SQLiteLog(Log):
     :raises ConfigError: for an empty path, ``:memory:`` or a negative
         ``busy_timeout``.
     """
+
+    atomic_store = True
 
     def __init__(
         self,
@@ -302,23 +305,41 @@ class SQLiteLog(Log):
     # -- records ----------------------------------------------------------
 
     async def append(
-        self, topic: str, partition: int, records: Sequence[OutgoingRecord]
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[OutgoingRecord],
+        *,
+        fence: Lease | None = None,
     ) -> list[int]:
         """Append ``records`` to one partition in one transaction; see :meth:`Log.append`.
+
+        The fence is checked inside the write transaction.
 
         :raises ConfigError: when a header name is not a str or a header value
             or body is not bytes-like; nothing is written then.
         """
         encoded = [_encode_record(headers, body) for headers, body in records]
-        return await self._run(self._append, topic, partition, encoded)
+        return await self._run(self._append, topic, partition, encoded, fence)
 
-    def _append(self, topic: str, partition: int, encoded: list[tuple[bytes, bytes]]) -> list[int]:
+    def _append(self, topic: str, partition: int, encoded: list[tuple[bytes, bytes]],
+                fence: Lease | None) -> list[int]:
         db = self._db()
         topic_id = self._partition(db, topic, partition)
+        if not encoded and fence is None:
+            return []
+        db.execute("BEGIN IMMEDIATE")
+        self._check_fence(db, fence)
+        offsets = self._insert(db, topic_id, partition, encoded, time.time())
+        db.execute("COMMIT")
+        return offsets
+
+    @staticmethod
+    def _insert(db: sqlite3.Connection, topic_id: int, partition: int,
+                encoded: list[tuple[bytes, bytes]], now: float) -> list[int]:
+        """Insert records inside the caller's transaction; returns their offsets."""
         if not encoded:
             return []
-        now = time.time()
-        db.execute("BEGIN IMMEDIATE")
         (first,) = db.execute(
             "SELECT next_offset FROM wk_partitions WHERE topic_id = ? AND part = ?",
             (topic_id, partition),
@@ -335,8 +356,47 @@ class SQLiteLog(Log):
             "UPDATE wk_partitions SET next_offset = ? WHERE topic_id = ? AND part = ?",
             (first + len(encoded), topic_id, partition),
         )
-        db.execute("COMMIT")
         return list(range(first, first + len(encoded)))
+
+    @staticmethod
+    def _check_fence(db: sqlite3.Connection, fence: Lease | None) -> None:
+        """Inside a write transaction: :raises FencedError: for a stale ``fence``."""
+        if fence is None:
+            return
+        row = db.execute(
+            "SELECT generation FROM wk_leases WHERE grp = ? AND topic = ? AND part = ?",
+            (fence.group, fence.topic, fence.partition),
+        ).fetchone()
+        if row is None or row[0] != fence.generation:
+            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+
+    async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
+        """Write all of ``write`` in one transaction, or nothing; see :meth:`Log.store`."""
+        appends = [(topic, partition, [_encode_record(h, b) for h, b in records])
+                   for topic, partition, records in write.appends]
+        commits = [(topic, partition, check_commit(write.group, topic, partition, offset))
+                   for topic, partition, offset in write.commits]
+        assigned = await self._run(self._store, write.group, appends, commits, fence)
+        if self.retention and commits:
+            for topic in {topic for topic, _, _ in commits}:
+                self._forget(topic)
+        return assigned
+
+    def _store(self, group: str, appends: list[tuple[str, int, list[tuple[bytes, bytes]]]],
+               commits: list[tuple[str, int, int]], fence: Lease | None) -> list[list[int]]:
+        db = self._db()
+        topic_ids = [self._partition(db, topic, partition) for topic, partition, _ in appends]
+        for topic, partition, _ in commits:
+            self._partition(db, topic, partition)
+        now = time.time()
+        db.execute("BEGIN IMMEDIATE")
+        self._check_fence(db, fence)
+        assigned = [self._insert(db, topic_id, partition, encoded, now)
+                    for topic_id, (_, partition, encoded) in zip(topic_ids, appends, strict=True)]
+        for topic, partition, offset in commits:
+            self._upsert_commit(db, group, topic, partition, offset, now)
+        db.execute("COMMIT")
+        return assigned
 
     async def read(
         self,
@@ -442,6 +502,7 @@ class SQLiteLog(Log):
         offset: int,
         *,
         generation: int | None = None,
+        fence: Lease | None = None,
     ) -> None:
         """Store the group's offset; see :meth:`Log.commit`.
 
@@ -453,7 +514,7 @@ class SQLiteLog(Log):
         :raises FencedError: when ``generation`` is not the current lease's.
         """
         offset = check_commit(group, topic, partition, offset)
-        await self._run(self._commit, group, topic, partition, offset, generation)
+        await self._run(self._commit, group, topic, partition, offset, generation, fence)
         if self.retention:
             self._forget(topic)
 
@@ -463,25 +524,17 @@ class SQLiteLog(Log):
             self._ahead.pop(key, None)
 
     def _commit(
-        self, group: str, topic: str, partition: int, offset: int, generation: int | None
+        self, group: str, topic: str, partition: int, offset: int, generation: int | None,
+        fence: Lease | None,
     ) -> None:
         db = self._db()
         self._partition(db, topic, partition)
         now = time.time()
         db.execute("BEGIN IMMEDIATE")
+        self._check_fence(db, fence)
         if generation is not None:
-            row = db.execute(
-                "SELECT generation FROM wk_leases WHERE grp = ? AND topic = ? AND part = ?",
-                (group, topic, partition),
-            ).fetchone()
-            if row is None or row[0] != generation:
-                raise FencedError(group, topic, partition, generation)
-        db.execute(
-            "INSERT INTO wk_commits (grp, topic, part, off, committed_at) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT (grp, topic, part) DO UPDATE SET off = excluded.off,"
-            " committed_at = excluded.committed_at",
-            (group, topic, partition, offset, now),
-        )
+            self._check_fence(db, Lease(group, topic, partition, "", generation, 0.0))
+        self._upsert_commit(db, group, topic, partition, offset, now)
         db.execute("COMMIT")
         if self.retention and now - self._retained_at.get(topic, 0.0) >= _RETENTION_INTERVAL:
             self._retained_at[topic] = now
@@ -490,6 +543,16 @@ class SQLiteLog(Log):
             except sqlite3.Error as exc:
                 self._rollback()
                 _logger.warning("automatic retention of topic %r failed: %s", topic, exc)
+
+    @staticmethod
+    def _upsert_commit(db: sqlite3.Connection, group: str, topic: str, partition: int,
+                       offset: int, now: float) -> None:
+        db.execute(
+            "INSERT INTO wk_commits (grp, topic, part, off, committed_at) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (grp, topic, part) DO UPDATE SET off = excluded.off,"
+            " committed_at = excluded.committed_at",
+            (group, topic, partition, offset, now),
+        )
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         return await self._run(self._committed, group, topic, partition)
