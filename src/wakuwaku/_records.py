@@ -30,6 +30,17 @@ H_FAILED_AT = "wk-failed-at"
 H_ERROR = "wk-error"
 H_REASON = "wk-reason"
 H_SRC = "wk-src"
+H_FOR_GROUP = "wk-for-group"
+
+RETRY_ONLY_HEADERS = frozenset({H_FAILED_AT, "wk-marker", "wk-through", "wk-reset",
+                                "wk-failures", "wk-at"})
+"""Headers the engine writes on its retry topic only (SPEC 8): on a main-topic
+record they make it ``malformed_header``, so that nobody can forge a marker or
+a failure time through the main topic."""
+
+MAX_STORED_MS = 2**53
+"""Stored times (ms since the epoch) are below this bound, so that any stored
+time converts to a float and to a date (year < 285 000)."""
 
 Headers = Mapping[str, bytes]
 
@@ -133,6 +144,9 @@ class ValidHeaders:
     event_type: EventType[Any]
     failed_at: float | None = None
     source: Source | None = None
+    for_group: str | None = None
+    """``wk-for-group``: only this consumer group handles the record (a
+    replayed dead letter, SPEC 8); None for every group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +186,7 @@ def validate_headers(  # noqa: C901 - one flat check per header, each with its o
         props_raw = headers.get(H_PROPS)
         alg_raw = _text(headers, H_ALG)
         failed_raw = _text(headers, H_FAILED_AT)
+        for_group = _text(headers, H_FOR_GROUP)
     except (UnicodeDecodeError, TypeError) as exc:
         return InvalidHeaders(malformed, f"a wk-* header is not valid UTF-8: {exc}")
     if version is None:
@@ -196,10 +211,12 @@ def validate_headers(  # noqa: C901 - one flat check per header, each with its o
         return InvalidHeaders(malformed, f"header wk-alg has unknown marker {alg_raw!r}")
     failed_at: float | None = None
     if failed_raw is not None:
-        try:
-            failed_at = int(failed_raw) / 1000.0
-        except ValueError:
-            return InvalidHeaders(malformed, f"header wk-failed-at is not ms: {failed_raw!r}")
+        failed_at = parse_ms(failed_raw)
+        if failed_at is None:
+            return InvalidHeaders(malformed, "header wk-failed-at is not ms since the epoch "
+                                  f"in [0, 2**53): {failed_raw[:40]!r}")
+    if for_group is not None and not for_group:
+        return InvalidHeaders(malformed, "header wk-for-group is empty")
     source: Source | None = None
     src_raw = headers.get(H_SRC)
     if src_raw is not None:
@@ -220,7 +237,18 @@ def validate_headers(  # noqa: C901 - one flat check per header, each with its o
             f"type {tag!r} is registered {event_type.algebra.value} "
             f"but the record says {algebra.value}",
         )
-    return ValidHeaders(tag, key, props, algebra, event_type, failed_at, source)
+    return ValidHeaders(tag, key, props, algebra, event_type, failed_at, source, for_group)
+
+
+def parse_ms(raw: str | bytes) -> float | None:
+    """Seconds from a stored ``ms since the epoch`` text, or None when it is
+    not a plain integer in ``[0, MAX_STORED_MS)`` (a header may hold
+    anything: ``"9" * 400`` must not raise)."""
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    if not 0 < len(text) <= 16 or not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value / 1000.0 if value < MAX_STORED_MS else None
 
 
 def build_headers(

@@ -2,19 +2,23 @@
 and ``wakuwaku status`` run (SPEC 6, 8, 14).
 
 Every function is async, takes an open :class:`~wakuwaku.logs.Log` and the
-*main* topic's name (``orders``, not ``dlq_orders``); ``namespace`` is the
+*main* topic's name (``orders``, not ``wk-dlq.billing.orders``) and the
+consumer group whose retry and dead-letter topics are meant (they belong to
+one group, SPEC 6); ``namespace`` is the
 :attr:`ConsumerConfig.namespace <wakuwaku.engine.ConsumerConfig.namespace>`
-of the consumer that wrote the retry and dead-letter topics.
+of the consumer that wrote them.
 
-- :func:`list_dead_letters` reads ``dlq_<topic>``, every partition, and
+- :func:`list_dead_letters` reads the group's dead-letter topic
+  (``wk-dlq.<group>.<topic>``, written ``dlq_<topic>`` below), every partition, and
   parses each record into a :class:`DeadLetter`. A dead letter whose
   headers are broken is listed with its :attr:`DeadLetter.problems`, never
   left out.
-- :func:`replay_dead_letters` writes dead letters back into the main topic.
-  The copy keeps ``wk-src``, so the consumer handles it under the message
+- :func:`replay_dead_letters` writes dead letters back into the main topic,
+  addressed to their group only (``wk-for-group``: other groups skip the
+  copy). The copy keeps ``wk-src``, so the consumer handles it under the message
   identity of the record it was (SPEC 9) and an inbox skips a replay of
   something that was applied after all. Replay remembers what it replayed
-  in a ledger topic ``replayed_<topic>`` (one ledger record per replayed
+  in a ledger topic ``wk-replayed.<group>.<topic>`` (one ledger record per replayed
   dead letter), so a second run does not replay it again; ``everything=True``
   (``--all``) ignores the ledger.
 - :func:`consumer_status` reports a group's lag per partition, its
@@ -39,6 +43,7 @@ from ._partitioner import partition_for
 from ._records import (
     H_ALG,
     H_ERROR,
+    H_FOR_GROUP,
     H_KEY,
     H_PROPS,
     H_REASON,
@@ -90,9 +95,10 @@ MISSING_REASON = "<missing>"
 _KEPT_ON_REPLAY = frozenset({H_VERSION, H_TYPE, H_KEY, H_PROPS, H_ALG, H_SRC})
 
 
-def replay_ledger_topic_name(topic: str) -> str:
-    """``replayed_<topic>``: which dead letters of ``topic`` were replayed already."""
-    return f"replayed_{topic}"
+def replay_ledger_topic_name(topic: str, group: str) -> str:
+    """``wk-replayed.<group>.<topic>``: which of one group's dead letters of
+    ``topic`` were replayed already."""
+    return f"wk-replayed.{group}.{topic}"
 
 
 # ------------------------------------------------------------------ dead letters
@@ -228,9 +234,13 @@ def _check_limit(limit: int | None) -> None:
         raise ConfigError(f"limit must be an int >= 1 or None, got {limit!r}")
 
 
-def _names(topic: str, namespace: str) -> ConsumerConfig:
-    """A config that only serves to qualify names exactly as the consumer does."""
-    return ConsumerConfig(topic=topic, group="wakuwaku-admin", namespace=namespace)
+def _names(topic: str, group: str, namespace: str) -> ConsumerConfig:
+    """A config that only serves to qualify names exactly as the consumer does.
+
+    :raises ConfigError: for a bad group name or a retry/dead-letter topic
+        given as the main topic.
+    """
+    return ConsumerConfig(topic=topic, group=group, namespace=namespace)
 
 
 async def _partitions_or_none(log: Log, topic: str) -> int | None:
@@ -271,6 +281,7 @@ async def list_dead_letters(
     log: Log,
     topic: str,
     *,
+    group: str,
     reason: ReasonCode | str | None = None,
     key: str | None = None,
     limit: int | None = None,
@@ -279,7 +290,9 @@ async def list_dead_letters(
     """The dead letters of ``topic``, by dlq partition then offset (SPEC 8).
 
     :param log: the log.
-    :param topic: the main topic (its dead letters are in ``dlq_<topic>``).
+    :param topic: the main topic.
+    :param group: the consumer group whose dead letters are listed (its
+        dead-letter topic is ``wk-dlq.<group>.<topic>``).
     :param reason: only dead letters with this reason code.
     :param key: only dead letters of this key.
     :param limit: at most this many (the first ones in partition, offset order).
@@ -292,7 +305,7 @@ async def list_dead_letters(
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
-    names = _names(topic, namespace)
+    names = _names(topic, group, namespace)
     main = names.topics[0]
     await log.describe_topic(main)
     dlq = names.dead_letter_topic(main)
@@ -370,9 +383,10 @@ class ReplayReport:
         return dict(sorted(counts.items()))
 
 
-def _replay_copy(letter: DeadLetter) -> OutgoingRecord:
+def _replay_copy(letter: DeadLetter, group: str) -> OutgoingRecord:
     headers = {name: bytes(value) for name, value in letter.headers.items()
                if name in _KEPT_ON_REPLAY or not name.startswith("wk-")}
+    headers[H_FOR_GROUP] = group.encode()  # only the group whose dead letter it is
     return headers, letter.body
 
 
@@ -427,6 +441,7 @@ async def replay_dead_letters(
     log: Log,
     topic: str,
     *,
+    group: str,
     reason: ReasonCode | str | None = None,
     key: str | None = None,
     limit: int | None = None,
@@ -447,7 +462,7 @@ async def replay_dead_letters(
     already there: a replayed event is handled after the key's newer events.
 
     Every replayed dead letter is noted in the ledger topic
-    ``replayed_<topic>`` (created on first use with the dead-letter topic's
+    ``wk-replayed.<group>.<topic>`` (created on first use with the dead-letter topic's
     partition count), after its copy was written. A later run skips what the
     ledger holds, unless ``everything`` is true. A crash between the two
     writes replays that dead letter again on the next run, under the same
@@ -455,6 +470,8 @@ async def replay_dead_letters(
 
     :param log: the log.
     :param topic: the main topic.
+    :param group: the consumer group whose dead letters are replayed; only
+        that group handles the copies (SPEC 8).
     :param reason: / :param key: only dead letters with this reason / key.
     :param limit: replay at most this many (matched dead letters, in dlq
         partition then offset order; the ledger's are not counted).
@@ -472,11 +489,11 @@ async def replay_dead_letters(
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
-    names = _names(topic, namespace)
+    names = _names(topic, group, namespace)
     main = names.topics[0]
     main_partitions = (await log.describe_topic(main)).partitions
     dlq = names.dead_letter_topic(main)
-    ledger = names.qualify(replay_ledger_topic_name(topic))
+    ledger = names.qualify(replay_ledger_topic_name(topic, group))
     report = ReplayReport(main, dry_run)
     dlq_partitions = await _partitions_or_none(log, dlq)
     if dlq_partitions is None:
@@ -510,26 +527,28 @@ async def replay_dead_letters(
                         "key": letter.key, "reason": why})
                     continue
                 batch.append((letter, letter.key))
-            await _replay_page(log, main, main_partitions, ledger, p, batch, report)
+            await _replay_page(log, main, main_partitions, ledger, p, batch, report, group)
             if remaining is not None and remaining <= 0:
                 break
     return report
 
 
 async def _replay_page(log: Log, main: str, partitions: int, ledger: str, dlq_partition: int,
-                       letters: Sequence[tuple[DeadLetter, str]], report: ReplayReport) -> None:
+                       letters: Sequence[tuple[DeadLetter, str]], report: ReplayReport,
+                       group: str) -> None:
     """Write one page's copies (one append per main partition, in dlq order), then
     their ledger records."""
     targets: dict[int, list[DeadLetter]] = {}
     for letter, key in letters:
         targets.setdefault(partition_for(key, partitions), []).append(letter)
     written: dict[int, tuple[int, int | None]] = {}
-    for partition, group in targets.items():
+    for partition, copies in targets.items():
         if report.dry_run:
-            offsets: Iterable[int | None] = [None] * len(group)
+            offsets: Iterable[int | None] = [None] * len(copies)
         else:
-            offsets = await log.append(main, partition, [_replay_copy(x) for x in group])
-        for letter, offset in zip(group, offsets, strict=True):
+            offsets = await log.append(main, partition,
+                                       [_replay_copy(x, group) for x in copies])
+        for letter, offset in zip(copies, offsets, strict=True):
             written[letter.offset] = (partition, offset)
     entries = [
         ReplayedDeadLetter(dlq_partition, letter.offset, key, *written[letter.offset])

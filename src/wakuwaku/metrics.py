@@ -29,6 +29,8 @@ metric                                                 type     labels
 ``wakuwaku_dead_letters_total``                        counter  group, reason
 ``wakuwaku_reduced_away_records_total``                counter  group
 ``wakuwaku_inbox_skipped_records_total``               counter  group
+``wakuwaku_other_group_skipped_records_total``         counter  group
+``wakuwaku_offset_gap_records_total``                  counter  group
 ``wakuwaku_routed_records_total``                      counter  group
 ``wakuwaku_retry_written_records_total``               counter  group
 ``wakuwaku_quarantines_total``                         counter  group
@@ -91,6 +93,10 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("handler_calls", "handler_calls", "Successful handle() calls."),
     ("reduced_away", "reduced_away_records", "Records merged into another event by reduction."),
     ("inbox_skipped", "inbox_skipped_records", "Records dropped because the inbox held their id."),
+    ("other_group_skipped", "other_group_skipped_records",
+     "Main-topic records addressed to another group (its replayed dead letters)."),
+    ("offset_gaps", "offset_gap_records",
+     "Records deleted by retention before this group read them."),
     ("routed", "routed_records",
      "Records routed to the retry topic because their key was quarantined."),
     ("retry_written", "retry_written_records",

@@ -72,13 +72,13 @@ class DeadLog:
     path: Path
     url: str
     corrupt_offset: int
-    """Offset of the hand-written corrupt record in ``dlq_orders`` partition 0."""
+    """Offset of the hand-written corrupt record in ``wk-dlq.billing.orders`` partition 0."""
 
 
 async def build_dead_log(path: Path) -> DeadLog:
     """``orders`` (2 partitions) consumed by a broken handler: dead letters with reasons
     unrecoverable (POISON), gave_up_retry (key STUCK), unknown_type, malformed_header
-    (no key), plus a corrupt record written straight into ``dlq_orders``."""
+    (no key), plus a corrupt record written straight into ``wk-dlq.billing.orders``."""
     log = SQLiteLog(path)
     try:
         await log.create_topic(TOPIC, 2)
@@ -91,9 +91,9 @@ async def build_dead_log(path: Path) -> DeadLog:
         del no_key[H_KEY]
         await log.append(TOPIC, 0, [(no_key, b'{"key": "k0", "n": 50}')])
         await make_consumer(log, Recorder()).drain()
-        await log.create_topic(f"dlq_{TOPIC}", 2)
+        await log.create_topic(f"wk-dlq.{GROUP}.{TOPIC}", 2)
         corrupt = {H_KEY: b"\xff\xfe", H_SRC: b"[broken"}
-        [offset] = await log.append(f"dlq_{TOPIC}", 0, [(corrupt, b"\xff\x00")])
+        [offset] = await log.append(f"wk-dlq.{GROUP}.{TOPIC}", 0, [(corrupt, b"\xff\x00")])
         assert H_REASON not in corrupt
     finally:
         await log.close()

@@ -26,6 +26,7 @@ from wakuwaku.logs.sqlite import SQLiteLog
 
 from .ops_kit import (
     POISON,
+    GROUP,
     STUCK,
     TOPIC,
     DeadLog,
@@ -63,7 +64,7 @@ def reasons(letters: list[DeadLetter]) -> list[str | None]:
 
 
 def test_list_returns_every_dead_letter_including_corrupt_ones(dead_log: DeadLog) -> None:
-    letters = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC))
+    letters = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP))
     assert reasons(letters) == [None, "gave_up_retry", "gave_up_retry", "malformed_header",
                                 "unknown_type", "unrecoverable", "unrecoverable"]
     corrupt = next(x for x in letters if x.reason is None)
@@ -88,46 +89,46 @@ def test_list_returns_every_dead_letter_including_corrupt_ones(dead_log: DeadLog
 
 
 def test_list_filters_by_reason_key_and_limit(dead_log: DeadLog) -> None:
-    by_reason = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC,
+    by_reason = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP,
                                                                reason="gave_up_retry"))
     assert [x.key for x in by_reason] == [STUCK, STUCK]
-    by_key = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, key=STUCK))
+    by_key = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP, key=STUCK))
     assert by_key == by_reason
-    limited = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, limit=2))
-    everything = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC))
+    limited = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP, limit=2))
+    everything = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP))
     assert limited == everything[:2]
     both = on_log(dead_log, lambda log: list_dead_letters(
-        log, TOPIC, reason=wk.ReasonCode.UNRECOVERABLE, key=STUCK))
+        log, TOPIC, group=GROUP, reason=wk.ReasonCode.UNRECOVERABLE, key=STUCK))
     assert both == []
 
 
 def test_list_refuses_an_unknown_topic_and_an_unknown_reason(dead_log: DeadLog) -> None:
     with pytest.raises(wk.UnknownTopicError) as caught:
-        on_log(dead_log, lambda log: list_dead_letters(log, "nope"))
+        on_log(dead_log, lambda log: list_dead_letters(log, "nope", group=GROUP))
     assert caught.value.topic == "nope"
     with pytest.raises(wk.ConfigError, match="unknown dead-letter reason 'bogus'"):
-        on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, reason="bogus"))
+        on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP, reason="bogus"))
     with pytest.raises(wk.ConfigError, match="limit"):
-        on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, limit=0))
+        on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP, limit=0))
 
 
 async def test_list_is_empty_when_no_consumer_created_the_dead_letter_topic() -> None:
     log = wk.MemoryLog()
     await log.create_topic("fresh", 3)
-    assert await list_dead_letters(log, "fresh") == []
-    report = await replay_dead_letters(log, "fresh")
+    assert await list_dead_letters(log, "fresh", group=GROUP) == []
+    report = await replay_dead_letters(log, "fresh", group=GROUP)
     assert report.matched == 0 and report.replayed == []
 
 
 def test_cli_list_prints_one_line_per_dead_letter_and_names_broken_ones(
     dead_log: DeadLog, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["dlq", "list", TOPIC, "--log", dead_log.url])
+    code = main(["dlq", "list", TOPIC, "-g", GROUP, "--log", dead_log.url])
     out = capsys.readouterr().out
     assert code == ExitCode.OK
     lines = out.splitlines()
     assert len(lines) == 8
-    assert lines[-1] == "7 dead letters in 'dlq_orders' (2 with broken headers)"
+    assert lines[-1] == "7 dead letters in 'wk-dlq.billing.orders' (2 with broken headers)"
     corrupt = next(line for line in lines if line.startswith(f"0@{dead_log.corrupt_offset}\t"))
     assert "reason=-" in corrupt and "problems=no wk-reason header" in corrupt
     assert sum("reason=gave_up_retry\tkey='stuck'" in line for line in lines) == 2
@@ -135,13 +136,13 @@ def test_cli_list_prints_one_line_per_dead_letter_and_names_broken_ones(
 
 def test_cli_list_json_and_filters(dead_log: DeadLog, capsys: pytest.CaptureFixture[str]
                                    ) -> None:
-    code = main(["dlq", "list", TOPIC, "--reason", "unrecoverable", "--json",
+    code = main(["dlq", "list", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--json",
                  "--log", dead_log.url])
     assert code == ExitCode.OK
     rows = json.loads(capsys.readouterr().out)
     assert sorted(json.loads(r["body"])["n"] for r in rows) == sorted(POISON)
     assert all(r["headers"]["wk-reason"] == "unrecoverable" for r in rows)
-    main(["dlq", "list", TOPIC, "--json", "--log", dead_log.url])
+    main(["dlq", "list", TOPIC, "-g", GROUP, "--json", "--log", dead_log.url])
     rows = json.loads(capsys.readouterr().out)
     corrupt = next(r for r in rows if r["reason"] is None)
     assert corrupt["body_hex"] == "ff00" and "body" not in corrupt
@@ -149,16 +150,16 @@ def test_cli_list_json_and_filters(dead_log: DeadLog, capsys: pytest.CaptureFixt
 
 def test_cli_errors_name_what_was_wrong(dead_log: DeadLog, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["dlq", "list", "nope", "--log", dead_log.url]) == ExitCode.ERROR
+    assert main(["dlq", "list", "nope", "-g", GROUP, "--log", dead_log.url]) == ExitCode.ERROR
     assert "topic 'nope' does not exist" in capsys.readouterr().err
-    assert main(["dlq", "list", TOPIC, "--reason", "bogus", "--log", dead_log.url]) == \
+    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--reason", "bogus", "--log", dead_log.url]) == \
         ExitCode.USAGE
     assert "bogus" in capsys.readouterr().err
     missing = tmp_path / "missing.db"
-    assert main(["dlq", "list", TOPIC, "--log", f"sqlite:///{missing}"]) == ExitCode.ERROR
+    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--log", f"sqlite:///{missing}"]) == ExitCode.ERROR
     assert "no log at" in capsys.readouterr().err
     assert not missing.exists(), "an inspection must not create a log file"
-    assert main(["dlq", "list", TOPIC, "--log", "kafka://x"]) == ExitCode.ERROR
+    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--log", "kafka://x"]) == ExitCode.ERROR
     assert "unsupported log URL" in capsys.readouterr().err
 
 
@@ -166,7 +167,7 @@ def test_cli_reads_the_log_url_from_the_environment(
     dead_log: DeadLog, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("WAKUWAKU_LOG", dead_log.url)
-    assert main(["dlq", "list", TOPIC, "--key", STUCK]) == ExitCode.OK
+    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--key", STUCK]) == ExitCode.OK
     assert capsys.readouterr().out.count("key='stuck'") == 2
 
 
@@ -183,7 +184,7 @@ async def main_topic(log: Log, partitions: int = 2) -> list[tuple[int, wk.Record
 def test_dry_run_writes_nothing_and_reports_what_would_be_replayed(dead_log: DeadLog) -> None:
     async def work(log: Log) -> tuple[ReplayReport, dict[int, int], list[str]]:
         before = await log.end_offsets(TOPIC)
-        report = await replay_dead_letters(log, TOPIC, reason="unrecoverable", dry_run=True)
+        report = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable", dry_run=True)
         assert await log.end_offsets(TOPIC) == before
         return report, before, [t.name for t in await log.list_topics()]
 
@@ -193,7 +194,7 @@ def test_dry_run_writes_nothing_and_reports_what_would_be_replayed(dead_log: Dea
     assert {r.key for r in report.replayed} == {"k0", "k2"}
     for entry in report.replayed:
         assert entry.partition == wk.partition_for(entry.key, 2)
-    assert replay_ledger_topic_name(TOPIC) not in topics
+    assert replay_ledger_topic_name(TOPIC, GROUP) not in topics
 
 
 def test_replay_writes_copies_keeping_identity_and_dropping_failure_headers(
@@ -201,9 +202,9 @@ def test_replay_writes_copies_keeping_identity_and_dropping_failure_headers(
 ) -> None:
     async def work(log: Log) -> None:
         letters = {(x.partition, x.offset): x
-                   for x in await list_dead_letters(log, TOPIC, key=STUCK)}
+                   for x in await list_dead_letters(log, TOPIC, group=GROUP, key=STUCK)}
         before = await log.end_offsets(TOPIC)
-        report = await replay_dead_letters(log, TOPIC, key=STUCK)
+        report = await replay_dead_letters(log, TOPIC, group=GROUP, key=STUCK)
         assert report.matched == 2 and not report.skipped
         assert report.by_partition == {wk.partition_for(STUCK, 2): 2}
         copies = [(p, r) for p, r in await main_topic(log) if r.offset >= before[p]]
@@ -217,27 +218,28 @@ def test_replay_writes_copies_keeping_identity_and_dropping_failure_headers(
             assert copy.headers[H_SRC] == letter.headers[H_SRC]
             assert decode_source(copy.headers[H_SRC]).ids == letter.source.ids  # type: ignore[union-attr]
             assert copy.body == letter.body
-            assert copy.headers == {k: v for k, v in letter.headers.items()
-                                    if k in KEPT or not k.startswith("wk-")}
+            assert copy.headers == {**{k: v for k, v in letter.headers.items()
+                                       if k in KEPT or not k.startswith("wk-")},
+                                    "wk-for-group": GROUP.encode()}
 
     on_log(dead_log, work)
 
 
 def test_replay_remembers_what_it_replayed_and_all_starts_over(dead_log: DeadLog) -> None:
     async def work(log: Log) -> None:
-        first = await replay_dead_letters(log, TOPIC, reason="unrecoverable", limit=1)
+        first = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable", limit=1)
         assert len(first.replayed) == 1 and first.already_replayed == 0
-        second = await replay_dead_letters(log, TOPIC, reason="unrecoverable")
+        second = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")
         assert len(second.replayed) == 1 and second.already_replayed == 1
         assert second.replayed[0].dlq_offset != first.replayed[0].dlq_offset
-        third = await replay_dead_letters(log, TOPIC, reason="unrecoverable")
+        third = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")
         assert third.replayed == [] and third.already_replayed == 2
         # The ledger is per dead letter: another filter is not affected by the first.
-        other = await replay_dead_letters(log, TOPIC, reason="gave_up_retry", dry_run=True)
+        other = await replay_dead_letters(log, TOPIC, group=GROUP, reason="gave_up_retry", dry_run=True)
         assert len(other.replayed) == 2
-        again = await replay_dead_letters(log, TOPIC, reason="unrecoverable", everything=True)
+        again = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable", everything=True)
         assert len(again.replayed) == 2 and again.already_replayed == 0
-        ledger = replay_ledger_topic_name(TOPIC)
+        ledger = replay_ledger_topic_name(TOPIC, GROUP)
         assert (await log.describe_topic(ledger)).partitions == 2
         assert sum((await log.end_offsets(ledger)).values()) == 4
 
@@ -245,14 +247,14 @@ def test_replay_remembers_what_it_replayed_and_all_starts_over(dead_log: DeadLog
 
 
 def test_replay_skips_what_cannot_be_routed_and_says_why(dead_log: DeadLog) -> None:
-    report = on_log(dead_log, lambda log: replay_dead_letters(log, TOPIC))
+    report = on_log(dead_log, lambda log: replay_dead_letters(log, TOPIC, group=GROUP))
     skipped = {(s.dlq_partition, s.dlq_offset): s.reason for s in report.skipped}
     assert len(skipped) == 2
     assert "not valid UTF-8" in skipped[(0, dead_log.corrupt_offset)]
     assert any("no wk-key" in why for why in skipped.values())
     assert report.matched == 7 and len(report.replayed) == 5
     # Skipped ones are not in the ledger: the next run reports them again.
-    again = on_log(dead_log, lambda log: replay_dead_letters(log, TOPIC))
+    again = on_log(dead_log, lambda log: replay_dead_letters(log, TOPIC, group=GROUP))
     assert again.replayed == [] and len(again.skipped) == 2 and again.already_replayed == 5
 
 
@@ -261,8 +263,8 @@ def test_replayed_events_are_handled_under_their_original_message_ids(
 ) -> None:
     async def work(log: Log) -> None:
         originals = {msgspec.json.decode(x.body, type=Order).n: x.source.ids  # type: ignore[union-attr]
-                     for x in await list_dead_letters(log, TOPIC, reason="unrecoverable")}
-        await replay_dead_letters(log, TOPIC, reason="unrecoverable")
+                     for x in await list_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")}
+        await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")
         fixed = Recorder(broken=False)
         await make_consumer(log, fixed).drain()
         assert sorted(o.n for o in fixed.handled) == sorted(POISON)
@@ -275,22 +277,22 @@ def test_replayed_events_are_handled_under_their_original_message_ids(
 def test_cli_replay_prints_counts_and_fails_on_skipped(
     dead_log: DeadLog, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["dlq", "replay", TOPIC, "--reason", "unrecoverable", "--dry-run",
+    code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--dry-run",
                  "--log", dead_log.url])
     out = capsys.readouterr().out
     assert code == ExitCode.OK
     assert out.splitlines()[0].startswith("would replay 2 dead letters into 'orders' (")
-    code = main(["dlq", "replay", TOPIC, "--reason", "unrecoverable", "--log", dead_log.url])
+    code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--log", dead_log.url])
     assert code == ExitCode.OK
     assert capsys.readouterr().out.startswith("replayed 2 dead letters into 'orders' (")
-    code = main(["dlq", "replay", TOPIC, "--log", dead_log.url])
+    code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--log", dead_log.url])
     captured = capsys.readouterr()
     assert code == ExitCode.FAILURE
     assert captured.out.startswith("replayed 3 dead letters")
     assert "2 matching dead letters were replayed before (use --all" in captured.out
-    assert f"skipped 'dlq_orders' partition 0 offset {dead_log.corrupt_offset} (key -)" in \
+    assert f"skipped 'wk-dlq.billing.orders' partition 0 offset {dead_log.corrupt_offset} (key -)" in \
         captured.err
-    code = main(["dlq", "replay", TOPIC, "--reason", "unrecoverable", "--all",
+    code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--all",
                  "--log", dead_log.url])
     assert code == ExitCode.OK
     assert capsys.readouterr().out.startswith("replayed 2 dead letters")
@@ -298,7 +300,7 @@ def test_cli_replay_prints_counts_and_fails_on_skipped(
 
 def test_cli_replay_unknown_topic_exits_3(dead_log: DeadLog,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["dlq", "replay", "nope", "--log", dead_log.url]) == ExitCode.ERROR
+    assert main(["dlq", "replay", "nope", "-g", GROUP, "--log", dead_log.url]) == ExitCode.ERROR
     assert "'nope'" in capsys.readouterr().err
 
 

@@ -123,10 +123,10 @@ async def test_status_names_a_broken_retry_record_and_goes_on() -> None:
     p = wk.partition_for(STUCK, 2)
     broken = {"wk-v": b"1", H_MARKER: MARKER_ATTEMPT_FAILED, "wk-key": STUCK.encode(),
               H_AT: b"0"}  # no wk-failures
-    [offset] = await log.append(f"retry_{TOPIC}", p, [(broken, b"")])
+    [offset] = await log.append(f"wk-retry.{GROUP}.{TOPIC}", p, [(broken, b"")])
     status = await consumer_status(log, TOPIC, GROUP, retry_delays=DELAYS)
     [problem] = status.problems
-    assert f"retry_{TOPIC} partition {p} offset {offset}" in problem
+    assert f"wk-retry.{GROUP}.{TOPIC} partition {p} offset {offset}" in problem
     assert "'stuck'" in problem
     assert status.quarantined[0].key == STUCK
 
@@ -205,7 +205,7 @@ def test_the_fixture_routed_the_new_record_behind_the_pending_ones(quarantined_l
         log = SQLiteLog(quarantined_log.removeprefix("sqlite:///"))
         try:
             p = wk.partition_for(STUCK, 2)
-            records = await log.read(f"retry_{TOPIC}", p, 0, 100)
+            records = await log.read(f"wk-retry.{GROUP}.{TOPIC}", p, 0, 100)
             return [msgspec.json.decode(r.body, type=Order).n for r in records
                     if H_MARKER not in r.headers]
         finally:

@@ -156,7 +156,7 @@ async def read_all(log: Log, topic: str, partition: int = 0) -> list[wk.Record]:
 
 
 async def dead_letters(log: Log, topic: str = "t", partition: int = 0) -> list[wk.Record]:
-    return await read_all(log, f"dlq_{topic}", partition)
+    return await read_all(log, f"wk-dlq.g.{topic}", partition)
 
 
 def event_n(record: wk.Record) -> int:

@@ -117,7 +117,7 @@ async def test_8_unserializable_retry_record(log: Log, clock: FakeClock) -> None
     # stands for are dead-lettered, raw.
     assert [reason(r) for r in dead] == ["unserializable_retry_record"] * 2
     assert [msgspec.json.decode(r.body)["n"] for r in dead] == [1, 2]
-    assert [r for r in await read_all(log, "retry_t") if "wk-marker" not in r.headers] == []
+    assert [r for r in await read_all(log, "wk-retry.g.t") if "wk-marker" not in r.headers] == []
 
 
 async def test_8_retry_backlog_full(log: Log, clock: FakeClock) -> None:

@@ -59,7 +59,7 @@ async def test_5_2_records_of_a_quarantined_key_are_routed_behind_its_pending_re
         await wait_until(clock, lambda: c.stats.quarantined_keys == 1)
         await producer.publish_many([Item("a", 2), Item("b", 3)])
         await wait_until(clock, lambda: c.stats.routed == 1 and 3 in script.handled_ns())
-        retry = await read_all(log, "retry_t")
+        retry = await read_all(log, "wk-retry.g.t")
         assert [r.headers.get("wk-marker") for r in retry] == [None, None]
         assert [event_n(r) for r in retry] == [1, 2]
         # Key a did not run its new event: it waits behind the failed one.
@@ -193,7 +193,7 @@ async def test_5_5_retryable_stops_the_key_and_writes_its_unfinished_work_to_the
     # No later chunk of the key started after the failure.
     assert [[e.n for e in run] for _, k, run in items.calls if k == "a"] == [[1, 2], [3, 4]]
     assert adds.calls == []
-    retry = await read_all(log, "retry_t", partition)
+    retry = await read_all(log, "wk-retry.g.t", partition)
     bodies = [wk.event_type(Item).decode(r.body) if r.headers["wk-type"] == b"test.item"
               else wk.event_type(Add).decode(r.body) for r in retry]
     assert bodies == [Item("a", 3), Item("a", 4), Item("a", 5), Item("a", 6), Add("a", 3)]
@@ -205,7 +205,7 @@ async def test_5_5_retryable_stops_the_key_and_writes_its_unfinished_work_to_the
     # The reduced Add stands for both of its main-topic records.
     add_source = wk._records.decode_source(retry[-1].headers["wk-src"])
     assert len(add_source.offsets) == 2 and len(add_source.ids) == 2
-    assert await read_all(log, "retry_t", (partition + 1) % 3) == []
+    assert await read_all(log, "wk-retry.g.t", (partition + 1) % 3) == []
 
 
 async def test_5_6_transient_retries_the_same_chunk_in_place_and_pauses_the_partition(
@@ -291,7 +291,7 @@ async def test_5_6_the_consumers_own_log_calls_are_retried_like_transient_failur
     producer = await setup_topic(memory_log)
     await producer.publish_many([Item("a", 1), Item("a", 2)])
     flaky = FlakyLog(memory_log, clock)
-    flaky.fail("append:dlq_t", 3)
+    flaky.fail("append:wk-dlq.g.t", 3)
     flaky.fail("commit", 2)
     flaky.fail("read:t", 1)
     script = Script(clock)
@@ -303,7 +303,7 @@ async def test_5_6_the_consumers_own_log_calls_are_retried_like_transient_failur
     await c.drain()
     t0 = 1_700_000_000.0
     # The poll failed once at 0 (2 s wait); the dead-letter write then waits 2, 4 s.
-    assert [t - t0 for t in flaky.failed_at["append:dlq_t"]] == [2.0, 4.0, 8.0]
+    assert [t - t0 for t in flaky.failed_at["append:wk-dlq.g.t"]] == [2.0, 4.0, 8.0]
     assert len(flaky.failed_at["commit"]) == 2
     assert len(flaky.failed_at["read:t"]) == 1
     dead = await dead_letters(memory_log)
@@ -319,7 +319,7 @@ async def test_5_6_offset_is_not_committed_past_a_record_whose_dead_letter_write
     producer = await setup_topic(memory_log)
     await producer.publish(Item("a", 1))
     flaky = FlakyLog(memory_log, clock)
-    flaky.fail("append:dlq_t", 1000)
+    flaky.fail("append:wk-dlq.g.t", 1000)
     script = Script(clock)
     script.fail[1] = [wk.Unrecoverable("bad event")]
     c = wk.engine.Consumer(
@@ -327,7 +327,7 @@ async def test_5_6_offset_is_not_committed_past_a_record_whose_dead_letter_write
         [Handler(Item, script)], flaky,  # type: ignore[arg-type]
     )
     async with Running(c):
-        await wait_until(clock, lambda: len(flaky.failed_at.get("append:dlq_t", [])) >= 5)
+        await wait_until(clock, lambda: len(flaky.failed_at.get("append:wk-dlq.g.t", [])) >= 5)
     assert await memory_log.committed("g", "t", 0) is None
     assert await dead_letters(memory_log) == []
 

@@ -452,7 +452,7 @@ async def _execute(jobs: list[tuple[str, tuple[str, int]]], max_batch: int,
     await Consumer(config, [Handler(Job, script, max_batch=max_batch)], log).drain()
     dead: set[int] = set()
     for partition in range(2):
-        for record in await log.read("dlq_jobs", partition, 0, 10_000):
+        for record in await log.read("wk-dlq.g.jobs", partition, 0, 10_000):
             dead.add(msgspec.json.decode(record.body, type=Job).id)
     return script, dead
 

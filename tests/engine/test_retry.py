@@ -35,18 +35,18 @@ async def test_6_retry_and_dead_letter_topics_are_created_with_the_main_partitio
 ) -> None:
     await setup_topic(log, partitions=5)
     await consumer(log, clock, [Handler(Item, Script(clock))]).start()
-    assert (await log.describe_topic("retry_t")).partitions == 5
-    assert (await log.describe_topic("dlq_t")).partitions == 5
+    assert (await log.describe_topic("wk-retry.g.t")).partitions == 5
+    assert (await log.describe_topic("wk-dlq.g.t")).partitions == 5
 
 
 async def test_6_a_retry_topic_with_another_partition_count_fails_start(
     log: Log, clock: FakeClock
 ) -> None:
     await setup_topic(log, partitions=3)
-    await log.create_topic("retry_t", 2)
+    await log.create_topic("wk-retry.g.t", 2)
     with pytest.raises(wk.PartitionCountMismatch) as caught:
         await consumer(log, clock, [Handler(Item, Script(clock))]).start()
-    assert caught.value.topic == "retry_t"
+    assert caught.value.topic == "wk-retry.g.t"
     assert (caught.value.existing, caught.value.requested) == (2, 3)
     assert "2" in str(caught.value) and "3" in str(caught.value)
 
@@ -103,8 +103,8 @@ async def test_6_schedule_attempts_at_failure_plus_2_4_8_16_then_give_up(
     assert len(gave_up) == 1 and gave_up[0].levelno == logging.ERROR
     assert c.stats.gave_up_keys == 1 and c.stats.attempts == 4
     # Quarantine over: the retry partition's committed offset is past everything.
-    end = (await log.end_offsets("retry_t"))[0]
-    assert await log.committed("g", "retry_t", 0) == end
+    end = (await log.end_offsets("wk-retry.g.t"))[0]
+    assert await log.committed("g", "wk-retry.g.t", 0) == end
 
 
 async def test_6_events_routed_during_quarantine_are_attempted_at_once_after_give_up(
@@ -227,11 +227,11 @@ async def test_6_the_retry_partitions_committed_offset_is_its_lowest_pending_off
     c = consumer(log, clock, [Handler(Item, script)], retry_delays=[2.0, 4.0, 8.0, 16.0])
     async with Running(c):
         await wait_until(clock, lambda: script.handled_ns() == [1])
-        retry = await read_all(log, "retry_t")
+        retry = await read_all(log, "wk-retry.g.t")
         work = [r for r in retry if "wk-marker" not in r.headers]
         b_record = next(r for r in work if r.headers["wk-key"] == b"b")
         # a is resolved; b's record is the lowest still pending.
-        assert await log.committed("g", "retry_t", 0) == b_record.offset
+        assert await log.committed("g", "wk-retry.g.t", 0) == b_record.offset
 
 
 @pytest.mark.parametrize(("restart_at", "first_attempt"), [(1.0, 2.0), (10.0, 10.0)])
@@ -271,7 +271,7 @@ async def test_6_max_pending_retry_dead_letters_a_new_key_but_quarantined_keys_k
     dead = await dead_letters(log)
     assert [reason(r) for r in dead] == ["retry_backlog_full"]
     assert dead[0].headers["wk-key"] == b"b"
-    retry_keys = [r.headers["wk-key"] for r in await read_all(log, "retry_t")
+    retry_keys = [r.headers["wk-key"] for r in await read_all(log, "wk-retry.g.t")
                   if "wk-marker" not in r.headers]
     assert retry_keys == [b"a", b"a", b"a"]  # a's event 4 was routed past the bound
     assert any(r.getMessage() == "retry backlog full" for r in caplog.records)
@@ -291,7 +291,7 @@ async def test_6_retry_records_are_reduced_and_keep_the_order_of_the_first_plan(
     await c.drain()
     # The first plan: Add(3) fails; Item 5 and Add(7) go to the retry topic reduced.
     assert [[e.amount for e in run] for _, _, run in adds.calls] == [[3], [3], [7]]
-    retry = [r for r in await read_all(log, "retry_t") if "wk-marker" not in r.headers]
+    retry = [r for r in await read_all(log, "wk-retry.g.t") if "wk-marker" not in r.headers]
     assert [r.headers["wk-type"] for r in retry] == [b"test.add", b"test.item", b"test.add"]
     assert items.handled_ns() == [5]
     assert [e.amount for e in adds.handled] == [3, 7]

@@ -1,9 +1,12 @@
 """``wakuwaku dlq list`` and ``wakuwaku dlq replay``: a topic's dead letters (SPEC 8).
 
-``list`` only reads ``dlq_<topic>``. ``replay`` writes matching dead letters
-back into the main topic (keeping ``wk-src``, the message identity) and notes
-each one in the ledger topic ``replayed_<topic>`` so that running it again
-does not replay it twice; ``--all`` ignores the ledger. See
+Dead letters belong to one consumer group (``--group``, SPEC 6). ``list``
+only reads the group's dead-letter topic ``wk-dlq.<group>.<topic>``.
+``replay`` writes matching dead letters back into the main topic (keeping
+``wk-src``, the message identity), addressed to that group only
+(``wk-for-group``), and notes each one in the ledger topic
+``wk-replayed.<group>.<topic>`` so that running it again does not replay it
+twice; ``--all`` ignores the ledger. See
 :func:`wakuwaku.admin.replay_dead_letters` and ``docs/operations.md``.
 """
 
@@ -24,12 +27,14 @@ from ._status import log_option, namespace_option, printable, when, with_log
 _REASON = click.Choice([r.value for r in ReasonCode])
 
 
-def _dlq_name(topic: str, namespace: str) -> str:
-    config = ConsumerConfig(topic=topic, group="wakuwaku-cli", namespace=namespace)
+def _dlq_name(topic: str, group: str, namespace: str) -> str:
+    config = ConsumerConfig(topic=topic, group=group, namespace=namespace)
     return config.dead_letter_topic(config.topics[0])
 
 
 def _filters(fn: Any) -> Any:
+    fn = click.option("--group", "-g", required=True,
+                      help="The consumer group whose dead letters these are.")(fn)
     fn = click.option("--limit", type=click.IntRange(min=1), default=None,
                       help="At most this many dead letters.")(fn)
     fn = click.option("--key", default=None, help="Only dead letters of this key.")(fn)
@@ -73,19 +78,19 @@ def _line(letter: DeadLetter) -> str:
               help="Print a JSON array (headers as text, body as text or body_hex).")
 @namespace_option
 @log_option
-def list_command(topic: str, reason: str | None, key: str | None, limit: int | None,
-                 as_json: bool, namespace: str, log_url: str) -> int:
+def list_command(topic: str, group: str, reason: str | None, key: str | None,
+                 limit: int | None, as_json: bool, namespace: str, log_url: str) -> int:
     """List TOPIC's dead letters: dlq partition@offset, reason, key, type, source, error.
 
     Dead letters with broken headers are listed with what is broken.
     Exit status 3 when TOPIC does not exist.
     """
     letters = with_log(log_url, lambda log: list_dead_letters(
-        log, topic, reason=reason, key=key, limit=limit, namespace=namespace))
+        log, topic, group=group, reason=reason, key=key, limit=limit, namespace=namespace))
     if as_json:
         click.echo(json.dumps([x.as_dict() for x in letters], ensure_ascii=False, indent=1))
         return ExitCode.OK
-    dlq = _dlq_name(topic, namespace)
+    dlq = _dlq_name(topic, group, namespace)
     if not letters:
         click.echo(f"no dead letters in {dlq!r} matching the filters")
         return ExitCode.OK
@@ -115,8 +120,9 @@ def _describe(report: ReplayReport, topic: str) -> str:
               help="Replay again what an earlier replay already replayed.")
 @namespace_option
 @log_option
-def replay_command(topic: str, reason: str | None, key: str | None, limit: int | None,
-                   dry_run: bool, everything: bool, namespace: str, log_url: str) -> int:
+def replay_command(topic: str, group: str, reason: str | None, key: str | None,
+                   limit: int | None, dry_run: bool, everything: bool, namespace: str,
+                   log_url: str) -> int:
     """Write TOPIC's matching dead letters back into TOPIC (keeping their identity).
 
     Prints how many were replayed per partition. Dead letters already
@@ -125,7 +131,7 @@ def replay_command(topic: str, reason: str | None, key: str | None, limit: int |
     stderr and make the exit status 1; exit status 3 when TOPIC does not exist.
     """
     report = with_log(log_url, lambda log: replay_dead_letters(
-        log, topic, reason=reason, key=key, limit=limit, dry_run=dry_run,
+        log, topic, group=group, reason=reason, key=key, limit=limit, dry_run=dry_run,
         everything=everything, namespace=namespace))
     click.echo(_describe(report, topic))
     if dry_run:
@@ -135,7 +141,7 @@ def replay_command(topic: str, reason: str | None, key: str | None, limit: int |
     if report.already_replayed:
         click.echo(f"{report.already_replayed} matching dead letters were replayed before "
                    "(use --all to replay them again)")
-    dlq = _dlq_name(topic, namespace)
+    dlq = _dlq_name(topic, group, namespace)
     for skip in report.skipped:
         key_text = "-" if skip.key is None else repr(printable(skip.key))
         click.echo(f"skipped {dlq!r} partition {skip.dlq_partition} offset "

@@ -42,6 +42,7 @@ from ..logs import Log, open_log
 from .data import Expected, Totals, expected_totals, read_flights, read_planes
 from .flights import (
     FLIGHTS_TOPIC,
+    GROUP,
     PLANES_TOPIC,
     FlightCancelled,
     FlightFlown,
@@ -297,7 +298,7 @@ async def verify(log: Log, projection: Projection, expected: Expected, registere
     strays = sorted(set(actual) - registered)
     result.check(not strays, "no totals for unregistered tail numbers"
                  + (f" (found {strays[:5]})" if strays else ""))
-    dead = await list_dead_letters(log, FLIGHTS_TOPIC)
+    dead = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
     other = Counter(d.reason for d in dead if d.reason != "gave_up_retry")
     result.check(not other, "no dead letters but gave_up_retry" + (f" ({dict(other)})"
                                                                    if other else ""))
@@ -424,7 +425,7 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
             out(f"the consumer failed with exit status {code}; see {workdir / 'consumer.log'}")
             return 1
         seconds = time.perf_counter() - started
-        dead = Counter(d.reason or "?" for d in await list_dead_letters(log, FLIGHTS_TOPIC))
+        dead = Counter(d.reason or "?" for d in await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP))
         out("wakuwaku demo flights: report")
         report(out, opts=opts, log_url=log_url, produced=produced, stats=consumer.stats(),
                dead=dead, chaos=chaos, seconds=seconds, runs=consumer.runs)
@@ -453,7 +454,7 @@ async def replay_phase(opts: DemoOptions, out: Print, log: Log, consumer: Consum
     missing = sorted(set(expected.totals) - registered)
     await Producer(log, PLANES_TOPIC).publish_many(
         [PlaneRegistered(t, None, "unknown", "unknown", None) for t in missing])
-    replayed = await replay_dead_letters(log, FLIGHTS_TOPIC, reason="gave_up_retry")
+    replayed = await replay_dead_letters(log, FLIGHTS_TOPIC, group=GROUP, reason="gave_up_retry")
     before = consumer.runs
     consumer.start()
     code = await consumer.wait(CONSUMER_TIMEOUT)
@@ -476,7 +477,7 @@ async def replay_phase(opts: DemoOptions, out: Print, log: Log, consumer: Consum
 async def _replayed_sources(log: Log, replayed: Sequence[Any]) -> list[Any]:
     from ..admin import DeadLetter
 
-    letters: list[DeadLetter] = await list_dead_letters(log, FLIGHTS_TOPIC)
+    letters: list[DeadLetter] = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
     wanted = {(r.dlq_partition, r.dlq_offset) for r in replayed}
     return [d for d in letters if (d.partition, d.offset) in wanted and d.source is not None]
 

@@ -3,9 +3,11 @@
 from ._config import DEFAULT_RETRY_DELAYS as DEFAULT_RETRY_DELAYS
 from ._config import ConsumerConfig as ConsumerConfig
 from ._config import DeliveryMode as DeliveryMode
+from ._config import check_group_name as check_group_name
 from ._config import dead_letter_topic_name as dead_letter_topic_name
 from ._config import default_classify as default_classify
 from ._config import retry_topic_name as retry_topic_name
+from ._config import split_internal_topic as split_internal_topic
 from ._consumer import Consumer as Consumer
 from ._context import ChunkContext as ChunkContext
 from ._context import current_chunk as current_chunk
@@ -21,9 +23,11 @@ __all__ = (
     "ConsumerStats",
     "DeliveryMode",
     "Handler",
+    "check_group_name",
     "current_chunk",
     "dead_letter_topic_name",
     "default_classify",
     "handler",
     "retry_topic_name",
+    "split_internal_topic",
 )

@@ -44,14 +44,57 @@ def default_classify(exc: BaseException) -> ErrorClass:
     return ErrorClass.UNRECOVERABLE
 
 
-def retry_topic_name(topic: str) -> str:
-    """``retry_<topic>``: where a topic's Retryable work waits (SPEC 6)."""
-    return f"retry_{topic}"
+RETRY_PREFIX = "wk-retry."
+DEAD_LETTER_PREFIX = "wk-dlq."
+_GROUP_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+MAX_GROUP_LENGTH = 100
 
 
-def dead_letter_topic_name(topic: str) -> str:
-    """``dlq_<topic>``: where a topic's records that cannot be handled go (SPEC 8)."""
-    return f"dlq_{topic}"
+def check_group_name(group: str) -> None:
+    """Refuse a consumer group name that cannot be part of a topic name.
+
+    A group names its own retry and dead-letter topics (SPEC 6), so it takes
+    the characters every engine allows in a topic name (Kafka's, the
+    narrowest), without ``.``, which separates the group from the topic.
+
+    :raises ConfigError: for a name that is empty, longer than 100
+        characters, or has a character outside ``A-Z a-z 0-9 _ -``.
+    """
+    if (not isinstance(group, str) or not group or len(group) > MAX_GROUP_LENGTH
+            or not _GROUP_CHARS.issuperset(group)):
+        raise ConfigError(
+            f"invalid consumer group name {group!r}: use 1 to {MAX_GROUP_LENGTH} characters "
+            "of A-Z, a-z, 0-9, '_' and '-' (it is part of the group's retry and "
+            "dead-letter topic names)"
+        )
+
+
+def retry_topic_name(topic: str, group: str) -> str:
+    """``wk-retry.<group>.<topic>``: where one group's Retryable work of a topic waits (SPEC 6).
+
+    The retry topic belongs to one consumer group: two groups reading one
+    topic never see each other's retry work. The name is unambiguous because
+    a group name has no ``.`` (:func:`check_group_name`) and main topics may
+    not start with ``wk-retry.`` or ``wk-dlq.`` (:func:`split_internal_topic`).
+    """
+    return f"{RETRY_PREFIX}{group}.{topic}"
+
+
+def dead_letter_topic_name(topic: str, group: str) -> str:
+    """``wk-dlq.<group>.<topic>``: where one group's records of a topic that
+    cannot be handled go (SPEC 6, 8)."""
+    return f"{DEAD_LETTER_PREFIX}{group}.{topic}"
+
+
+def split_internal_topic(name: str) -> tuple[str, str, str] | None:
+    """``("retry" | "dlq", group, topic)`` for a retry or dead-letter topic
+    name (namespace removed first), None for any other name."""
+    for kind, prefix in (("retry", RETRY_PREFIX), ("dlq", DEAD_LETTER_PREFIX)):
+        if name.startswith(prefix):
+            group, dot, topic = name[len(prefix):].partition(".")
+            if dot and group and topic:
+                return kind, group, topic
+    return None
 
 
 def _default_member() -> str:
@@ -64,7 +107,9 @@ class ConsumerConfig:
 
     :param topic: the main topic, or several (each (topic, partition) gets its
         own task; ordering domains are per (topic, key), SPEC 2).
-    :param group: the consumer group; committed offsets and leases are per group.
+    :param group: the consumer group; committed offsets, leases, the retry
+        topic and the dead-letter topic are per group. 1 to 100 characters of
+        ``A-Z a-z 0-9 _ -`` (:func:`check_group_name`).
     :param namespace: an optional prefix for every topic name (``ns.topic``,
         ``ns.retry_topic``...), so several applications can share one log.
     :param partitions: the partitions to consume, or None for all of them.
@@ -86,8 +131,9 @@ class ConsumerConfig:
     :param lease_ttl: how long a partition lease lasts without renewal (SPEC 15).
     :param member_id: this process's name in the group (default host-pid-random).
     :param error_text_limit: the longest sanitized error text stored in headers.
-    :raises ConfigError: for an empty topic or group, an empty or negative
-        retry schedule, or a non-positive bound.
+    :raises ConfigError: for an empty topic, a retry or dead-letter topic
+        given as a main topic, a group name outside :func:`check_group_name`,
+        an empty or negative retry schedule, or a non-positive bound.
     """
 
     topic: str | Sequence[str]
@@ -124,8 +170,15 @@ class ConsumerConfig:
             )
         if len(set(topics)) != len(topics):
             raise ConfigError(f"ConsumerConfig.topic names a topic twice: {list(topics)!r}")
-        if not isinstance(self.group, str) or not self.group:
-            raise ConfigError("ConsumerConfig.group must be a non-empty string")
+        check_group_name(self.group)
+        for topic in topics:
+            internal = split_internal_topic(self._unqualified(topic))
+            if internal is not None:
+                kind, group, main = internal
+                raise ConfigError(
+                    f"topic {topic!r} is the {'retry' if kind == 'retry' else 'dead-letter'} "
+                    f"topic of group {group!r} for topic {main!r}: consume {main!r} instead "
+                    "(the consumer reads its own retry topic)")
         if self.partitions is not None:
             parts = tuple(self.partitions)
             if not parts or any(not isinstance(p, int) or isinstance(p, bool) or p < 0
@@ -179,12 +232,14 @@ class ConsumerConfig:
         return f"{self.namespace}.{name}" if self.namespace else name
 
     def retry_topic(self, topic: str) -> str:
-        """The retry topic of a (qualified) main topic: ``[ns.]retry_<topic>``."""
-        return self.qualify(retry_topic_name(self._unqualified(topic)))
+        """This group's retry topic of a (qualified) main topic:
+        ``[ns.]wk-retry.<group>.<topic>`` (:func:`retry_topic_name`)."""
+        return self.qualify(retry_topic_name(self._unqualified(topic), self.group))
 
     def dead_letter_topic(self, topic: str) -> str:
-        """The dead-letter topic of a (qualified) main topic: ``[ns.]dlq_<topic>``."""
-        return self.qualify(dead_letter_topic_name(self._unqualified(topic)))
+        """This group's dead-letter topic of a (qualified) main topic:
+        ``[ns.]wk-dlq.<group>.<topic>`` (:func:`dead_letter_topic_name`)."""
+        return self.qualify(dead_letter_topic_name(self._unqualified(topic), self.group))
 
     def _unqualified(self, topic: str) -> str:
         prefix = f"{self.namespace}." if self.namespace else ""

@@ -432,7 +432,8 @@ class PartitionWorker:
         # Without an inbox nothing needs the items of a batch that goes well:
         # the runs keep records instead (see Run).
         items, groups, rejects = decode_batch(records, self.topic, self.partition, self.types,
-                                              compact=not self._has_inbox)
+                                              compact=not self._has_inbox,
+                                              group=self.config.group)
         if rejects:
             self._dead_letter_rejects(rejects)
         if self._has_inbox:
@@ -977,6 +978,11 @@ class PartitionWorker:
     def _dead_letter_rejects(self, rejects: list[Reject]) -> None:
         """Buffer the dead-letter copies of records that cannot reach a handler (SPEC 8)."""
         for reject in rejects:
+            if reject.reason is None:  # a replayed dead letter of another group
+                self.stats.other_group_skipped += 1
+                if self._done is not None:
+                    self._done.add(reject.record.offset)
+                continue
             origin = retry_source(reject.record)
             if origin is None:
                 ident = message_id(self.topic, self.partition, reject.record.offset)

@@ -23,11 +23,13 @@ from .._records import (
     H_KEY,
     H_TYPE,
     H_VERSION,
+    RETRY_ONLY_HEADERS,
     WIRE_VERSION,
     InvalidHeaders,
     ReasonCode,
     Record,
     Source,
+    ValidHeaders,
     header_text,
     message_id,
     validate_headers,
@@ -131,7 +133,9 @@ class Reject:
     """A record that cannot reach a handler, and why (SPEC 8)."""
 
     record: Record
-    reason: ReasonCode
+    reason: ReasonCode | None
+    """Why it is dead-lettered; None for a record addressed to another
+    consumer group (``wk-for-group``), which is skipped, not dead-lettered."""
     detail: str
     key: str | None = None
 
@@ -230,16 +234,23 @@ def decode_records(
     types: Mapping[str, EventType[Any]],
     *,
     from_retry: bool = False,
+    group: str | None = None,
 ) -> tuple[list[Item], list[Reject]]:
     """Validate headers and decode bodies (SPEC 3, 5.1, 8).
 
     :param topic: / :param partition: where the records were read (the main
         topic; for retry records the main topic they belong to).
     :param from_retry: true for records of the retry topic: their message ids
-        and main offsets come from ``wk-src``, which must be present.
+        and main offsets come from ``wk-src``, which must be present; false
+        for the main topic, where the retry topic's own headers
+        (:data:`~wakuwaku._records.RETRY_ONLY_HEADERS`) make a record
+        ``malformed_header``.
+    :param group: the reading consumer group: a main-topic record whose
+        ``wk-for-group`` names another group is a reject with reason None.
     :returns: items in input order, and rejects with their reason codes.
     """
-    items, _, rejects = decode_batch(records, topic, partition, types, from_retry=from_retry)
+    items, _, rejects = decode_batch(records, topic, partition, types, from_retry=from_retry,
+                                     group=group)
     return items, rejects
 
 
@@ -251,6 +262,7 @@ def decode_batch(
     *,
     from_retry: bool = False,
     compact: bool = False,
+    group: str | None = None,
 ) -> tuple[list[Item], Groups, list[Reject]]:
     """:func:`decode_records`, and the items grouped as :func:`group` does, in one pass.
 
@@ -295,7 +307,7 @@ def decode_batch(
             _, etype, decode, has_id, key, runs = memo
             value = decode(record.body)
         except Exception:  # noqa: BLE001 - the careful path names the problem
-            careful = _decode_one(record, where, types, from_retry, rejects)
+            careful = _decode_one(record, where, types, from_retry, rejects, group)
             if careful is None:
                 continue
             entry, key, etype, value = careful, careful.key, careful.event_type, careful.event
@@ -332,11 +344,23 @@ _NO_PROPS: dict[str, str] = {}
 
 
 def _decode_one(record: Record, where: Where, types: Mapping[str, EventType[Any]],
-                from_retry: bool, rejects: list[Reject]) -> Item | None:
-    """Decode one record the careful way: every header checked, every problem named."""
-    checked = validate_headers(record.headers, types)
+                from_retry: bool, rejects: list[Reject], group: str | None) -> Item | None:
+    """Decode one record the careful way: every header checked, every problem named.
+
+    Any exception while parsing dead-letters the record (SPEC 8): a record
+    must never stop its partition.
+    """
+    try:
+        checked = _checked_headers(record, types, from_retry)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a broken header
+        checked = InvalidHeaders(ReasonCode.MALFORMED_HEADER,
+                                 f"headers cannot be parsed: {type(exc).__name__}: {exc}")
     if isinstance(checked, InvalidHeaders):
         rejects.append(Reject(record, checked.reason, checked.detail, _safe_key(record)))
+        return None
+    if not from_retry and checked.for_group is not None and checked.for_group != group:
+        rejects.append(Reject(record, None, f"addressed to group {checked.for_group!r}",
+                              checked.key))
         return None
     etype, key, source = checked.event_type, checked.key, checked.source
     try:
@@ -364,6 +388,17 @@ def _decode_one(record: Record, where: Where, types: Mapping[str, EventType[Any]
         origin = own
     return Item(key, etype, value, record, origin, checked.props or _NO_PROPS,
                 None, checked.failed_at, len(origin.offsets) if isinstance(origin, Source) else 1)
+
+
+def _checked_headers(record: Record, types: Mapping[str, EventType[Any]],
+                     from_retry: bool) -> ValidHeaders | InvalidHeaders:
+    if not from_retry:
+        internal = sorted(RETRY_ONLY_HEADERS.intersection(record.headers))
+        if internal:
+            return InvalidHeaders(ReasonCode.MALFORMED_HEADER,
+                                  f"the retry topic's own header {internal[0]} is not "
+                                  "allowed on a main-topic record")
+    return validate_headers(record.headers, types)
 
 
 def _own_origin(record: Record, where: Where, etype: EventType[Any], value: Any, key: str,

@@ -19,6 +19,11 @@ class ConsumerStats:
     :param handler_calls: successful ``handle`` calls.
     :param reduced_away: records merged into another event by reduction.
     :param inbox_skipped: records dropped because the inbox already held their id.
+    :param other_group_skipped: main-topic records addressed to another
+        consumer group (``wk-for-group``: a dead letter that group replayed).
+    :param offset_gaps: records skipped because retention deleted them
+        before this group read them (its committed offset was below the
+        partition's start).
     :param routed: records routed to the retry topic because their key was quarantined.
     :param retry_written: work records written to the retry topic after a Retryable failure.
     :param quarantined_keys: keys that entered quarantine.
@@ -42,6 +47,8 @@ class ConsumerStats:
     handler_calls: int = 0
     reduced_away: int = 0
     inbox_skipped: int = 0
+    other_group_skipped: int = 0
+    offset_gaps: int = 0
     routed: int = 0
     retry_written: int = 0
     quarantined_keys: int = 0
