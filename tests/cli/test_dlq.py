@@ -25,8 +25,8 @@ from wakuwaku.logs import Log
 from wakuwaku.logs.sqlite import SQLiteLog
 
 from .ops_kit import (
-    POISON,
     GROUP,
+    POISON,
     STUCK,
     TOPIC,
     DeadLog,
@@ -152,11 +152,13 @@ def test_cli_errors_name_what_was_wrong(dead_log: DeadLog, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["dlq", "list", "nope", "-g", GROUP, "--log", dead_log.url]) == ExitCode.ERROR
     assert "topic 'nope' does not exist" in capsys.readouterr().err
-    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--reason", "bogus", "--log", dead_log.url]) == \
+    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--reason", "bogus",
+                 "--log", dead_log.url]) == \
         ExitCode.USAGE
     assert "bogus" in capsys.readouterr().err
     missing = tmp_path / "missing.db"
-    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--log", f"sqlite:///{missing}"]) == ExitCode.ERROR
+    assert main(["dlq", "list", TOPIC, "-g", GROUP,
+                 "--log", f"sqlite:///{missing}"]) == ExitCode.ERROR
     assert "no log at" in capsys.readouterr().err
     assert not missing.exists(), "an inspection must not create a log file"
     assert main(["dlq", "list", TOPIC, "-g", GROUP, "--log", "kafka://x"]) == ExitCode.ERROR
@@ -184,7 +186,8 @@ async def main_topic(log: Log, partitions: int = 2) -> list[tuple[int, wk.Record
 def test_dry_run_writes_nothing_and_reports_what_would_be_replayed(dead_log: DeadLog) -> None:
     async def work(log: Log) -> tuple[ReplayReport, dict[int, int], list[str]]:
         before = await log.end_offsets(TOPIC)
-        report = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable", dry_run=True)
+        report = await replay_dead_letters(log, TOPIC, group=GROUP,
+                                           reason="unrecoverable", dry_run=True)
         assert await log.end_offsets(TOPIC) == before
         return report, before, [t.name for t in await log.list_topics()]
 
@@ -235,9 +238,11 @@ def test_replay_remembers_what_it_replayed_and_all_starts_over(dead_log: DeadLog
         third = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")
         assert third.replayed == [] and third.already_replayed == 2
         # The ledger is per dead letter: another filter is not affected by the first.
-        other = await replay_dead_letters(log, TOPIC, group=GROUP, reason="gave_up_retry", dry_run=True)
+        other = await replay_dead_letters(log, TOPIC, group=GROUP, reason="gave_up_retry",
+                                          dry_run=True)
         assert len(other.replayed) == 2
-        again = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable", everything=True)
+        again = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable",
+                                          everything=True)
         assert len(again.replayed) == 2 and again.already_replayed == 0
         ledger = replay_ledger_topic_name(TOPIC, GROUP)
         assert (await log.describe_topic(ledger)).partitions == 2
@@ -263,7 +268,8 @@ def test_replayed_events_are_handled_under_their_original_message_ids(
 ) -> None:
     async def work(log: Log) -> None:
         originals = {msgspec.json.decode(x.body, type=Order).n: x.source.ids  # type: ignore[union-attr]
-                     for x in await list_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")}
+                     for x in await list_dead_letters(log, TOPIC, group=GROUP,
+                                                     reason="unrecoverable")}
         await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")
         fixed = Recorder(broken=False)
         await make_consumer(log, fixed).drain()
@@ -282,7 +288,8 @@ def test_cli_replay_prints_counts_and_fails_on_skipped(
     out = capsys.readouterr().out
     assert code == ExitCode.OK
     assert out.splitlines()[0].startswith("would replay 2 dead letters into 'orders' (")
-    code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--log", dead_log.url])
+    code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable",
+                 "--log", dead_log.url])
     assert code == ExitCode.OK
     assert capsys.readouterr().out.startswith("replayed 2 dead letters into 'orders' (")
     code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--log", dead_log.url])
@@ -290,7 +297,8 @@ def test_cli_replay_prints_counts_and_fails_on_skipped(
     assert code == ExitCode.FAILURE
     assert captured.out.startswith("replayed 3 dead letters")
     assert "2 matching dead letters were replayed before (use --all" in captured.out
-    assert f"skipped 'wk-dlq.billing.orders' partition 0 offset {dead_log.corrupt_offset} (key -)" in \
+    assert (f"skipped 'wk-dlq.billing.orders' partition 0 offset "
+            f"{dead_log.corrupt_offset} (key -)") in \
         captured.err
     code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--all",
                  "--log", dead_log.url])

@@ -425,7 +425,8 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
             out(f"the consumer failed with exit status {code}; see {workdir / 'consumer.log'}")
             return 1
         seconds = time.perf_counter() - started
-        dead = Counter(d.reason or "?" for d in await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP))
+        dead = Counter(d.reason or "?"
+                       for d in await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP))
         out("wakuwaku demo flights: report")
         report(out, opts=opts, log_url=log_url, produced=produced, stats=consumer.stats(),
                dead=dead, chaos=chaos, seconds=seconds, runs=consumer.runs)
