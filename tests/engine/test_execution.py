@@ -258,9 +258,15 @@ async def test_5_6_transient_retries_the_same_chunk_in_place_and_pauses_the_part
 
 
 class FlakyLog:
-    """Wraps a log; named operations fail a given number of times first."""
+    """Wraps a log; named operations fail a given number of times first.
 
-    def __init__(self, inner: Log, clock: FakeClock) -> None:
+    It stores a batch call by call (``atomic_store`` false) unless ``atomic``,
+    so that the engine's separate dead-letter, retry and commit calls are
+    each seen.
+    """
+
+    def __init__(self, inner: Log, clock: FakeClock, *, atomic: bool = False) -> None:
+        self.atomic_store = atomic
         self.inner = inner
         self.clock = clock
         self.failures: dict[str, int] = {}
@@ -311,6 +317,50 @@ async def test_5_6_the_consumers_own_log_calls_are_retried_like_transient_failur
     assert script.handled_ns() == [2]
     assert await memory_log.committed("g", "t", 0) == 2
     assert c.stats.log_call_retries == 6
+
+
+async def test_5_6_an_atomic_store_that_fails_is_retried_whole_and_writes_once(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(memory_log)
+    await producer.publish_many([Item("a", 1), Item("b", 2)])
+    flaky = FlakyLog(memory_log, clock, atomic=True)
+    flaky.fail("store", 3)
+    script = Script(clock)
+    script.fail[1] = [wk.Unrecoverable("bad event")]
+    script.fail[2] = [wk.Retryable("not yet")]
+    c = wk.engine.Consumer(
+        wk.engine.ConsumerConfig(topic="t", group="g", clock=clock, lease_ttl=3600.0,
+                                 retry_delays=(1.0,)),
+        [Handler(Item, script)], flaky,  # type: ignore[arg-type]
+    )
+    await c.drain()
+    assert len(flaky.failed_at["store"]) == 3
+    assert [reason(r) for r in await dead_letters(memory_log)] == ["unrecoverable"]
+    work = [r for r in await read_all(memory_log, "wk-retry.g.t") if "wk-marker" not in r.headers]
+    assert [event_n(r) for r in work] == [2]  # routed once, then resolved
+    assert script.handled_ns() == [2]
+    assert await memory_log.committed("g", "t", 0) == 2
+
+
+async def test_5_6_a_failed_retry_write_is_retried_and_the_offset_waits_for_it(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    producer = await setup_topic(memory_log)
+    await producer.publish(Item("a", 1))
+    flaky = FlakyLog(memory_log, clock)
+    flaky.fail("append:wk-retry.g.t", 1000)
+    script = Script(clock)
+    script.fail[1] = [wk.Retryable("not yet")]
+    c = wk.engine.Consumer(
+        wk.engine.ConsumerConfig(topic="t", group="g", clock=clock, lease_ttl=3600.0),
+        [Handler(Item, script)], flaky,  # type: ignore[arg-type]
+    )
+    async with Running(c):
+        await wait_until(clock, lambda: len(flaky.failed_at.get("append:wk-retry.g.t", [])) >= 5)
+    assert await memory_log.committed("g", "t", 0) is None
+    assert await read_all(memory_log, "wk-retry.g.t") == []
+    assert script.handled_ns() == []
 
 
 async def test_5_6_offset_is_not_committed_past_a_record_whose_dead_letter_write_failed(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
 import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 
@@ -85,3 +87,51 @@ async def test_a_stale_owner_cannot_commit() -> None:
         raise AssertionError("a stale generation committed")
     await log.commit("g", "t", 0, 5, generation=new.generation)
     assert await log.committed("g", "t", 0) == 5
+
+
+async def _steal(log: wk.logs.Log, member: str) -> wk.logs.Lease:
+    """Take partition t/0 of group g away from ``member`` for member "thief"."""
+    current = await log.acquire_partition("g", "t", 0, member, 60.0)
+    assert current is not None
+    await log.release_partition(current)
+    taken = await log.acquire_partition("g", "t", 0, "thief", 3600.0)
+    assert taken is not None and taken.generation > current.generation
+    return taken
+
+
+async def test_a_member_that_lost_its_partition_writes_no_retry_state_and_no_offset(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12 item 2: A's handler stalls past its lease, B takes over, then A's
+    handler raises Retryable: A's retry work, markers and offset are refused."""
+    for log in (wk.MemoryLog(), wk.logs.SQLiteLog(f"{tmp_path}/fence.db")):
+        await log.create_topic("t", 1)
+        await wk.Producer(log, "t").publish_many([Item("x", n) for n in range(3)])
+        gate = asyncio.Event()
+        entered = asyncio.Event()
+
+        async def handle(run: Sequence[Item], gate: asyncio.Event = gate,
+                         entered: asyncio.Event = entered) -> None:
+            entered.set()
+            await gate.wait()
+            raise wk.Retryable("row not there yet")
+
+        config = ConsumerConfig(topic="t", group="g", member_id="a", lease_ttl=3600.0,
+                                poll_interval=0.01, shutdown_timeout=5.0)
+        member = Consumer(config, [Handler(Item, handle)], log)
+        task = asyncio.create_task(member.run(install_signal_handlers=False))
+        try:
+            await asyncio.wait_for(entered.wait(), 10)
+            await _steal(log, "a")
+            caplog.clear()
+            gate.set()
+            await wait_for(lambda: "partition lease lost; stopping" in caplog.text, 10)
+        finally:
+            member.stop()
+            await task
+        retry = await log.read("wk-retry.g.t", 0, 0, 100)
+        dead = await log.read("wk-dlq.g.t", 0, 0, 100)
+        assert (retry, dead) == ([], []), type(log).__name__
+        assert await log.committed("g", "t", 0) is None
+        assert await log.committed("g", "wk-retry.g.t", 0) is None
+        await log.close()

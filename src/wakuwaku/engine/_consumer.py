@@ -134,7 +134,13 @@ class Consumer:
             for topic, p in self._assignment
         ]
         try:
-            await self._stop.wait()
+            # Supervisors end only at a stop; one that ends first failed loudly
+            # (issue 12 item 9: a partition must never die without a word).
+            stopper = asyncio.ensure_future(self._stop.wait())
+            await asyncio.wait([stopper, *supervisors], return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if not self._stop.is_set():
+                self.stop()
             log.info("consumer stopping", extra={"group": self.config.group})
             done, still = await asyncio.wait(supervisors, timeout=self.config.shutdown_timeout)
             for task in still:
@@ -251,12 +257,27 @@ class Consumer:
             renewer = asyncio.create_task(self._renew(lease, worker))
             try:
                 await worker.run()
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # this supervisor is being cancelled for real
+                # A driver leaked a CancelledError nobody asked for: a crash.
+                log.error("partition worker ended by a stray CancelledError; restarting it",
+                          extra={"topic": topic, "partition": partition})
+                await self._wait_or_stop(self.config.delay(1))
             except Exception:
                 # A bug must not stall the partition silently: log it, start
                 # again from the stored offsets after the first retry delay.
                 log.exception("partition worker crashed; restarting it",
                               extra={"topic": topic, "partition": partition})
                 await self._wait_or_stop(self.config.delay(1))
+            except BaseException as exc:
+                # SystemExit, KeyboardInterrupt or another BaseException: the
+                # consumer stops and run() raises it, rather than idling.
+                log.critical("partition worker ended by %s; stopping the consumer",
+                             type(exc).__name__, extra={"topic": topic, "partition": partition})
+                self.stop()
+                raise
             finally:
                 renewer.cancel()
                 await asyncio.gather(renewer, return_exceptions=True)

@@ -29,7 +29,7 @@ from .._errors import ErrorClass, FencedError, HandleError
 from .._events import Algebra
 from .._records import ReasonCode, Record, Source, message_id
 from .._sanitize import sanitize
-from ..logs._base import Log
+from ..logs._base import BatchWrite, Lease, Log
 from ._config import ConsumerConfig, DeliveryMode
 from ._context import ChunkContext, _current
 from ._handler import Handler
@@ -156,6 +156,10 @@ class PartitionWorker:
         self._reduces = any(h.event_type.algebra is not Algebra.PLAIN for h in handlers.values())
         self.stats = stats
         self.generation = generation
+        # Every write for this partition carries its lease (SPEC 15): the log
+        # refuses it once another member owns the partition.
+        self._fence = (None if generation is None else
+                       Lease(config.group, topic, partition, config.member_id, generation, 0.0))
         self.clock = config.clock
         self.retry = RetryState(config.delay)
         self.position = 0
@@ -351,9 +355,9 @@ class PartitionWorker:
         finally:
             self._done = None
             self._handled = []
-        await self._commit_retry()
-        if mode is DeliveryMode.NO_EVENT_LOSE:
-            await self._commit_main(following)
+        # The batch's dead letters, retry work and offsets: one transaction
+        # where the log allows it, so a crash leaves all or none of them.
+        await self._flush(following if mode is DeliveryMode.NO_EVENT_LOSE else None)
         self.position = following
 
     async def _store_partial(self, records: list[Record]) -> None:
@@ -383,10 +387,7 @@ class PartitionWorker:
                                 "(at-most-once)", extra={**self._fields, "records": lost})
                 target = following
         try:
-            await self._flush()
-            if target != stored:
-                await self._commit_main(target)
-            await self._commit_retry()
+            await self._flush(target if target != stored else None)
         except Abandon:
             return  # the log refused while stopping: store nothing more
         self.position = target
@@ -402,29 +403,10 @@ class PartitionWorker:
         """Store the retry partition's lowest pending offset (SPEC 6).
 
         The retry partition has no lease of its own: it belongs to the main
-        partition's owner, so the main lease is confirmed first (SPEC 15).
+        partition's owner, so the commit carries the main lease as its fence
+        and is refused once another member owns the partition (SPEC 15).
         """
-        low = self.retry.low_watermark()
-        if low == self._retry_committed:
-            return
-        await self._confirm_lease()
-        await self._log_call(
-            "commit retry offset",
-            lambda: self.log.commit(self.config.group, self.retry_topic, self.partition, low),
-        )
-        self._retry_committed = low
-
-    async def _confirm_lease(self) -> None:
-        if self.generation is None:
-            return
-        lease = await self._log_call(
-            "renew lease",
-            lambda: self.log.acquire_partition(self.config.group, self.topic, self.partition,
-                                               self.config.member_id, self.config.lease_ttl),
-        )
-        if lease is None or lease.generation != self.generation:
-            log.warning("partition lease lost; stopping", extra=self._fields)
-            raise Abandon
+        await self._flush()
 
     # -------------------------------------------------------------------- batch
 
@@ -446,7 +428,6 @@ class PartitionWorker:
                 sum(len(run) for runs in groups.values() for run in runs)
                 - sum(len(run) for seg in segments for run in seg.runs))
         await self._run_segments(segments, self._after_main_segment, self._handled)
-        await self._flush()
 
     def _route_quarantined(self, groups: Groups) -> None:
         """Take the items of quarantined keys out of ``groups`` and send them
@@ -808,31 +789,69 @@ class PartitionWorker:
 
     # ------------------------------------------------------------- retry topic
 
-    async def _append_retry(self, outgoing: list[Outgoing], operation: str) -> None:
-        if not outgoing:
-            return
-        offsets = await self._log_call(
-            operation, lambda: self.log.append(self.retry_topic, self.partition, outgoing)
-        )
-        now = self.clock.now()
-        for (headers, body), offset in zip(outgoing, offsets, strict=True):
-            self.retry.apply(Record(offset, headers, body, now))
+    async def _flush(self, main_offset: int | None = None) -> None:
+        """Store what the batch or attempt round buffered, under the partition's lease.
 
-    async def _flush(self) -> None:
-        """Write the buffered dead letters, then the buffered retry records;
-        both are retried forever on failure (SPEC 5.6)."""
-        if self._dead_out:
-            dead = self._dead_out
-            await self._log_call(
-                "dead-letter write", lambda: self.log.append(self.dlq_topic, self.partition, dead)
-            )
+        Dead letters first, then retry records, then the retry partition's
+        lowest pending offset (when it moved) and ``main_offset`` (when
+        given). On a log with an atomic store (SQLite, memory) that is one
+        transaction: a crash leaves all of it or none, so no record is both
+        routed to the retry topic and delivered again, and no dead letter is
+        written twice (issue 12, items 2 and 12). Elsewhere each write is its
+        own fenced call, in that order, so an offset is never stored before
+        what it covers. Every call is retried forever on failure (SPEC 5.6);
+        a refused fence stops the worker (:class:`Abandon`).
+
+        The retry offset stored is the low watermark *before* this flush's
+        records are applied: never above the truth (at worst a restart reads
+        a few resolved records again); the next flush stores the newer one.
+        """
+        dead, retry = self._dead_out, self._retry_out
+        low = self.retry.low_watermark()
+        commits: list[tuple[str, int, int]] = []
+        if low != self._retry_committed:
+            commits.append((self.retry_topic, self.partition, low))
+        if main_offset is not None:
+            commits.append((self.topic, self.partition, main_offset))
+        appends: list[tuple[str, int, list[Outgoing]]] = []
+        if dead:
+            appends.append((self.dlq_topic, self.partition, dead))
+        if retry:
+            appends.append((self.retry_topic, self.partition, retry))
+        if not appends and not commits:
+            return
+        offsets = await self._store(appends, commits)
+        if dead:
             self.stats.dead_letters.update(self._dead_counts)
             self._dead_out = []
             self._dead_counts = Counter()
-        if self._retry_out:
-            await self._append_retry(self._retry_out, "retry write")
+        if retry:
+            now = self.clock.now()
+            for (headers, body), offset in zip(retry, offsets, strict=True):
+                self.retry.apply(Record(offset, headers, body, now))
             self._retry_out = []
             self._unflushed_work = 0
+        if low != self._retry_committed:
+            self._retry_committed = low
+
+    async def _store(self, appends: list[tuple[str, int, list[Outgoing]]],
+                     commits: list[tuple[str, int, int]]) -> list[int]:
+        """Write ``appends`` then ``commits`` fenced; returns the last append's offsets."""
+        fence = self._fence
+        if self.log.atomic_store:
+            write = BatchWrite(self.config.group, appends, commits)
+            assigned = await self._log_call("store", lambda: self.log.store(write, fence=fence))
+            return assigned[-1] if assigned else []
+        offsets: list[int] = []
+        for topic, partition, records in appends:
+            operation = "dead-letter write" if topic == self.dlq_topic else "retry write"
+            offsets = await self._log_call(
+                operation, partial(self.log.append, topic, partition, records, fence=fence))
+        for topic, partition, offset in commits:
+            await self._log_call(
+                "commit offset", partial(self.log.commit, self.config.group, topic, partition,
+                                         offset, fence=fence))
+        return offsets
 
     def _write_retry(self, items: list[Item], failed_at: float, error: str) -> None:
         """Buffer main-topic items for the retry topic, in order (SPEC 5.5)."""
