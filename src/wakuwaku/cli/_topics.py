@@ -27,6 +27,7 @@ import msgspec
 
 from .._errors import ConfigError
 from .._events import Algebra, EventType, JsonCodec
+from .._json import DuplicateKeyError, decode_strict
 from .._partitioner import partition_for
 from .._records import Record, build_headers
 from ..logs import DEFAULT_LOG_URL, Log, OutgoingRecord, open_log
@@ -195,16 +196,18 @@ class _LineParser:
 
     def parse(self, line: str) -> tuple[str, OutgoingRecord]:
         try:
-            document = msgspec.json.decode(line)
+            document = decode_strict(line)
         except msgspec.DecodeError as exc:
             raise _Refused(f"not JSON: {exc}") from None
         except UnicodeEncodeError:  # undecodable input bytes, kept as surrogates
             raise _Refused("not UTF-8") from None
+        except DuplicateKeyError as exc:  # which "key" or "type" was meant is unknown
+            raise _Refused(str(exc)) from None
         if not isinstance(document, dict):
             raise _Refused(f"expected a JSON object, got {type(document).__name__}")
         if self.type_tag is not None:
             assert self.key_field is not None
-            key = _key(document.get(self.key_field), f"field {self.key_field!r}")
+            key = _key(document.get(self.key_field, _MISSING), f"field {self.key_field!r}")
             return self._record(self.type_tag, key, document, None, self.algebra)
         tag = document.get("type")
         if not isinstance(tag, str) or not tag:
@@ -212,7 +215,7 @@ class _LineParser:
                            "(or use --type and --key-field for plain bodies)")
         if "body" not in document:
             raise _Refused('the envelope has no "body"')
-        key = _key(document.get("key"), '"key"')
+        key = _key(document.get("key", _MISSING), '"key"')
         alg_raw = document.get("alg", self.algebra.value)
         try:
             algebra = Algebra(alg_raw)
@@ -231,11 +234,17 @@ class _LineParser:
         return key, (headers, msgspec.json.encode(body))
 
 
+_MISSING = object()
+"""A field the document does not have (told apart from one that is null)."""
+
+
 def _key(value: object, where: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if isinstance(value, str) and value:
         return value
+    if value is _MISSING:
+        raise _Refused(f"no usable key: {where} is missing")
     raise _Refused(f"no usable key: {where} is {json.dumps(value)}")
 
 
