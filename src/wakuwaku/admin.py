@@ -68,7 +68,9 @@ __all__ = (
     "ReplayedDeadLetter",
     "SkippedDeadLetter",
     "Status",
+    "committed_groups",
     "consumer_status",
+    "derived_topic_owner",
     "list_dead_letters",
     "parse_dead_letter",
     "replay_dead_letters",
@@ -228,6 +230,42 @@ def _check_limit(limit: int | None) -> None:
         raise ConfigError(f"limit must be an int >= 1 or None, got {limit!r}")
 
 
+async def derived_topic_owner(log: Log, topic: str, namespace: str = "",
+                              ) -> tuple[str, str] | None:
+    """``(kind, main topic)`` when ``topic`` is not a main topic but the
+    dead-letter, retry or replay-ledger topic of one that exists in ``log``;
+    else None.
+
+    The one place that recognises a derived topic's name given where a main
+    topic is expected (``wakuwaku dlq list dlq_orders``): it asks the naming
+    functions the consumer uses, for each existing topic, so it follows them
+    whatever they are.
+
+    :param namespace: the consumer's namespace prefix, if it had one.
+    """
+    names = _names(topic, namespace)
+    given = names.topics[0]
+    kinds = (("dead-letter", names.dead_letter_topic),
+             ("retry", names.retry_topic),
+             ("replay ledger", lambda main: names.qualify(
+                 replay_ledger_topic_name(names._unqualified(main)))))
+    for info in await log.list_topics():
+        for kind, name_of in kinds:
+            if info.name != given and name_of(info.name) == given:
+                return kind, names._unqualified(info.name)
+    return None
+
+
+async def _check_main_topic(log: Log, topic: str, namespace: str) -> None:
+    """:raises ConfigError: when ``topic`` names a derived topic (which main topic
+    was meant is in the message)."""
+    owner = await derived_topic_owner(log, topic, namespace)
+    if owner is not None:
+        kind, main = owner
+        raise ConfigError(f"{topic!r} is the {kind} topic of {main!r}: "
+                          f"give the main topic {main!r} instead")
+
+
 def _names(topic: str, namespace: str) -> ConsumerConfig:
     """A config that only serves to qualify names exactly as the consumer does."""
     return ConsumerConfig(topic=topic, group="wakuwaku-admin", namespace=namespace)
@@ -288,10 +326,13 @@ async def list_dead_letters(
         never created ``dlq_<topic>``. Dead letters with broken headers are
         included, with :attr:`DeadLetter.problems` saying what is wrong.
     :raises UnknownTopicError: when the main topic does not exist.
-    :raises ConfigError: for an unknown reason code or a limit below 1.
+    :raises ConfigError: for an unknown reason code or a limit below 1, or
+        when ``topic`` is a dead-letter, retry or ledger topic (the message
+        names its main topic).
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
+    await _check_main_topic(log, topic, namespace)
     names = _names(topic, namespace)
     main = names.topics[0]
     await log.describe_topic(main)
@@ -468,10 +509,12 @@ async def replay_dead_letters(
     :raises UnknownTopicError: when the main topic does not exist.
     :raises PartitionCountMismatch: when the ledger topic exists with another
         partition count than the dead-letter topic.
-    :raises ConfigError: for an unknown reason code or a limit below 1.
+    :raises ConfigError: for an unknown reason code or a limit below 1, or
+        when ``topic`` is a dead-letter, retry or ledger topic.
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
+    await _check_main_topic(log, topic, namespace)
     names = _names(topic, namespace)
     main = names.topics[0]
     main_partitions = (await log.describe_topic(main)).partitions
@@ -609,6 +652,10 @@ class Status:
         records without one).
     :param problems: broken records met in the retry topic, each naming
         topic, partition and offset (the consumer would stop on them too).
+    :param replayed: of :attr:`dead_letters`, those per reason that the
+        replay ledger ``replayed_<topic>`` says were replayed already.
+    :param groups: the groups with a committed offset on the topic, when the
+        log can list them (None otherwise).
     """
 
     topic: str
@@ -617,6 +664,21 @@ class Status:
     quarantined: tuple[QuarantinedKey, ...]
     dead_letters: Mapping[str, int]
     problems: tuple[str, ...] = ()
+    replayed: Mapping[str, int] = field(default_factory=dict)
+    groups: tuple[str, ...] | None = None
+
+    @property
+    def never_committed(self) -> bool:
+        """The group has no committed offset on any partition of the topic: a
+        mistyped group, or a consumer that never got as far as a commit."""
+        return all(p.committed is None for p in self.partitions)
+
+    @property
+    def not_replayed(self) -> dict[str, int]:
+        """Dead letters per reason that ``dlq replay`` has not replayed yet."""
+        left = {reason: count - self.replayed.get(reason, 0)
+                for reason, count in self.dead_letters.items()}
+        return {reason: count for reason, count in left.items() if count}
 
     @property
     def lag(self) -> int:
@@ -654,6 +716,10 @@ class Status:
                 for q in self.quarantined
             ],
             "dead_letters": dict(self.dead_letters),
+            "dead_letters_replayed": dict(self.replayed),
+            "dead_letters_not_replayed": self.not_replayed,
+            "never_committed": self.never_committed,
+            "groups": None if self.groups is None else list(self.groups),
             "problems": list(self.problems),
         }
 
@@ -694,20 +760,24 @@ async def consumer_status(
 
     The retry state is rebuilt by reading ``retry_<topic>`` from the group's
     committed retry offset through :class:`~wakuwaku.engine._retry.RetryState`,
-    exactly as a restarting consumer does (SPEC 6), so the next attempt
-    times are the ones the consumer will use, provided ``retry_delays`` is
-    the consumer's schedule.
+    exactly as a restarting consumer does (SPEC 6); the next attempt times
+    are the ones the consumer stored with each failure (``wk-due-at``), so
+    they do not depend on ``retry_delays``, which only serves records
+    written before the due time was stored.
 
     :param log: the log.
     :param topic: the main topic.
     :param group: the consumer group.
-    :param retry_delays: the consumer's ``retry_delays`` (seconds).
+    :param retry_delays: the consumer's ``retry_delays`` (seconds), used only
+        for retry records that carry no ``wk-due-at``.
     :param namespace: the consumer's namespace prefix, if it had one.
     :raises UnknownTopicError: when the main topic does not exist.
-    :raises ConfigError: for an empty group or a bad retry schedule.
+    :raises ConfigError: for an empty group or a bad retry schedule, or
+        when ``topic`` is a dead-letter, retry or ledger topic.
     """
     config = ConsumerConfig(topic=topic, group=group, namespace=namespace,
                             retry_delays=retry_delays)
+    await _check_main_topic(log, topic, namespace)
     main = config.topics[0]
     partitions = (await log.describe_topic(main)).partitions
     starts = await log.start_offsets(main)
@@ -733,11 +803,34 @@ async def consumer_status(
         rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys,
                                     retry_committed))
     quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
+    dead, replayed = await _dead_letter_counts(log, config, topic, main)
+    return Status(main, group, tuple(rows), tuple(quarantined), dead, tuple(problems),
+                  replayed, await committed_groups(log, main))
+
+
+async def _dead_letter_counts(log: Log, config: ConsumerConfig, topic: str, main: str,
+                              ) -> tuple[dict[str, int], dict[str, int]]:
+    """Dead letters per reason, and of those the ones the replay ledger holds."""
     dead: Counter[str] = Counter()
+    replayed: Counter[str] = Counter()
     dlq = config.dead_letter_topic(main)
     dlq_partitions = await _partitions_or_none(log, dlq)
     if dlq_partitions is not None:
-        async for _, page in _dead_letter_pages(log, dlq, dlq_partitions):
-            dead.update(letter.reason or MISSING_REASON for letter in page)
-    return Status(main, group, tuple(rows), tuple(quarantined), dict(sorted(dead.items())),
-                  tuple(problems))
+        done = await _read_ledger(log, config.qualify(replay_ledger_topic_name(topic)))
+        async for p, page in _dead_letter_pages(log, dlq, dlq_partitions):
+            for letter in page:
+                reason = letter.reason or MISSING_REASON
+                dead[reason] += 1
+                if letter.offset in done.get(p, ()):
+                    replayed[reason] += 1
+    return dict(sorted(dead.items())), dict(sorted(replayed.items()))
+
+
+async def committed_groups(log: Log, topic: str) -> tuple[str, ...] | None:
+    """The groups with a committed offset on ``topic``, sorted; None when the
+    log cannot list them (listing is not part of the :class:`Log` contract)."""
+    lister = getattr(log, "group_offsets", None)
+    if lister is None:
+        return None
+    offsets: Mapping[str, Any] = await lister(topic)
+    return tuple(sorted(offsets))

@@ -17,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
@@ -30,16 +29,14 @@ from .._events import Algebra, EventType, JsonCodec
 from .._json import DuplicateKeyError, decode_strict
 from .._partitioner import partition_for
 from .._records import Record, build_headers
-from ..logs import DEFAULT_LOG_URL, Log, OutgoingRecord, open_log
+from ..logs import Log, OutgoingRecord
 from . import ExitCode
+from ._status import LOG_ENV, log_option, with_log
 
 __all__ = ("LOG_ENV", "log_option", "record_json", "register", "run_on_log")
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
-
-LOG_ENV = "WAKUWAKU_LOG"
-"""The environment variable the commands read the log URL from."""
 
 _PRODUCE_BATCH = 500
 _TAIL_DEFAULT = 10
@@ -47,36 +44,8 @@ _FOLLOW_POLL = 0.2
 _ALGEBRAS = click.Choice([a.value for a in Algebra])
 
 
-def log_option(fn: F) -> F:
-    """``--log URL`` (env ``WAKUWAKU_LOG``, default ``sqlite:///wakuwaku.db``)."""
-    return click.option(
-        "--log", "log_url", envvar=LOG_ENV, default=DEFAULT_LOG_URL, show_default=True,
-        metavar="URL", help=f"The log (sqlite:///file.db, memory://); env {LOG_ENV}.",
-    )(fn)
-
-
-def run_on_log(url: str, work: Callable[[Log], Awaitable[T]], *, create: bool = False) -> T:
-    """Open the log ``url`` names, run ``work(log)`` on a new event loop, close the log.
-
-    :param create: allow a new SQLite file; otherwise a missing one is refused.
-    :raises ConfigError: for a missing SQLite file (unless ``create``) or a bad URL.
-    :raises UnsupportedLogURL: for an unknown scheme (naming the supported ones).
-    """
-    scheme, _, rest = url.partition("://")
-    if not create and scheme.lower() == "sqlite" and rest.startswith("/") and rest != "/":
-        path = rest[1:]
-        if not os.path.exists(path):
-            raise ConfigError(f"no log at {path!r} (from --log {url!r}); pass --log or set "
-                              f"{LOG_ENV}, or create a topic first")
-
-    async def main() -> T:
-        log = open_log(url)
-        try:
-            return await work(log)
-        finally:
-            await log.close()
-
-    return asyncio.run(main())
+run_on_log = with_log
+"""Open the log, run ``work(log)``, close it (:func:`~wakuwaku.cli._status.with_log`)."""
 
 
 # -- topic ---------------------------------------------------------------------

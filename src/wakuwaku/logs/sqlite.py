@@ -122,7 +122,11 @@ class SQLiteLog(Log):
         self.path = os.fspath(path)
         if not self.path or self.path == ":memory:":
             raise ConfigError(f"SQLiteLog needs a file path, got {self.path!r}")
-        self.url = f"sqlite:///{self.path}"
+        # The URL another process opens this log with: the same options included.
+        options = [] if fsync else ["fsync=0"]
+        if busy_timeout != 30.0:
+            options.append(f"busy_timeout={float(busy_timeout):g}")
+        self.url = f"sqlite:///{self.path}" + ("?" + "&".join(options) if options else "")
         self.retention = retention
         self.busy_timeout = float(busy_timeout)
         self.fsync = fsync
