@@ -102,7 +102,8 @@ def test_list_and_describe(cli: CLI) -> None:
     assert out.splitlines()[0] == "topic orders: 2 partitions"
     rows = {int(line.split()[0]): line.split()[1:] for line in out.splitlines()[2:4]}
     assert rows[partition] == ["0", "4", "4"] and rows[1 - partition] == ["0", "0", "0"]
-    assert f"group billing: lag 3 (p{partition}=1)" in out
+    # Issue 16 item 8: "lag 3 (p0=1)" read as if 1 were a lag too.
+    assert f"group billing: lag 3 records; committed offsets p{partition}=1" in out
     described = json.loads(cli("topic", "describe", "orders", "--json")[1])
     assert described["groups"] == {"billing": {str(partition): 1}}
     assert described["offsets"][partition] == {"partition": partition, "start": 0, "end": 4}

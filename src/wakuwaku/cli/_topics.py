@@ -98,7 +98,11 @@ async def _describe(log: Log, name: str) -> _Description:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @log_option
 def describe_command(name: str, as_json: bool, log_url: str) -> None:
-    """Partitions of topic NAME with their start/end offsets, and committed groups."""
+    """Partitions of topic NAME with their start/end offsets, and committed groups.
+
+    Per group: its lag (records not consumed yet, all partitions) and its
+    committed offsets (the next offset it reads, per partition).
+    """
     found = run_on_log(log_url, lambda log: _describe(log, name))
     if as_json:
         click.echo(json.dumps({
@@ -119,9 +123,10 @@ def describe_command(name: str, as_json: bool, log_url: str) -> None:
     if not found.groups:
         click.echo("no consumer group has committed on this topic")
     for group, parts in found.groups.items():
-        lag = sum(max(0, found.end[p] - o) for p, o in parts.items())
+        # A partition the group never committed on counts whole as lag.
+        lag = sum(found.end[p] - parts.get(p, found.start[p]) for p in range(found.partitions))
         where = ", ".join(f"p{p}={o}" for p, o in sorted(parts.items()))
-        click.echo(f"group {group}: lag {lag} ({where})")
+        click.echo(f"group {group}: lag {max(0, lag)} records; committed offsets {where}")
 
 
 @topic_group.command("list")
