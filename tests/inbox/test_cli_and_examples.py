@@ -75,6 +75,16 @@ def test_a_db_url_that_is_no_inbox_database_is_explained(
     assert "redis:/127" not in err and f"--db {db!r}" in err
 
 
+@pytest.mark.parametrize("args", [[], ["a", "b", "c"]])
+def test_standalone_postgres_example_without_a_dsn_prints_its_usage(args: list[str]) -> None:
+    # Issue 16 item 10: it died with a TypeError traceback.
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "standalone_postgres.py"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("usage: python ") and "POSTGRES_DSN [SUFFIX]" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_cli_never_creates_a_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "missing.db"
     assert main(["inbox", "stats", "--db", str(missing), "-g", "g"]) == ExitCode.ERROR

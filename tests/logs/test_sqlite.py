@@ -75,6 +75,28 @@ async def test_foreign_sqlite_database_is_refused_and_left_alone(tmp_path: Path)
         assert db.execute("SELECT name FROM users").fetchall() == [("ann",)]
 
 
+async def test_a_foreign_database_counts_its_tables_not_its_indexes(tmp_path: Path) -> None:
+    # Issue 16 item 10: 1 table and 2 indexes were reported as "3 tables".
+    path = tmp_path / "app.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT, mail TEXT)")
+        db.execute("CREATE INDEX users_name ON users (name)")
+        db.execute("CREATE INDEX users_mail ON users (mail)")
+        db.commit()
+    log = SQLiteLog(path)
+    with pytest.raises(CorruptLogError, match=r"application_id=0, 1 table\)") as caught:
+        await log.list_topics()
+    assert "3 table" not in str(caught.value)
+    await log.close()
+    index_only = tmp_path / "index_only.db"  # nothing but an object: still not empty
+    with closing(sqlite3.connect(index_only)) as db:
+        db.execute("CREATE VIEW v AS SELECT 1")
+        db.commit()
+    async with SQLiteLog(index_only) as other:
+        with pytest.raises(CorruptLogError, match=r"0 tables"):
+            await other.list_topics()
+
+
 async def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     async with SQLiteLog(path) as log:
