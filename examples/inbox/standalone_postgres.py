@@ -66,4 +66,6 @@ async def main(dsn: str, suffix: str = "") -> None:
 
 
 if __name__ == "__main__":
+    if not 2 <= len(sys.argv) <= 3:
+        sys.exit(f"usage: python {sys.argv[0]} POSTGRES_DSN [SUFFIX]")
     asyncio.run(main(*sys.argv[1:3]))

@@ -14,9 +14,18 @@ any of those into one short, single-line, printable ``str``:
    U+200F, U+202A-U+202E, U+2066-U+2069, the zero-width characters
    U+200B-U+200D, U+2060, U+FEFF, soft hyphen, tag characters...) is
    removed;
-4. URLs (anything with ``://``, credentials included) become ``<url>`` and
-   absolute paths (POSIX ``/x/y``, Windows ``C:\\x``, UNC ``\\\\host\\share``)
-   become ``<path>``;
+4. URLs (anything with ``://``, credentials included) become ``<url>``;
+   credentials become ``<redacted>``: the value of a ``key=value`` or
+   ``key: value`` pair whose key names a secret (``password``, ``passwd``,
+   ``pwd``, ``secret``, ``token``, ``api_key``, ``access_key``,
+   ``private_key``, ``client_secret``, ``credentials``, ``session_id``...,
+   any case, with any prefix such as ``db_`` or ``X-``), an
+   ``Authorization:`` value (the scheme ``Bearer``/``Basic``/``Token``... is
+   kept), the token after a bare ``Bearer``, and well-known token shapes
+   (JWTs, AWS access key ids, GitHub, Slack, Stripe and Google API keys,
+   PEM private key blocks); absolute paths (POSIX ``/x/y`` and ``~/x``
+   after any character that is not part of a word, Windows ``C:\\x``, UNC
+   ``\\\\host\\share``) become ``<path>``;
 5. **then** the text is truncated to ``limit`` characters, ending in
    ``…[truncated]``.
 
@@ -26,10 +35,15 @@ pattern, and redaction happens before truncation so that a URL or path that
 straddles the limit leaves nothing of itself (a half URL no longer matches a
 redaction pattern).
 
-Redaction errs on the side of hiding: a URL or path runs to the next
-whitespace (trailing ``.,;:)]}>'"`` are given back), so ``(see /etc/x)``
-becomes ``(see <path>)`` but ``/etc/o'neil's`` hides everything up to the
-space.
+Redaction errs on the side of hiding: a URL, path or unquoted secret value
+runs to the next whitespace (trailing ``.,;:)]}>'"`` and closing quotes are
+given back), so ``(see /etc/x)`` becomes ``(see <path>)`` but
+``/etc/o'neil's`` hides everything up to the space. A path or secret value
+that opens with a quote runs to its closing quote, spaces included
+(``'C:\\Program Files\\x y.txt'``); an unquoted path goes on over a space
+while the next word holds a path separator (``C:\\My Files\\x``). What an
+unquoted path's last component holds after a space cannot be told from
+the prose that follows it, and is not hidden.
 """
 
 from __future__ import annotations
@@ -39,7 +53,8 @@ from typing import Any
 
 from ._errors import ConfigError
 
-__all__ = ("DEFAULT_LIMIT", "PATH_MARKER", "TRUNCATION_MARKER", "URL_MARKER", "sanitize")
+__all__ = ("DEFAULT_LIMIT", "PATH_MARKER", "SECRET_MARKER", "TRUNCATION_MARKER", "URL_MARKER",
+           "sanitize")
 
 DEFAULT_LIMIT = 1024
 """Default maximum length of sanitized text, in characters (code points)."""
@@ -49,6 +64,9 @@ URL_MARKER = "<url>"
 
 PATH_MARKER = "<path>"
 """What a redacted absolute filesystem path is replaced with."""
+
+SECRET_MARKER = "<redacted>"
+"""What a redacted credential (a secret value, a token) is replaced with."""
 
 TRUNCATION_MARKER = "…[truncated]"
 """Appended to text cut at the limit (counted inside the limit)."""
@@ -79,15 +97,114 @@ _REMOVED = re.compile(
 # not part of the same token (the look-behinds), so matching stays linear
 # even on a megabyte of letters without a single "://".
 _URL = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z0-9+.\-]*://\S*")
+
+# Where an absolute path starts: UNC \\host, Windows C:\ or C:/, POSIX / or ~/.
+# A POSIX path starts after any character that cannot be part of a word or of
+# a relative path ("and/or", "1/2", "10.0.0.0/24" and "a.b/c" are not paths);
+# an HTML closing tag "</b>" is not one either.
+_STARTS = (
+    r"(?<!\\)\\\\[^\s\\]",
+    r"(?<![A-Za-z0-9])[A-Za-z]:[\\/]",
+    r"(?<![\w.\\/~\-])(?<!<(?=/[A-Za-z][A-Za-z0-9]*>))/(?=\S)",
+    r"(?<![\w.\\/~\-])~[A-Za-z0-9_.\-]*/(?=\S)",
+    # The second pass: a path the first pass held, whose quote a removed
+    # character kept apart from it ('\u200bC:\x y') runs on to that quote.
+    "\ue001",
+)
+_PATH_START = "(?:" + "|".join(_STARTS) + ")"
+# The quotes a path or a secret value may open with, and what closes each.
+_QUOTES = {"'": "'", '"': '"', "`": "`", "\u2018": "\u2019", "\u201c": "\u201d"}
+_PATH_WORDS = 8
+"""At most this many more words an unquoted path runs over (a bound, so that a
+megabyte of "/a /b" does not become one path that hides the whole window)."""
 # One alternation, so the leftmost path wins and "\\?\C:\x" is one UNC path,
-# not a Windows path inside a UNC prefix.
+# not a Windows path inside a UNC prefix. A quoted path runs to its closing
+# quote (or the end); an unquoted one to the next whitespace, and on over up
+# to three more words when the word after them holds a separator
+# ("C:\Program Files (x86)\x").
 _PATH = re.compile(
-    r"(?<!\\)\\\\[^\s\\]\S*"  # UNC: \\host\share...
-    r"|(?<![A-Za-z0-9])[A-Za-z]:[\\/]\S*"  # Windows: C:\x or C:/x
-    r"|(?<![^\s\"'(\[{>=,:;|])/\S+"  # POSIX: /x... at the start of a token
+    "|".join(f"(?<={re.escape(o)}){_PATH_START}[^{re.escape(c)}]*" for o, c in _QUOTES.items())
+    + rf"|{_PATH_START}\S*(?: +(?:[^\s\\/]+ +){{0,3}}[^\s\\/]*[\\/]\S*){{0,{_PATH_WORDS}}}"
 )
 
-_GIVE_BACK = ".,;:)]}>'\""
+# Credentials. The value of a pair whose key names a secret (any prefix:
+# "db_password", "X-Api-Key", "AWS_SECRET_ACCESS_KEY"), quoted or not.
+_SECRET_WORDS = (
+    r"pass(?:word|wd|phrase)|pwd|secret|token|credentials?|auth"
+    r"|api[_\-]?key|access[_\-]?key|private[_\-]?key|client[_\-]?secret|session[_\-]?id"
+)
+# A value already redacted (by the first pass) is not taken again, so that a
+# form that hides two words does not hide one more word per pass.
+_DONE = "(?!\ue002|<redacted>)"
+_VALUE = (
+    f"{_DONE}(?P<value>"
+    + "|".join(f"{re.escape(o)}[^{re.escape(c)}]*{re.escape(c)}?" for o, c in _QUOTES.items())
+    + r"|\S+)"
+)
+_KEY_VALUE = re.compile(
+    rf"(?<![A-Za-z0-9_.\-])[A-Za-z0-9_.\-]*?(?i:{_SECRET_WORDS})"
+    rf"(?i:s|[_\-]?(?:key|id|value|hash))?[\"'\u2019\u201d]?[ \t]*[=:][ \t]*{_VALUE}"
+)
+# Authorization values: a known scheme is kept, the credentials after it are
+# hidden (Digest's comma-separated parameters included); without a known
+# scheme, the next two words are hidden.
+_AUTH_SCHEMES = r"bearer|basic|token|digest|negotiate|ntlm|hoba|mutual|vapid|aws4-hmac-sha256"
+_AUTH_KNOWN = re.compile(
+    rf"(?<![A-Za-z0-9_\-])(?i:(?:proxy-)?authorization)[\"']?[ \t]*[=:][ \t]*"
+    rf"(?i:{_AUTH_SCHEMES}) +{_DONE}(?P<value>[^\s,]+(?: *, *[^\s,]+)*)"
+)
+_AUTH_OTHER = re.compile(
+    rf"(?<![A-Za-z0-9_\-])(?i:(?:proxy-)?authorization)[\"']?[ \t]*[=:][ \t]*"
+    rf"(?!(?i:{_AUTH_SCHEMES}) ){_DONE}(?P<value>\S+(?: +[^\s,]+)?)"
+)
+_BEARER = re.compile(r"(?<![A-Za-z0-9_\-])(?i:bearer) +(?P<value>[A-Za-z0-9._~+/=\-]{8,})")
+# Token shapes that are secrets wherever they stand.
+_TOKENS = re.compile(
+    r"(?<![A-Za-z0-9_.\-])eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*"  # JWT
+    r"|(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|APKA|AROA|ASCA)"
+    r"[A-Z0-9]{16}(?![A-Za-z0-9])"  # AWS access key id
+    r"|(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"  # GitHub
+    r"|(?<![A-Za-z0-9_])xox[abposr]-[A-Za-z0-9\-]{10,}"  # Slack
+    r"|(?<![A-Za-z0-9_])[rs]k_(?:live|test)_[A-Za-z0-9]{10,}"  # Stripe
+    r"|(?<![A-Za-z0-9_\-])AIza[A-Za-z0-9_\-]{35}"  # Google API key
+    r"|-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)"
+)
+
+_GIVE_BACK = ".,;:)]}>'\"`\u2019\u201d\u00bb"
+_GIVE_BACK_VALUE = 3
+"""At most this many trailing characters of an unquoted secret value are given back."""
+
+
+def _redact_values(pattern: re.Pattern[str], marker: str, text: str) -> str:
+    """Replace group ``value`` of each match (its quotes kept, a few trailing
+    punctuation marks of an unquoted one given back), or the whole match when
+    the pattern has no such group."""
+
+    def replace(match: re.Match[str]) -> str:
+        whole = match.group()
+        if "value" not in pattern.groupindex:
+            return marker
+        start = match.start("value") - match.start()
+        value = match.group("value")
+        closer = _QUOTES.get(value[:1])
+        if closer is not None:
+            end = value[-1:] if len(value) > 1 and value.endswith(closer) else ""
+            return f"{whole[:start]}{value[0]}{marker}{end}"
+        core = value.rstrip(_GIVE_BACK)
+        core = core if len(value) - len(core) <= _GIVE_BACK_VALUE else value[:-_GIVE_BACK_VALUE]
+        if not core:
+            return whole
+        return whole[:start] + marker + value[len(core):]
+
+    return pattern.sub(replace, text)
+
+
+def _redact_secrets(marker: str, text: str) -> str:
+    """Every credential form of SPEC 13 (Authorization values, key=value
+    pairs, bearer tokens, token shapes), replaced by ``marker``."""
+    for pattern in (_TOKENS, _AUTH_KNOWN, _AUTH_OTHER, _BEARER, _KEY_VALUE):
+        text = _redact_values(pattern, marker, text)
+    return text
 
 
 def _redact(pattern: re.Pattern[str], marker: str, text: str) -> str:
@@ -110,9 +227,14 @@ _MAX_WINDOW = 256
 # are removed) replaced: private-use characters that no later pattern eats.
 _URL_HOLD = "\ue000"
 _PATH_HOLD = "\ue001"
+_SECRET_HOLD = "\ue002"
 # The second pass also takes a placeholder with the scheme letters that a
 # removed zero-width character had kept apart from it ("ht\u200btps://...").
-_URL_AGAIN = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z0-9+.\-]*(?:://|\ue000)\S*")
+# So does a scheme whose "//" the first pass took for a path ("https:\u200b//").
+# A secret the first pass held takes the rest of its token, both sides: a
+# removed character had cut it short ("Bearer 0123\u200b4567", "eyJa.\u200beyJb.c").
+_SECRET_AGAIN = re.compile("(?<![A-Za-z0-9_.\\-])[A-Za-z0-9_.\\-]*\ue002\\S*")
+_URL_AGAIN = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z0-9+.\-]*(?:://|\ue000|:\ue001)\S*")
 
 
 def _as_text(value: str | bytes | BaseException) -> str:
@@ -137,6 +259,7 @@ def _clean(text: str) -> str:
     # the patterns below do not try every position of a megabyte of padding.
     text = _SPACES.sub(" ", _LINE_BREAKS.sub(" ", text))
     text = _redact(_URL, _URL_HOLD, text)
+    text = _redact_secrets(_SECRET_HOLD, text)
     text = _redact(_PATH, _PATH_HOLD, text)
     text = _ANSI.sub("", text)
     text = _REMOVED.sub("", text)
@@ -177,7 +300,7 @@ def _truncate(text: str, limit: int, cut: bool = False) -> str:
         return text[:limit]
     head = text[:room]
     # Do not leave a torn "<ur" / "<pa" behind: back up over a cut marker.
-    for marker in (URL_MARKER, PATH_MARKER):
+    for marker in (URL_MARKER, PATH_MARKER, SECRET_MARKER):
         start = head.rfind("<", max(0, room - len(marker) + 1))
         if start != -1 and text.startswith(marker, start) and start + len(marker) > room:
             head = head[:start]
@@ -195,8 +318,10 @@ def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> s
         :data:`TRUNCATION_MARKER` (unless ``limit`` leaves no room for any
         text before it, then the cut is bare).
     :returns: one line of printable text without control, bidi or zero-width
-        characters, with URLs replaced by :data:`URL_MARKER` and absolute
-        paths by :data:`PATH_MARKER`; always encodable as UTF-8.
+        characters, with URLs replaced by :data:`URL_MARKER`, credentials
+        (secret ``key=value`` / ``key: value`` values, ``Authorization``
+        values, bearer tokens, token shapes) by :data:`SECRET_MARKER` and
+        absolute paths by :data:`PATH_MARKER`; always encodable as UTF-8.
 
     Redaction runs before truncation, so a URL or path straddling the limit is
     replaced whole and no fragment of it survives (the postmortem's "truncate
@@ -218,6 +343,11 @@ def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> s
     value, cut = _clean_head(_as_text(text), limit)
     # Second pass: URLs and paths that escapes or controls were hiding.
     value = _redact(_URL_AGAIN, URL_MARKER, value)
+    value = _redact(_SECRET_AGAIN, SECRET_MARKER, value)
+    value = _redact_secrets(SECRET_MARKER, value)
     value = _redact(_PATH, PATH_MARKER, value)
-    value = value.replace(_URL_HOLD, URL_MARKER).replace(_PATH_HOLD, PATH_MARKER).strip()
+    for hold, marker in ((_URL_HOLD, URL_MARKER), (_PATH_HOLD, PATH_MARKER),
+                         (_SECRET_HOLD, SECRET_MARKER)):
+        value = value.replace(hold, marker)
+    value = value.strip()
     return _truncate(value, limit, cut)

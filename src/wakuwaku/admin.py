@@ -58,7 +58,12 @@ from ._records import (
     header_text,
 )
 from ._sanitize import sanitize
-from .engine._config import DEFAULT_RETRY_DELAYS, ConsumerConfig
+from .engine._config import (
+    DEFAULT_RETRY_DELAYS,
+    REPLAY_LEDGER_PREFIX,
+    ConsumerConfig,
+    split_internal_topic,
+)
 from .engine._retry import H_MARKER, RetryState
 from .logs._base import Log, OutgoingRecord
 
@@ -73,7 +78,9 @@ __all__ = (
     "ReplayedDeadLetter",
     "SkippedDeadLetter",
     "Status",
+    "committed_groups",
     "consumer_status",
+    "derived_topic_owner",
     "list_dead_letters",
     "parse_dead_letter",
     "replay_dead_letters",
@@ -98,7 +105,7 @@ _KEPT_ON_REPLAY = frozenset({H_VERSION, H_TYPE, H_KEY, H_PROPS, H_ALG, H_SRC})
 def replay_ledger_topic_name(topic: str, group: str) -> str:
     """``wk-replayed.<group>.<topic>``: which of one group's dead letters of
     ``topic`` were replayed already."""
-    return f"wk-replayed.{group}.{topic}"
+    return f"{REPLAY_LEDGER_PREFIX}{group}.{topic}"
 
 
 # ------------------------------------------------------------------ dead letters
@@ -234,12 +241,43 @@ def _check_limit(limit: int | None) -> None:
         raise ConfigError(f"limit must be an int >= 1 or None, got {limit!r}")
 
 
+def derived_topic_owner(topic: str, namespace: str = "") -> tuple[str, str, str] | None:
+    """``(kind, group, main topic)`` when ``topic`` is not a main topic but a
+    group's dead-letter, retry or replay-ledger topic; else None.
+
+    The one place that recognises a derived topic's name given where a main
+    topic is expected (``wakuwaku dlq list wk-dlq.billing.orders``). Derived
+    names are a function of (topic, group) (SPEC 6), so the name alone tells.
+
+    :param namespace: the consumer's namespace prefix, if it had one.
+    """
+    prefix = f"{namespace}." if namespace else ""
+    bare = topic[len(prefix):] if prefix and topic.startswith(prefix) else topic
+    split = split_internal_topic(bare)
+    if split is None:
+        return None
+    kind, group, main = split
+    words = {"retry": "retry", "dlq": "dead-letter", "replayed": "replay ledger"}
+    return words[kind], group, main
+
+
+def _check_main_topic(topic: str, namespace: str) -> None:
+    """:raises ConfigError: when ``topic`` names a derived topic (which main topic
+    and group were meant is in the message)."""
+    owner = derived_topic_owner(topic, namespace)
+    if owner is not None:
+        kind, group, main = owner
+        raise ConfigError(f"{topic!r} is the {kind} topic of group {group!r} for topic "
+                          f"{main!r}: give the main topic {main!r} with --group {group}")
+
+
 def _names(topic: str, group: str, namespace: str) -> ConsumerConfig:
     """A config that only serves to qualify names exactly as the consumer does.
 
-    :raises ConfigError: for a bad group name or a retry/dead-letter topic
-        given as the main topic.
+    :raises ConfigError: for a bad group name or a derived topic given as the
+        main topic.
     """
+    _check_main_topic(topic, namespace)
     return ConsumerConfig(topic=topic, group=group, namespace=namespace)
 
 
@@ -301,7 +339,9 @@ async def list_dead_letters(
         never created ``dlq_<topic>``. Dead letters with broken headers are
         included, with :attr:`DeadLetter.problems` saying what is wrong.
     :raises UnknownTopicError: when the main topic does not exist.
-    :raises ConfigError: for an unknown reason code or a limit below 1.
+    :raises ConfigError: for an unknown reason code or a limit below 1, or
+        when ``topic`` is a dead-letter, retry or ledger topic (the message
+        names its main topic).
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
@@ -485,7 +525,8 @@ async def replay_dead_letters(
     :raises UnknownTopicError: when the main topic does not exist.
     :raises PartitionCountMismatch: when the ledger topic exists with another
         partition count than the dead-letter topic.
-    :raises ConfigError: for an unknown reason code or a limit below 1.
+    :raises ConfigError: for an unknown reason code or a limit below 1, or
+        when ``topic`` is a dead-letter, retry or ledger topic.
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
@@ -628,6 +669,10 @@ class Status:
         records without one).
     :param problems: broken records met in the retry topic, each naming
         topic, partition and offset (the consumer would stop on them too).
+    :param replayed: of :attr:`dead_letters`, those per reason that the
+        replay ledger ``replayed_<topic>`` says were replayed already.
+    :param groups: the groups with a committed offset on the topic, when the
+        log can list them (None otherwise).
     """
 
     topic: str
@@ -636,6 +681,21 @@ class Status:
     quarantined: tuple[QuarantinedKey, ...]
     dead_letters: Mapping[str, int]
     problems: tuple[str, ...] = ()
+    replayed: Mapping[str, int] = field(default_factory=dict)
+    groups: tuple[str, ...] | None = None
+
+    @property
+    def never_committed(self) -> bool:
+        """The group has no committed offset on any partition of the topic: a
+        mistyped group, or a consumer that never got as far as a commit."""
+        return all(p.committed is None for p in self.partitions)
+
+    @property
+    def not_replayed(self) -> dict[str, int]:
+        """Dead letters per reason that ``dlq replay`` has not replayed yet."""
+        left = {reason: count - self.replayed.get(reason, 0)
+                for reason, count in self.dead_letters.items()}
+        return {reason: count for reason, count in left.items() if count}
 
     @property
     def lag(self) -> int:
@@ -673,6 +733,10 @@ class Status:
                 for q in self.quarantined
             ],
             "dead_letters": dict(self.dead_letters),
+            "dead_letters_replayed": dict(self.replayed),
+            "dead_letters_not_replayed": self.not_replayed,
+            "never_committed": self.never_committed,
+            "groups": None if self.groups is None else list(self.groups),
             "problems": list(self.problems),
         }
 
@@ -713,18 +777,22 @@ async def consumer_status(
 
     The retry state is rebuilt by reading ``retry_<topic>`` from the group's
     committed retry offset through :class:`~wakuwaku.engine._retry.RetryState`,
-    exactly as a restarting consumer does (SPEC 6), so the next attempt
-    times are the ones the consumer will use, provided ``retry_delays`` is
-    the consumer's schedule.
+    exactly as a restarting consumer does (SPEC 6); the next attempt times
+    are the ones the consumer stored with each failure (``wk-due-at``), so
+    they do not depend on ``retry_delays``, which only serves records
+    written before the due time was stored.
 
     :param log: the log.
     :param topic: the main topic.
     :param group: the consumer group.
-    :param retry_delays: the consumer's ``retry_delays`` (seconds).
+    :param retry_delays: the consumer's ``retry_delays`` (seconds), used only
+        for retry records that carry no ``wk-due-at``.
     :param namespace: the consumer's namespace prefix, if it had one.
     :raises UnknownTopicError: when the main topic does not exist.
-    :raises ConfigError: for an empty group or a bad retry schedule.
+    :raises ConfigError: for an empty group or a bad retry schedule, or
+        when ``topic`` is a dead-letter, retry or ledger topic.
     """
+    _check_main_topic(topic, namespace)
     config = ConsumerConfig(topic=topic, group=group, namespace=namespace,
                             retry_delays=retry_delays)
     main = config.topics[0]
@@ -752,11 +820,35 @@ async def consumer_status(
         rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys,
                                     retry_committed))
     quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
+    dead, replayed = await _dead_letter_counts(log, config, topic, main)
+    return Status(main, group, tuple(rows), tuple(quarantined), dead, tuple(problems),
+                  replayed, await committed_groups(log, main))
+
+
+async def _dead_letter_counts(log: Log, config: ConsumerConfig, topic: str, main: str,
+                              ) -> tuple[dict[str, int], dict[str, int]]:
+    """Dead letters per reason, and of those the ones the replay ledger holds."""
     dead: Counter[str] = Counter()
+    replayed: Counter[str] = Counter()
     dlq = config.dead_letter_topic(main)
     dlq_partitions = await _partitions_or_none(log, dlq)
     if dlq_partitions is not None:
-        async for _, page in _dead_letter_pages(log, dlq, dlq_partitions):
-            dead.update(letter.reason or MISSING_REASON for letter in page)
-    return Status(main, group, tuple(rows), tuple(quarantined), dict(sorted(dead.items())),
-                  tuple(problems))
+        ledger = config.qualify(replay_ledger_topic_name(topic, config.group))
+        done = await _read_ledger(log, ledger)
+        async for p, page in _dead_letter_pages(log, dlq, dlq_partitions):
+            for letter in page:
+                reason = letter.reason or MISSING_REASON
+                dead[reason] += 1
+                if letter.offset in done.get(p, ()):
+                    replayed[reason] += 1
+    return dict(sorted(dead.items())), dict(sorted(replayed.items()))
+
+
+async def committed_groups(log: Log, topic: str) -> tuple[str, ...] | None:
+    """The groups with a committed offset on ``topic``, sorted; None when the
+    log cannot list them (listing is not part of the :class:`Log` contract)."""
+    lister = getattr(log, "group_offsets", None)
+    if lister is None:
+        return None
+    offsets: Mapping[str, Any] = await lister(topic)
+    return tuple(sorted(offsets))

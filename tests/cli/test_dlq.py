@@ -320,3 +320,33 @@ def test_admin_exports_are_complete() -> None:
               if not name.startswith("_") and getattr(value, "__module__", None) == admin.__name__}
     assert set(admin.__all__) >= public
     assert all(hasattr(admin, name) for name in admin.__all__)
+
+
+@pytest.mark.parametrize("command", ["list", "replay"])
+def test_the_dead_letter_topic_given_as_the_topic_is_explained(
+    dead_log: DeadLog, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # Issue 16 item 6: "no dead letters in 'dlq_dlq_orders'" while they existed.
+    given = f"wk-dlq.{GROUP}.{TOPIC}"
+    assert main(["dlq", command, given, "-g", GROUP, "--log", dead_log.url]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert f"{given!r} is the dead-letter topic of group {GROUP!r} for topic {TOPIC!r}" in err
+    assert f"give the main topic {TOPIC!r} with --group {GROUP}" in err
+
+
+def test_the_same_log_url_is_read_the_same_way_by_every_command(
+    dead_log: DeadLog, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 16 item 9: "no log at 'x.db?fsync=0'" from one command, "URL options
+    # are not supported" from another.
+    url = dead_log.url + "?fsync=0&busy_timeout=2.5"
+    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--log", url]) == ExitCode.OK
+    assert main(["status", TOPIC, "-g", "x", "--log", url]) == ExitCode.FAILURE
+    assert main(["topic", "describe", TOPIC, "--log", url]) == ExitCode.OK
+    capsys.readouterr()
+    bad = dead_log.url + "?fsycn=0"
+    for args in (["dlq", "list", TOPIC, "-g", GROUP], ["status", TOPIC, "-g", "x"],
+                 ["topic", "list"], ["topic", "create", "new"], ["tail", TOPIC]):
+        assert main([*args, "--log", bad]) == ExitCode.ERROR, args
+        err = capsys.readouterr().err
+        assert "unknown option 'fsycn' for sqlite:// (it takes: fsync, busy_timeout)" in err

@@ -99,9 +99,24 @@ async def test_status_follows_failed_attempts_and_lag() -> None:
     assert status.lag == 2
     assert [p.lag for p in status.partitions] == [
         sum(wk.partition_for(k, 2) == p for k in ("k1", "k2")) for p in range(2)]
-    # Another schedule gives other times: the status uses the one it is told.
-    other = await consumer_status(log, TOPIC, GROUP, retry_delays=(1.0,))
-    assert other.quarantined[0].next_attempt_at == T0 + DELAYS[0] + DELAYS[1] + 1.0
+    # Issue 16 item 7: the times are the ones the consumer stored, whatever
+    # schedule the status is told (it used to derive them from that).
+    for delays in ((1.0,), (2.0, 4.0, 8.0, 16.0)):
+        other = await consumer_status(log, TOPIC, GROUP, retry_delays=delays)
+        assert other.quarantined[0].next_attempt_at == key.next_attempt_at
+    assert (await consumer_status(log, TOPIC, GROUP)).quarantined == status.quarantined
+
+
+async def test_a_retry_record_without_a_stored_due_time_is_read_with_the_schedule() -> None:
+    # Records written before wk-due-at was stored keep their old reading.
+    log = wk.MemoryLog()
+    await quarantine(log)
+    p = wk.partition_for(STUCK, 2)
+    marker = {"wk-v": b"1", H_MARKER: MARKER_ATTEMPT_FAILED, "wk-key": STUCK.encode(),
+              "wk-failures": b"2", H_AT: str(int((T0 + 100) * 1000)).encode()}
+    await log.append(f"wk-retry.{GROUP}.{TOPIC}", p, [(marker, b"")])
+    status = await consumer_status(log, TOPIC, GROUP, retry_delays=(1.0, 7.0))
+    assert status.quarantined[0].next_attempt_at == T0 + 100 + 7.0
 
 
 async def test_status_of_a_group_that_never_ran_and_of_an_unknown_topic() -> None:
@@ -110,6 +125,7 @@ async def test_status_of_a_group_that_never_ran_and_of_an_unknown_topic() -> Non
     await wk.Producer(log, TOPIC).publish_many([Order("k1", 1), Order("k2", 2)])
     status = await consumer_status(log, TOPIC, "nobody")
     assert [p.committed for p in status.partitions] == [None, None]
+    assert status.never_committed and status.groups is None  # MemoryLog cannot list them
     assert status.lag == 2 and status.quarantined == () and status.backlog == 0
     with pytest.raises(wk.UnknownTopicError):
         await consumer_status(log, "nope", GROUP)
@@ -166,20 +182,20 @@ def quarantined_log(tmp_path: Path) -> str:
 def test_cli_status_prints_lag_quarantined_keys_backlog_and_dead_letters(
     quarantined_log: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["status", TOPIC, "--group", GROUP, "--retry-delays", "10,20,40",
-                 "--log", quarantined_log])
+    # No --retry-delays: the consumer (schedule 10, 20, 40) stored its due time.
+    code = main(["status", TOPIC, "--group", GROUP, "--log", quarantined_log])
     out = capsys.readouterr().out
     assert code == ExitCode.OK
     p = wk.partition_for(STUCK, 2)
     # T0 + 10 s = 2023-11-14T22:13:30Z
     assert (f"  partition {p}  key 'stuck'  pending 3  failures 1  "
-            "next attempt 2023-11-14T22:13:30Z (due now)") in out.splitlines()
+            "next attempt (stored) 2023-11-14T22:13:30Z (due now)") in out.splitlines()
     assert "retry backlog: 3 records pending" in out
     assert "lag: 0 records" in out
     assert "dead letters: none" in out
     code = main(["status", TOPIC, "-g", GROUP, "--json", "--log", quarantined_log])
     data = json.loads(capsys.readouterr().out)
-    assert data["quarantined"][0]["next_attempt_at"] == T0 + 2.0  # the default schedule
+    assert data["quarantined"][0]["next_attempt_at"] == T0 + DELAYS[0]  # not the default 2 s
     assert data["backlog"] == 3 and data["lag"] == 0
 
 
@@ -212,3 +228,54 @@ def test_the_fixture_routed_the_new_record_behind_the_pending_ones(quarantined_l
             await log.close()
 
     assert asyncio.run(work()) == [2, 3, 5]
+
+
+def test_cli_status_of_a_group_that_never_committed_says_so(
+    quarantined_log: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 16 item 5: a typo showed the whole topic as lag, exit 0.
+    code = main(["status", TOPIC, "-g", GROUP + "-typo", "--log", quarantined_log])
+    out, err = capsys.readouterr()
+    assert code == ExitCode.FAILURE and out == ""
+    assert f"group '{GROUP}-typo' has never committed on topic '{TOPIC}'" in err
+    assert f"groups that did: '{GROUP}'" in err
+    code = main(["status", TOPIC, "-g", "typo", "--json", "--log", quarantined_log])
+    data = json.loads(capsys.readouterr().out)
+    assert code == ExitCode.FAILURE
+    assert data["never_committed"] is True and data["groups"] == [GROUP]
+
+
+def test_status_shows_replayed_and_not_replayed_dead_letters_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 16 item 7: replayed dead letters were counted as if still waiting.
+    dead = asyncio.run(build_dead_log(tmp_path / "wk.db"))
+    url = f"sqlite:///{dead.path}"
+    assert main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable",
+                 "--log", url]) == \
+        ExitCode.OK
+    capsys.readouterr()
+
+    async def work() -> Status:
+        async with SQLiteLog(dead.path) as log:
+            return await consumer_status(log, TOPIC, GROUP)
+
+    status = asyncio.run(work())
+    assert status.replayed == {"unrecoverable": 2}
+    assert status.not_replayed == {"<missing>": 1, "gave_up_retry": 2, "malformed_header": 1,
+                                   "unknown_type": 1}
+    assert main(["status", TOPIC, "-g", GROUP, "--log", url]) == ExitCode.OK
+    out = capsys.readouterr().out.splitlines()
+    assert ("dead letters not replayed: 5 (<missing> 1, gave_up_retry 2, malformed_header 1, "
+            "unknown_type 1)") in out
+    assert "dead letters replayed: 2 (unrecoverable 2)" in out
+
+
+@pytest.mark.parametrize("given", [f"wk-dlq.{GROUP}.{TOPIC}", f"wk-retry.{GROUP}.{TOPIC}",
+                                   f"wk-replayed.{GROUP}.{TOPIC}"])
+def test_status_given_a_derived_topic_names_the_main_topic(
+    quarantined_log: str, capsys: pytest.CaptureFixture[str], given: str
+) -> None:
+    assert main(["status", given, "-g", GROUP, "--log", quarantined_log]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert f"{given!r} is the" in err and f"give the main topic {TOPIC!r}" in err

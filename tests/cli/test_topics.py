@@ -102,7 +102,8 @@ def test_list_and_describe(cli: CLI) -> None:
     assert out.splitlines()[0] == "topic orders: 2 partitions"
     rows = {int(line.split()[0]): line.split()[1:] for line in out.splitlines()[2:4]}
     assert rows[partition] == ["0", "4", "4"] and rows[1 - partition] == ["0", "0", "0"]
-    assert f"group billing: lag 3 (p{partition}=1)" in out
+    # Issue 16 item 8: "lag 3 (p0=1)" read as if 1 were a lag too.
+    assert f"group billing: lag 3 records; committed offsets p{partition}=1" in out
     described = json.loads(cli("topic", "describe", "orders", "--json")[1])
     assert described["groups"] == {"billing": {str(partition): 1}}
     assert described["offsets"][partition] == {"partition": partition, "start": 0, "end": 4}
@@ -196,14 +197,19 @@ def test_produce_reports_each_refused_line_and_writes_only_the_good_ones(cli: CL
         "[1, 2]",                                                  # 11
         "",                                                        # 12 blank: skipped
         good,                                                      # 13
+        '{"type": "t", "key": "a", "key": "b", "body": 1}',        # 14 which key?
     )
     code, out, err = cli("produce", "orders", file)
     assert code == ExitCode.FAILURE and out == ""
     reported = [int(line.split(":")[0].removeprefix("line ")) for line in err.splitlines()
                 if line.startswith("line ")]
-    assert reported == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
-    assert "line 2: not JSON" in err and 'line 3: no usable key: "key" is null' in err
-    assert "refused 10 lines (not written)" in err and "produced 2 records" in err
+    assert reported == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14]
+    assert "line 2: not JSON" in err
+    # Issue 16 item 10: a missing key is not a null one.
+    assert 'line 3: no usable key: "key" is missing' in err
+    assert 'line 4: no usable key: "key" is null' in err
+    assert "line 14: duplicate key 'key' in a JSON object" in err
+    assert "refused 11 lines (not written)" in err and "produced 2 records" in err
     assert len(cli.records("orders", 0)) == 2
 
 
@@ -219,10 +225,11 @@ def test_produce_refuses_a_line_that_is_not_utf8(cli: CLI) -> None:
 
 def test_produce_plain_body_without_the_key_field_is_refused(cli: CLI) -> None:
     cli("topic", "create", "stock")
-    file = lines_file(cli.path.parent, '{"n": 1}', '{"sku": "a"}')
+    file = lines_file(cli.path.parent, '{"n": 1}', '{"sku": "a"}', '{"sku": null}')
     code, _, err = cli("produce", "stock", file, "--type", "s", "--key-field", "sku")
     assert code == ExitCode.FAILURE
-    assert "line 1: no usable key: field 'sku' is null" in err
+    assert "line 1: no usable key: field 'sku' is missing" in err
+    assert "line 3: no usable key: field 'sku' is null" in err
     assert len(cli.records("stock", 0)) == 1
 
 

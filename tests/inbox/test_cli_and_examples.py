@@ -45,8 +45,44 @@ def test_stats_and_dead_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert out.startswith("charges/1/7\tattempts=2\tdead_at=")
     assert "source=charges/1@7" in out
     assert "secret" not in out and "\x1b" not in out and "error=bad amount at <url>" in out
-    assert main(["inbox", "dead", "--db", str(path), "-g", "other"]) == ExitCode.OK
-    assert "no dead letters for group 'other'" in capsys.readouterr().out
+    # Issue 16 item 5: a group without any row printed zeros (or "no dead letters").
+    for command in ("stats", "dead"):
+        assert main(["inbox", command, "--db", str(path), "-g", "other"]) == ExitCode.FAILURE
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert ("group 'other' has no claims, failures or dead letters in 'wk_inbox'; "
+                "groups with rows: 'billing'") in err
+
+
+def test_inbox_dead_of_a_group_with_rows_but_no_dead_letters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "projection.db"
+    inbox = SQLiteInbox(path, "quiet")
+    asyncio.run(inbox.ensure_schema())
+    asyncio.run(inbox.record_failure("k", "flaky"))
+    assert main(["inbox", "dead", "--db", str(path), "-g", "quiet"]) == ExitCode.OK
+    assert "no dead letters for group 'quiet'" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("db", ["redis://127.0.0.1", "nats://x", "sqlite://x.db"])
+def test_a_db_url_that_is_no_inbox_database_is_explained(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 16 item 9: "no SQLite database at 'redis:/127.0.0.1'".
+    assert main(["inbox", "stats", "--db", db, "-g", "g"]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert "redis:/127" not in err and f"--db {db!r}" in err
+
+
+@pytest.mark.parametrize("args", [[], ["a", "b", "c"]])
+def test_standalone_postgres_example_without_a_dsn_prints_its_usage(args: list[str]) -> None:
+    # Issue 16 item 10: it died with a TypeError traceback.
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "standalone_postgres.py"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("usage: python ") and "POSTGRES_DSN [SUFFIX]" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_cli_never_creates_a_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,6 +75,28 @@ async def test_foreign_sqlite_database_is_refused_and_left_alone(tmp_path: Path)
         assert db.execute("SELECT name FROM users").fetchall() == [("ann",)]
 
 
+async def test_a_foreign_database_counts_its_tables_not_its_indexes(tmp_path: Path) -> None:
+    # Issue 16 item 10: 1 table and 2 indexes were reported as "3 tables".
+    path = tmp_path / "app.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT, mail TEXT)")
+        db.execute("CREATE INDEX users_name ON users (name)")
+        db.execute("CREATE INDEX users_mail ON users (mail)")
+        db.commit()
+    log = SQLiteLog(path)
+    with pytest.raises(CorruptLogError, match=r"application_id=0, 1 table\)") as caught:
+        await log.list_topics()
+    assert "3 table" not in str(caught.value)
+    await log.close()
+    index_only = tmp_path / "index_only.db"  # nothing but an object: still not empty
+    with closing(sqlite3.connect(index_only)) as db:
+        db.execute("CREATE VIEW v AS SELECT 1")
+        db.commit()
+    async with SQLiteLog(index_only) as other:
+        with pytest.raises(CorruptLogError, match=r"0 tables"):
+            await other.list_topics()
+
+
 async def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     async with SQLiteLog(path) as log:
@@ -281,9 +303,36 @@ async def test_open_log_builds_sqlite_logs(url: str, path: str) -> None:
     await log.close()
 
 
-@pytest.mark.parametrize("url", ["sqlite:///log.db?fsync=0", "sqlite:////tmp/log.db#x"])
-def test_url_options_are_refused_instead_of_becoming_the_file_name(url: str) -> None:
-    with pytest.raises(ConfigError, match="URL options are not supported"):
+@pytest.mark.parametrize(
+    ("url", "fsync", "busy_timeout"),
+    [("sqlite:///log.db?fsync=0", False, 30.0), ("sqlite:///log.db?fsync=true", True, 30.0),
+     ("sqlite:///log.db?busy_timeout=2.5&fsync=off", False, 2.5)],
+)
+async def test_url_options_of_the_sqlite_log(url: str, fsync: bool, busy_timeout: float) -> None:
+    log = open_log(url)
+    assert isinstance(log, SQLiteLog)
+    assert (log.path, log.fsync, log.busy_timeout) == ("log.db", fsync, busy_timeout)
+    # Another process opening log.url gets the same options.
+    again = open_log(log.url)
+    assert isinstance(again, SQLiteLog)
+    assert (again.path, again.fsync, again.busy_timeout) == ("log.db", fsync, busy_timeout)
+    await log.close()
+    await again.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("sqlite:///log.db?fsycn=0", "unknown option 'fsycn' for sqlite:// (it takes: fsync, "
+      "busy_timeout)"),
+     ("sqlite:///log.db?fsync=maybe", "fsync must be 1/0"),
+     ("sqlite:///log.db?busy_timeout=-1", "busy_timeout must be seconds >= 0"),
+     ("sqlite:///log.db?fsync=0&fsync=1", "option 'fsync' is given twice"),
+     ("sqlite:///log.db?fsync", "options must be name=value"),
+     ("sqlite:////tmp/log.db#x", "fragment"),
+     ("memory://?x=1", "unknown option 'x' for memory:// (it takes: none)")],
+)
+def test_bad_url_options_are_refused_by_name(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
         open_log(url)
 
 

@@ -45,7 +45,7 @@ def _filters(fn: Any) -> Any:
 
 @click.group("dlq")
 def dlq_group() -> None:
-    """List and replay a topic's dead letters (dlq_<topic>)."""
+    """List and replay a group's dead letters of a topic (wk-dlq.<group>.<topic>)."""
 
 
 def _source(source: Source | None) -> str:

@@ -17,10 +17,11 @@ from urllib.parse import quote
 
 import click
 
-from .._errors import ConfigError, WakuwakuError
+from .._errors import ConfigError, UnsupportedLogURL, WakuwakuError
 from .._sanitize import sanitize
 from ..inbox._base import DEFAULT_TABLE, Inbox
 from ..inbox.sqlite import SQLiteInbox
+from ..logs._url import parse_log_url
 from . import ExitCode
 
 T = TypeVar("T")
@@ -41,7 +42,19 @@ def open_inbox(db: str, group: str, table: str = DEFAULT_TABLE) -> Inbox:
         except ImportError as exc:
             raise ConfigError(str(exc)) from exc
         return PostgresInbox(db, group, table=table)
-    path = Path(db.removeprefix("sqlite:///")) if db.startswith("sqlite:///") else Path(db)
+    if "://" in db:
+        # The same parser as --log, with the schemes an inbox lives in.
+        try:
+            parsed = parse_log_url(db, {"sqlite": ()})
+        except UnsupportedLogURL:
+            raise ConfigError(
+                f"--db {db!r}: an inbox lives in a SQLite file (a path or sqlite:///path) "
+                "or in PostgreSQL (postgresql://...)"
+            ) from None
+        if not parsed.rest.startswith("/") or parsed.rest == "/":
+            raise ConfigError(f"--db {db!r}: use sqlite:///relative.db or sqlite:////abs/path.db")
+        db = parsed.rest[1:]
+    path = Path(db)
     if not path.is_file():
         raise ConfigError(f"no SQLite database at {str(path)!r}")
     uri = f"file:{quote(str(path.resolve()))}?mode=ro"
@@ -93,6 +106,16 @@ def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _unknown_group(inbox: Inbox, group: str) -> int:
+    """Say that ``group`` has no row at all (a typo reads as an idle inbox
+    otherwise), name the groups that have some; exit status 1."""
+    groups = _run(inbox, inbox.groups)
+    known = ", ".join(repr(g) for g in groups) if groups else "none"
+    click.echo(f"group {group!r} has no claims, failures or dead letters in "
+               f"{inbox.table!r}; groups with rows: {known}", err=True)
+    return ExitCode.FAILURE
+
+
 @click.group("inbox")
 def inbox_group() -> None:
     """Look into an inbox (deduplication store, SPEC 9)."""
@@ -101,9 +124,15 @@ def inbox_group() -> None:
 @inbox_group.command("stats")
 @_options
 def stats_command(db: str, group: str, table: str) -> int:
-    """Count the group's applied claims, failing keys and dead letters."""
+    """Count the group's applied claims, failing keys and dead letters.
+
+    Exit status 1 when the group has no row at all (the groups that have
+    some are named); 3 when the database or its tables are missing.
+    """
     inbox = open_inbox(db, group, table)
     stats = _run(inbox, inbox.stats)
+    if (stats.claims, stats.failing, stats.dead) == (0, 0, 0):
+        return _unknown_group(inbox, group)
     click.echo(f"claims   {stats.claims}")
     click.echo(f"failing  {stats.failing}")
     click.echo(f"dead     {stats.dead}")
@@ -119,6 +148,8 @@ def dead_command(db: str, group: str, table: str, limit: int) -> int:
     inbox = open_inbox(db, group, table)
     dead = _run(inbox, lambda: inbox.dead(limit))
     if not dead:
+        if group not in _run(inbox, inbox.groups):
+            return _unknown_group(inbox, group)
         click.echo(f"no dead letters for group {group!r}")
         return ExitCode.OK
     for item in dead:

@@ -12,7 +12,7 @@ import asyncio
 import datetime
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import click
@@ -20,7 +20,7 @@ import click
 from .._errors import ConfigError
 from ..admin import Status, consumer_status
 from ..engine._config import DEFAULT_RETRY_DELAYS
-from ..logs import DEFAULT_LOG_URL, Log, open_log
+from ..logs import DEFAULT_LOG_URL, Log, open_log, sqlite_log_path
 from . import ExitCode
 
 T = TypeVar("T")
@@ -34,7 +34,8 @@ def log_option(fn: F) -> F:
     """``--log URL`` (env ``WAKUWAKU_LOG``, default ``sqlite:///wakuwaku.db``)."""
     return click.option(
         "--log", "log_url", envvar=LOG_ENV, default=DEFAULT_LOG_URL, show_default=True,
-        metavar="URL", help=f"The log (sqlite:///file.db, memory://); env {LOG_ENV}.",
+        metavar="URL",
+        help=f"The log (sqlite:///file.db[?fsync=0&busy_timeout=S], memory://); env {LOG_ENV}.",
     )(fn)
 
 
@@ -46,36 +47,37 @@ def namespace_option(fn: F) -> F:
     )(fn)
 
 
-def sqlite_path(url: str) -> str | None:
-    """The file a ``sqlite://`` URL names (as :func:`~wakuwaku.open_log` reads it), else None."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != "sqlite" or not rest.startswith("/"):
-        return None
-    return rest[1:]
-
-
-def open_existing_log(url: str) -> Log:
+def open_existing_log(url: str, *, create: bool = False) -> Log:
     """Open the log ``url`` names, refusing to create a new SQLite file.
 
     An operations command on a mistyped path must say so, not report an
-    empty log (and leave a new file behind).
+    empty log (and leave a new file behind). Every command opens its log
+    here, so every command reads a URL the same way (one parser:
+    :func:`~wakuwaku.logs.open_log`) and says the same thing about it.
 
-    :raises ConfigError: when the SQLite file does not exist, or the URL is bad.
+    :param create: allow a new SQLite file (``topic create``).
+    :raises ConfigError: when the SQLite file does not exist (unless
+        ``create``), or the URL is bad (an unknown option is named).
     :raises UnsupportedLogURL: for an unknown scheme.
     """
-    path = sqlite_path(url)
-    if path is not None and path and not os.path.exists(path):
+    path = sqlite_log_path(url)
+    if not create and path and not os.path.exists(path):
         raise ConfigError(
-            f"no log at {path!r} (from --log {url!r}); pass --log or set {LOG_ENV}"
+            f"no log at {path!r} (from --log {url!r}); pass --log or set {LOG_ENV}, "
+            "or create a topic first"
         )
     return open_log(url)
 
 
-def with_log(url: str, work: Callable[[Log], Awaitable[T]]) -> T:
-    """Open the log, run ``work(log)`` on a new event loop, close the log."""
+def with_log(url: str, work: Callable[[Log], Awaitable[T]], *, create: bool = False) -> T:
+    """Open the log (:func:`open_existing_log`), run ``work(log)`` on a new event
+    loop, close the log.
+
+    :param create: allow a new SQLite file; otherwise a missing one is refused.
+    """
 
     async def main() -> T:
-        log = open_existing_log(url)
+        log = open_existing_log(url, create=create)
         try:
             return await work(log)
         finally:
@@ -118,6 +120,22 @@ def _relative(at: float, now: float) -> str:
     return f"in {delta:.1f}s"
 
 
+def _per_reason(counts: Mapping[str, int]) -> str:
+    return " (" + ", ".join(f"{r} {n}" for r, n in counts.items()) + ")" if counts else ""
+
+
+def never_committed(status: Status) -> str:
+    """What ``status`` says about a group without a commit on the topic."""
+    if status.groups is None:
+        others = "this log cannot list the groups that did"
+    elif status.groups:
+        others = "groups that did: " + ", ".join(repr(g) for g in status.groups)
+    else:
+        others = "no group has committed on it"
+    return (f"group {status.group!r} has never committed on topic {status.topic!r} "
+            f"(a mistyped group, or a consumer that has not committed yet); {others}")
+
+
 def render_status(status: Status, now: float) -> list[str]:
     """The human-readable lines of ``wakuwaku status``."""
     lines = [f"topic {status.topic!r}, group {status.group!r}"]
@@ -133,16 +151,17 @@ def render_status(status: Status, now: float) -> list[str]:
         lines.append(f"quarantined keys: {len(status.quarantined)}")
         lines.extend(
             f"  partition {q.partition}  key {printable(q.key)!r}  pending {q.pending}  "
-            f"failures {q.failures}  next attempt {when(q.next_attempt_at)} "
+            f"failures {q.failures}  next attempt (stored) {when(q.next_attempt_at)} "
             f"({_relative(q.next_attempt_at, now)})"
             for q in status.quarantined
         )
     else:
         lines.append("quarantined keys: none")
     if status.dead_letters:
-        per_reason = ", ".join(f"{reason} {count}"
-                               for reason, count in status.dead_letters.items())
-        lines.append(f"dead letters: {status.dead_lettered} ({per_reason})")
+        waiting = status.not_replayed
+        lines.append(f"dead letters not replayed: {sum(waiting.values())}{_per_reason(waiting)}")
+        lines.append(f"dead letters replayed: {sum(status.replayed.values())}"
+                     f"{_per_reason(status.replayed)}")
     else:
         lines.append("dead letters: none")
     lines.extend(f"problem: {problem}" for problem in status.problems)
@@ -154,7 +173,8 @@ def render_status(status: Status, now: float) -> list[str]:
 @click.option("--group", "-g", required=True, help="The consumer group.")
 @click.option("--retry-delays", default=",".join(f"{d:g}" for d in DEFAULT_RETRY_DELAYS),
               show_default=True, metavar="S,S,...",
-              help="The consumer's retry schedule in seconds (for next attempt times).")
+              help="Only for retry records written before the consumer stored next attempt "
+                   "times (wk-due-at): the schedule, in seconds, to derive them.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @namespace_option
 @log_option
@@ -162,17 +182,23 @@ def status_command(topic: str, group: str, retry_delays: str, as_json: bool, nam
                    log_url: str) -> int:
     """Show a group's lag, quarantined keys (next attempt time), backlog and dead letters.
 
-    Exit status 3 when TOPIC does not exist; 1 when a broken retry record was met.
+    Next attempt times are the ones the consumer stored. Dead letters are
+    counted apart: not replayed yet, and replayed by `dlq replay`. Exit
+    status 3 when TOPIC does not exist or is a dead-letter/retry topic; 1
+    when a broken retry record was met, or when GROUP never committed on
+    TOPIC (the groups that did are named).
     """
     delays = _parse_delays(retry_delays)
     status = with_log(log_url, lambda log: consumer_status(
         log, topic, group, retry_delays=delays, namespace=namespace))
     if as_json:
         click.echo(json.dumps(status.as_dict(), ensure_ascii=False, sort_keys=True))
+    elif status.never_committed:
+        click.echo(f"error: {never_committed(status)}", err=True)
     else:
         for line in render_status(status, datetime.datetime.now(datetime.UTC).timestamp()):
             click.echo(line)
-    return ExitCode.FAILURE if status.problems else ExitCode.OK
+    return ExitCode.FAILURE if status.problems or status.never_committed else ExitCode.OK
 
 
 def register(group: click.Group) -> None:

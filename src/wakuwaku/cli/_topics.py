@@ -17,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
@@ -27,18 +26,17 @@ import msgspec
 
 from .._errors import ConfigError
 from .._events import Algebra, EventType, JsonCodec
+from .._json import DuplicateKeyError, decode_strict
 from .._partitioner import partition_for
 from .._records import Record, build_headers
-from ..logs import DEFAULT_LOG_URL, Log, OutgoingRecord, open_log
+from ..logs import Log, OutgoingRecord
 from . import ExitCode
+from ._status import LOG_ENV, log_option, with_log
 
 __all__ = ("LOG_ENV", "log_option", "record_json", "register", "run_on_log")
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
-
-LOG_ENV = "WAKUWAKU_LOG"
-"""The environment variable the commands read the log URL from."""
 
 _PRODUCE_BATCH = 500
 _TAIL_DEFAULT = 10
@@ -46,36 +44,8 @@ _FOLLOW_POLL = 0.2
 _ALGEBRAS = click.Choice([a.value for a in Algebra])
 
 
-def log_option(fn: F) -> F:
-    """``--log URL`` (env ``WAKUWAKU_LOG``, default ``sqlite:///wakuwaku.db``)."""
-    return click.option(
-        "--log", "log_url", envvar=LOG_ENV, default=DEFAULT_LOG_URL, show_default=True,
-        metavar="URL", help=f"The log (sqlite:///file.db, memory://); env {LOG_ENV}.",
-    )(fn)
-
-
-def run_on_log(url: str, work: Callable[[Log], Awaitable[T]], *, create: bool = False) -> T:
-    """Open the log ``url`` names, run ``work(log)`` on a new event loop, close the log.
-
-    :param create: allow a new SQLite file; otherwise a missing one is refused.
-    :raises ConfigError: for a missing SQLite file (unless ``create``) or a bad URL.
-    :raises UnsupportedLogURL: for an unknown scheme (naming the supported ones).
-    """
-    scheme, _, rest = url.partition("://")
-    if not create and scheme.lower() == "sqlite" and rest.startswith("/") and rest != "/":
-        path = rest[1:]
-        if not os.path.exists(path):
-            raise ConfigError(f"no log at {path!r} (from --log {url!r}); pass --log or set "
-                              f"{LOG_ENV}, or create a topic first")
-
-    async def main() -> T:
-        log = open_log(url)
-        try:
-            return await work(log)
-        finally:
-            await log.close()
-
-    return asyncio.run(main())
+run_on_log = with_log
+"""Open the log, run ``work(log)``, close it (:func:`~wakuwaku.cli._status.with_log`)."""
 
 
 # -- topic ---------------------------------------------------------------------
@@ -128,7 +98,11 @@ async def _describe(log: Log, name: str) -> _Description:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @log_option
 def describe_command(name: str, as_json: bool, log_url: str) -> None:
-    """Partitions of topic NAME with their start/end offsets, and committed groups."""
+    """Partitions of topic NAME with their start/end offsets, and committed groups.
+
+    Per group: its lag (records not consumed yet, all partitions) and its
+    committed offsets (the next offset it reads, per partition).
+    """
     found = run_on_log(log_url, lambda log: _describe(log, name))
     if as_json:
         click.echo(json.dumps({
@@ -149,9 +123,10 @@ def describe_command(name: str, as_json: bool, log_url: str) -> None:
     if not found.groups:
         click.echo("no consumer group has committed on this topic")
     for group, parts in found.groups.items():
-        lag = sum(max(0, found.end[p] - o) for p, o in parts.items())
+        # A partition the group never committed on counts whole as lag.
+        lag = sum(found.end[p] - parts.get(p, found.start[p]) for p in range(found.partitions))
         where = ", ".join(f"p{p}={o}" for p, o in sorted(parts.items()))
-        click.echo(f"group {group}: lag {lag} ({where})")
+        click.echo(f"group {group}: lag {max(0, lag)} records; committed offsets {where}")
 
 
 @topic_group.command("list")
@@ -195,16 +170,18 @@ class _LineParser:
 
     def parse(self, line: str) -> tuple[str, OutgoingRecord]:
         try:
-            document = msgspec.json.decode(line)
+            document = decode_strict(line)
         except msgspec.DecodeError as exc:
             raise _Refused(f"not JSON: {exc}") from None
         except UnicodeEncodeError:  # undecodable input bytes, kept as surrogates
             raise _Refused("not UTF-8") from None
+        except DuplicateKeyError as exc:  # which "key" or "type" was meant is unknown
+            raise _Refused(str(exc)) from None
         if not isinstance(document, dict):
             raise _Refused(f"expected a JSON object, got {type(document).__name__}")
         if self.type_tag is not None:
             assert self.key_field is not None
-            key = _key(document.get(self.key_field), f"field {self.key_field!r}")
+            key = _key(document.get(self.key_field, _MISSING), f"field {self.key_field!r}")
             return self._record(self.type_tag, key, document, None, self.algebra)
         tag = document.get("type")
         if not isinstance(tag, str) or not tag:
@@ -212,7 +189,7 @@ class _LineParser:
                            "(or use --type and --key-field for plain bodies)")
         if "body" not in document:
             raise _Refused('the envelope has no "body"')
-        key = _key(document.get("key"), '"key"')
+        key = _key(document.get("key", _MISSING), '"key"')
         alg_raw = document.get("alg", self.algebra.value)
         try:
             algebra = Algebra(alg_raw)
@@ -231,11 +208,17 @@ class _LineParser:
         return key, (headers, msgspec.json.encode(body))
 
 
+_MISSING = object()
+"""A field the document does not have (told apart from one that is null)."""
+
+
 def _key(value: object, where: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if isinstance(value, str) and value:
         return value
+    if value is _MISSING:
+        raise _Refused(f"no usable key: {where} is missing")
     raise _Refused(f"no usable key: {where} is {json.dumps(value)}")
 
 

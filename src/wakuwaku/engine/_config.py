@@ -46,6 +46,7 @@ def default_classify(exc: BaseException) -> ErrorClass:
 
 RETRY_PREFIX = "wk-retry."
 DEAD_LETTER_PREFIX = "wk-dlq."
+REPLAY_LEDGER_PREFIX = "wk-replayed."
 _GROUP_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 MAX_GROUP_LENGTH = 100
 
@@ -87,9 +88,11 @@ def dead_letter_topic_name(topic: str, group: str) -> str:
 
 
 def split_internal_topic(name: str) -> tuple[str, str, str] | None:
-    """``("retry" | "dlq", group, topic)`` for a retry or dead-letter topic
-    name (namespace removed first), None for any other name."""
-    for kind, prefix in (("retry", RETRY_PREFIX), ("dlq", DEAD_LETTER_PREFIX)):
+    """``("retry" | "dlq" | "replayed", group, topic)`` for a retry,
+    dead-letter or replay-ledger topic name (namespace removed first), None
+    for any other name."""
+    for kind, prefix in (("retry", RETRY_PREFIX), ("dlq", DEAD_LETTER_PREFIX),
+                         ("replayed", REPLAY_LEDGER_PREFIX)):
         if name.startswith(prefix):
             group, dot, topic = name[len(prefix):].partition(".")
             if dot and group and topic:
@@ -175,10 +178,11 @@ class ConsumerConfig:
             internal = split_internal_topic(self._unqualified(topic))
             if internal is not None:
                 kind, group, main = internal
+                word = {"retry": "retry", "dlq": "dead-letter"}.get(kind, "replay ledger")
                 raise ConfigError(
-                    f"topic {topic!r} is the {'retry' if kind == 'retry' else 'dead-letter'} "
-                    f"topic of group {group!r} for topic {main!r}: consume {main!r} instead "
-                    "(the consumer reads its own retry topic)")
+                    f"topic {topic!r} is the {word} topic of group {group!r} for topic "
+                    f"{main!r}: consume {main!r} instead (the consumer reads its own "
+                    "retry topic)")
         if self.partitions is not None:
             parts = tuple(self.partitions)
             if not parts or any(not isinstance(p, int) or isinstance(p, bool) or p < 0

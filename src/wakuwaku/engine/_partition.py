@@ -857,7 +857,8 @@ class PartitionWorker:
         """Buffer main-topic items for the retry topic, in order (SPEC 5.5)."""
         for item in items:
             try:
-                record = retry_work_record(item, self.topic, self.partition, failed_at, error)
+                record = retry_work_record(item, self.topic, self.partition, failed_at, error,
+                                           failed_at + self.config.delay(1))
             except Exception as exc:  # noqa: BLE001 - the codec failed: dead-letter, never drop
                 self._dead_letter_items(
                     [item], ReasonCode.UNSERIALIZABLE_RETRY_RECORD,
@@ -975,7 +976,8 @@ class PartitionWorker:
             done_before = [r.offset for r in pending if r.offset < first_undone]
             if done_before:
                 markers.append(resolved_marker(key, max(done_before), now))
-            markers.append(attempt_failed_marker(key, failures, now))
+            markers.append(attempt_failed_marker(key, failures, now,
+                                                 now + self.config.delay(failures)))
             log.warning("retry attempt failed", extra={
                 **fields, "offsets": [o for i in outcome.rest for o in i.main_offsets],
                 "next_attempt_in": self.config.delay(failures)})

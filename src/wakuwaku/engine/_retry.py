@@ -11,8 +11,15 @@ for a retry, already reduced, with ``wk-failed-at`` and ``wk-src``) and small
                         with ``wk-reset: 1`` (a give-up) the key's other pending
                         work is due at once with its counter reset
 ``attempt-failed``      the key's ``wk-failures``-th failure in a row happened at
-                        ``wk-at`` (ms since the epoch)
+                        ``wk-at`` (ms since the epoch); its next attempt is due
+                        at ``wk-due-at`` (ms)
 ======================  ======================================================
+
+The first work record of a key carries ``wk-due-at`` too. The due time is
+stored, not only derived from the schedule, so that ``wakuwaku status``
+shows the time the consumer will use without being told its schedule;
+a record without it (written before it was stored) is read with the
+schedule as before.
 
 An attempt plans all of a key's pending work records as one new batch
 (SPEC 6), so records routed during a quarantine join the failed run when
@@ -54,6 +61,7 @@ H_THROUGH = "wk-through"
 H_RESET = "wk-reset"
 H_FAILURES = "wk-failures"
 H_AT = "wk-at"
+H_DUE = "wk-due-at"
 
 MARKER_RESOLVED = b"resolved"
 MARKER_ATTEMPT_FAILED = b"attempt-failed"
@@ -80,8 +88,9 @@ def resolved_marker(key: str, through: int, at: float, *, reset: bool = False) -
     )
 
 
-def attempt_failed_marker(key: str, failures: int, at: float) -> Outgoing:
-    """A marker: the ``failures``-th failure in a row of ``key`` happened at ``at``."""
+def attempt_failed_marker(key: str, failures: int, at: float, due: float) -> Outgoing:
+    """A marker: the ``failures``-th failure in a row of ``key`` happened at
+    ``at``; its next attempt is due at ``due`` (seconds since the epoch)."""
     return (
         {
             H_VERSION: WIRE_VERSION,
@@ -89,6 +98,7 @@ def attempt_failed_marker(key: str, failures: int, at: float) -> Outgoing:
             H_KEY: key.encode(),
             H_FAILURES: str(failures).encode(),
             H_AT: _ms(at),
+            H_DUE: _ms(due),
         },
         b"",
     )
@@ -100,9 +110,12 @@ def source_of(item: Item, topic: str, partition: int) -> Source:
 
 
 def retry_work_record(
-    item: Item, topic: str, partition: int, failed_at: float, error: str
+    item: Item, topic: str, partition: int, failed_at: float, error: str, due: float
 ) -> Outgoing:
     """The retry-topic record of one (possibly reduced) main-topic item (SPEC 3, 5.5).
+
+    ``due`` (seconds since the epoch) is when the key's first attempt is due,
+    were this record to quarantine it.
 
     An item standing for one unchanged record keeps that record's headers and
     body bytes; a reduced item is encoded again with its type's codec.
@@ -112,6 +125,7 @@ def retry_work_record(
     """
     extra = {
         H_FAILED_AT: _ms(failed_at),
+        H_DUE: _ms(due),
         H_ERROR: error.encode(),
         H_SRC: encode_source(source_of(item, topic, partition)),
     }
@@ -220,7 +234,9 @@ class RetryState:
             state = self.keys.get(key)
             if state is not None:
                 state.failures = int(record.headers[H_FAILURES])
-                state.due = _seconds(record.headers[H_AT]) + self._delay(state.failures)
+                due = record.headers.get(H_DUE)
+                state.due = (_seconds(due) if due is not None else
+                             _seconds(record.headers[H_AT]) + self._delay(state.failures))
 
     def apply_all(self, records: Iterable[Record]) -> None:
         for record in records:
@@ -231,7 +247,9 @@ class RetryState:
         if state is None:
             raw = record.headers.get(H_FAILED_AT)
             failed_at = _seconds(raw) if raw is not None else record.timestamp
-            state = KeyState(failures=1, due=failed_at + self._delay(1), first_failed_at=failed_at)
+            due = record.headers.get(H_DUE)
+            state = KeyState(failures=1, first_failed_at=failed_at,
+                             due=_seconds(due) if due is not None else failed_at + self._delay(1))
             self.keys[key] = state
         state.pending.append(record)
         self.pending_count += 1

@@ -366,6 +366,12 @@ class Inbox(abc.ABC):
     async def dead(self, limit: int = 100) -> list[DeadMessage]:
         """The group's dead letters, most recent first, at most ``limit``."""
 
+    @abc.abstractmethod
+    async def groups(self) -> list[str]:
+        """Every consumer group with a row (claim, failure or dead letter) in
+        this inbox's tables, sorted: so a command asked about a group without
+        any can say which groups there are."""
+
     def _failure_text(self, error: BaseException | str | bytes) -> str:
         return sanitized(error, self.error_limit)
 

@@ -272,6 +272,15 @@ class PostgresInbox(Inbox):
         assert row is not None  # an aggregate query always returns its row
         return InboxStats(int(row[0]), int(row[1]), int(row[2]))
 
+    async def groups(self) -> list[str]:
+        """Every group with a row in the tables, sorted.
+
+        :raises psycopg.Error: whatever the server says (no table...).
+        """
+        async with self._connect() as conn, conn.cursor() as cur:
+            await cur.execute(self._q["groups"])
+            return [str(row[0]) for row in await cur.fetchall()]
+
     async def dead(self, limit: int = 100) -> list[DeadMessage]:
         """The group's dead letters, most recent first, at most ``limit``.
 

@@ -130,6 +130,13 @@ SELECT
     (SELECT count(*) FROM {table} WHERE consumer_group = %(grp)s AND status = 'failing'),
     (SELECT count(*) FROM {dead_table} WHERE consumer_group = %(grp)s)
 
+-- name: groups
+-- Every group with a row: what a command names when asked about another one.
+SELECT consumer_group FROM {table}
+UNION
+SELECT consumer_group FROM {dead_table}
+ORDER BY 1
+
 -- name: dead
 SELECT message_key, attempts, last_error, failed_at, dead_at,
        source_topic, source_partition, source_offset

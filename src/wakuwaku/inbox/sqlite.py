@@ -335,6 +335,18 @@ class SQLiteInbox(Inbox):
         return [DeadMessage(*row) for row in rows]
 
 
+    async def groups(self) -> list[str]:
+        """Every group with a row in the tables, sorted.
+
+        :raises sqlite3.Error: whatever SQLite raises (no table...).
+        """
+        return await self._run(self._groups)
+
+    def _groups(self) -> list[str]:
+        with self._connect() as conn:
+            return [str(row[0]) for row in conn.execute(self._q["groups"]).fetchall()]
+
+
 def _in_transaction(conn: sqlite3.Connection) -> bool:
     """Whether a write on ``conn`` now belongs to a transaction the caller commits."""
     if conn.in_transaction:

@@ -126,6 +126,13 @@ SELECT
     (SELECT count(*) FROM {table} WHERE consumer_group = :grp AND status = 'failing'),
     (SELECT count(*) FROM {dead_table} WHERE consumer_group = :grp)
 
+-- name: groups
+-- Every group with a row: what a command names when asked about another one.
+SELECT consumer_group FROM {table}
+UNION
+SELECT consumer_group FROM {dead_table}
+ORDER BY 1
+
 -- name: dead
 SELECT message_key, attempts, last_error, failed_at, dead_at,
        source_topic, source_partition, source_offset

@@ -9,55 +9,81 @@ URL                    adapter
 =====================  ==============================================
 
 The default URL is ``sqlite:///wakuwaku.db`` (``./wakuwaku.db``).
+
+URL options (a query; any other option name is refused by name):
+
+==================  =========================================================
+``sqlite``          ``fsync=1|0`` (default 1: every append and commit is on
+                    disk before it returns), ``busy_timeout=SECONDS``
+                    (default 30: how long a writer waits for the file lock)
+``memory``          none
+==================  =========================================================
 """
 
 from __future__ import annotations
 
-from .._errors import UnsupportedLogURL
+from .._errors import ConfigError, UnsupportedLogURL
 from ._base import BatchWrite as BatchWrite
 from ._base import Lease as Lease
 from ._base import Log as Log
 from ._base import OutgoingRecord as OutgoingRecord
 from ._base import TopicInfo as TopicInfo
+from ._url import LOG_URL_OPTIONS, LogURL, option_bool, option_seconds, parse_log_url
 from .memory import MemoryLog as MemoryLog
 from .sqlite import SQLiteLog as SQLiteLog
 
 __all__ = ("DEFAULT_LOG_URL", "SUPPORTED_SCHEMES", "BatchWrite", "Lease", "Log", "MemoryLog",
-           "OutgoingRecord", "SQLiteLog", "TopicInfo", "open_log")
+           "OutgoingRecord", "SQLiteLog", "TopicInfo", "open_log", "sqlite_log_path")
 
 DEFAULT_LOG_URL = "sqlite:///wakuwaku.db"
-SUPPORTED_SCHEMES: tuple[str, ...] = ("sqlite", "memory")
+SUPPORTED_SCHEMES: tuple[str, ...] = tuple(LOG_URL_OPTIONS)
 
 
 def open_log(url: str = DEFAULT_LOG_URL) -> Log:
     """Create the log adapter a URL names (see the module docstring).
 
+    The URL is split by :func:`~wakuwaku.logs._url.parse_log_url`, the one
+    parser every command uses; options are given as a query
+    (``sqlite:///x.db?fsync=0&busy_timeout=5``).
+
     :raises UnsupportedLogURL: for a scheme no adapter handles (the error
         lists the supported ones).
-    :raises ConfigError: for a URL of a known scheme that lacks its parts.
+    :raises ConfigError: for a URL of a known scheme that lacks its parts,
+        or an option the scheme does not take (named in the message) or a
+        bad option value.
     """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
-    scheme = scheme.lower()
-    if scheme == "memory":
-        if rest:
-            from .._errors import ConfigError
-
+    parsed = parse_log_url(url)
+    if parsed.scheme == "memory":
+        if parsed.rest:
             raise ConfigError(f"bad memory log URL {url!r}: it takes nothing after memory://")
         return MemoryLog()
-    if scheme == "sqlite":
-        from .._errors import ConfigError
-
-        # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them.
-        if not rest.startswith("/") or rest == "/":
-            raise ConfigError(
-                f"bad SQLite log URL {url!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
-            )
-        if "?" in rest or "#" in rest:
-            raise ConfigError(
-                f"bad SQLite log URL {url!r}: URL options are not supported; "
-                f"pass them to SQLiteLog (e.g. SQLiteLog(path, fsync=False))"
-            )
-        return SQLiteLog(rest[1:])
+    if parsed.scheme == "sqlite":
+        return _open_sqlite(parsed)
     raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
+
+
+def sqlite_log_path(url: str) -> str | None:
+    """The file a ``sqlite://`` log URL names, or None for another scheme.
+
+    :raises ConfigError: / :raises UnsupportedLogURL: as :func:`open_log`.
+    """
+    parsed = parse_log_url(url)
+    return _sqlite_path(parsed) if parsed.scheme == "sqlite" else None
+
+
+def _sqlite_path(parsed: LogURL) -> str:
+    # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them.
+    if not parsed.rest.startswith("/") or parsed.rest == "/":
+        raise ConfigError(
+            f"bad SQLite log URL {parsed.url!r}: use sqlite:///relative.db or "
+            "sqlite:////abs/path.db"
+        )
+    return parsed.rest[1:]
+
+
+def _open_sqlite(parsed: LogURL) -> SQLiteLog:
+    return SQLiteLog(
+        _sqlite_path(parsed),
+        fsync=option_bool(parsed, "fsync", True),
+        busy_timeout=option_seconds(parsed, "busy_timeout", 30.0),
+    )

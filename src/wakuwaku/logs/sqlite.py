@@ -125,7 +125,11 @@ class SQLiteLog(Log):
         self.path = os.fspath(path)
         if not self.path or self.path == ":memory:":
             raise ConfigError(f"SQLiteLog needs a file path, got {self.path!r}")
-        self.url = f"sqlite:///{self.path}"
+        # The URL another process opens this log with: the same options included.
+        options = [] if fsync else ["fsync=0"]
+        if busy_timeout != 30.0:
+            options.append(f"busy_timeout={float(busy_timeout):g}")
+        self.url = f"sqlite:///{self.path}" + ("?" + "&".join(options) if options else "")
         self.retention = retention
         self.busy_timeout = float(busy_timeout)
         self.fsync = fsync
@@ -210,12 +214,13 @@ class SQLiteLog(Log):
     def _check_and_init(self, conn: sqlite3.Connection) -> None:
         # Identify the file before changing anything in it (WAL mode included),
         # so a foreign database is left exactly as it was.
-        app_id, tables = self._identity(conn)
-        if app_id == 0 and tables == 0:
+        # Any schema object (table, index, view, trigger) means the file is not empty.
+        app_id, objects = self._identity(conn)
+        if app_id == 0 and objects == 0:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN IMMEDIATE")
-            app_id, tables = self._identity(conn)  # another process may have won
-            if app_id == 0 and tables == 0:
+            app_id, objects = self._identity(conn)  # another process may have won
+            if app_id == 0 and objects == 0:
                 for statement in _schema_statements():
                     conn.execute(statement)
                 conn.execute("INSERT INTO wk_meta VALUES ('created_at', ?)", (repr(time.time()),))
@@ -224,10 +229,13 @@ class SQLiteLog(Log):
                 app_id = APPLICATION_ID
             conn.execute("COMMIT")
         if app_id != APPLICATION_ID:
+            # Tables only: sqlite_master also lists indexes, views and triggers.
+            tables = int(conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0])
             raise CorruptLogError(
                 f"{self.path!r} is not a wakuwaku log: it is a SQLite database of another "
-                f"application (application_id={app_id}, {tables} tables); "
-                "use another file for the log"
+                f"application (application_id={app_id}, {tables} "
+                f"table{'s' * (tables != 1)}); use another file for the log"
             )
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version != SCHEMA_VERSION:
@@ -240,8 +248,8 @@ class SQLiteLog(Log):
     @staticmethod
     def _identity(conn: sqlite3.Connection) -> tuple[int, int]:
         app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
-        tables = int(conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0])
-        return app_id, tables
+        objects = int(conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0])
+        return app_id, objects
 
     def _topic(self, db: sqlite3.Connection, topic: str) -> tuple[int, int]:
         """``(id, partitions)`` of ``topic``; topics never change once created."""

@@ -56,6 +56,7 @@ import msgspec
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, ProtocolError, ResultError, StepError
+from .._json import DuplicateKeyError, decode_strict
 from .._sanitize import sanitize
 from ._names import DEFAULT_PREFIX, name
 
@@ -134,6 +135,10 @@ class ProtocolReason(enum.StrEnum):
 
     RETRYABLE_NOT_BOOL = "retryable_not_bool"
     """An ``error`` result whose ``retryable`` is present but not a boolean."""
+
+    DUPLICATE_KEY = "duplicate_key"
+    """An object in the payload names a key twice (``{"status": "error",
+    "status": "done"}``): decoders disagree on which one wins."""
 
     RESULT_LOST = "result_lost"
     """Destructive mode: the key was seen, but the destructive read came back
@@ -298,7 +303,7 @@ def parse_result(raw: bytes | str, *, job_id: str, step: str) -> Any:
     :raises StepError: for ``{"status": "error"}``; ``message`` is sanitized
         (SPEC 13) and ``retryable`` is the payload's flag (``None`` when absent).
     :raises ProtocolError: for anything else, with a :class:`ProtocolReason`
-        code: ``not_json``, ``not_object``, ``no_status``,
+        code: ``not_json``, ``duplicate_key``, ``not_object``, ``no_status``,
         ``status_not_string``, ``unknown_status``, ``message_not_string``,
         ``retryable_not_bool``. The raw payload is never put into the error.
 
@@ -307,9 +312,11 @@ def parse_result(raw: bytes | str, *, job_id: str, step: str) -> Any:
     ``{"status": "failed"}`` as success.
     """
     try:
-        payload = msgspec.json.decode(raw)
+        payload = decode_strict(raw)
     except (msgspec.DecodeError, UnicodeError):
         raise ProtocolError(job_id, step, ProtocolReason.NOT_JSON) from None
+    except DuplicateKeyError:
+        raise ProtocolError(job_id, step, ProtocolReason.DUPLICATE_KEY) from None
     if not isinstance(payload, dict):
         raise ProtocolError(job_id, step, ProtocolReason.NOT_OBJECT)
     if "status" not in payload:

@@ -1,0 +1,116 @@
+"""Parsing a log URL: ``scheme://rest?option=value&...`` (one parser for every command).
+
+Each scheme declares the URL options it takes in :data:`LOG_URL_OPTIONS`; an
+option a scheme does not take is refused by name, so a typo
+(``?fsycn=0``) is an error rather than part of a file name or silently
+ignored. A new adapter adds its scheme and option names there and reads its
+options from :attr:`LogURL.options` in :func:`~wakuwaku.logs.open_log`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl
+
+from .._errors import ConfigError, UnsupportedLogURL
+
+__all__ = ("LOG_URL_OPTIONS", "LogURL", "option_bool", "option_seconds", "parse_log_url")
+
+LOG_URL_OPTIONS: dict[str, Collection[str]] = {
+    "sqlite": ("fsync", "busy_timeout"),
+    "memory": (),
+}
+"""The URL options each scheme takes (``docs/logs.md`` says what each means)."""
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class LogURL:
+    """A log URL split into its parts.
+
+    :param url: the URL as given.
+    :param scheme: the scheme, lower-cased (``sqlite``).
+    :param rest: what lies between ``://`` and ``?`` (``/relative.db``).
+    :param options: the query's options by name, as text.
+    """
+
+    url: str
+    scheme: str
+    rest: str
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_log_url(url: str, allowed: Mapping[str, Collection[str]] | None = None) -> LogURL:
+    """Split ``url`` into scheme, rest and options, checking the options.
+
+    :param url: ``scheme://rest`` with an optional ``?name=value&...`` query.
+    :param allowed: the options each scheme takes (default
+        :data:`LOG_URL_OPTIONS`); its keys are the supported schemes.
+    :raises UnsupportedLogURL: when there is no ``://`` or the scheme is not
+        one of ``allowed`` (the error lists those).
+    :raises ConfigError: for a ``#`` fragment, a query that is not
+        ``name=value`` pairs, an option named twice, or an option the scheme
+        does not take (named, with the ones it does).
+    """
+    table = LOG_URL_OPTIONS if allowed is None else allowed
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in table:
+        raise UnsupportedLogURL(url, tuple(table))
+    if "#" in rest:
+        raise ConfigError(f"bad log URL {url!r}: a URL fragment ('#...') means nothing here")
+    rest, _, query = rest.partition("?")
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ConfigError(f"bad log URL {url!r}: options must be name=value pairs "
+                          "joined by '&'") from None
+    options: dict[str, str] = {}
+    takes = tuple(table[scheme])
+    for name, value in pairs:
+        if name not in takes:
+            known = ", ".join(takes) if takes else "none"
+            raise ConfigError(f"bad log URL {url!r}: unknown option {name!r} for "
+                              f"{scheme}:// (it takes: {known})")
+        if name in options:
+            raise ConfigError(f"bad log URL {url!r}: option {name!r} is given twice")
+        options[name] = value
+    return LogURL(url, scheme, rest, options)
+
+
+def option_bool(parsed: LogURL, name: str, default: bool) -> bool:
+    """Option ``name`` as a bool (``1/0``, ``true/false``, ``yes/no``, ``on/off``).
+
+    :raises ConfigError: for any other value.
+    """
+    raw = parsed.options.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ConfigError(f"bad log URL {parsed.url!r}: {name} must be 1/0, true/false, yes/no "
+                      f"or on/off, got {raw!r}")
+
+
+def option_seconds(parsed: LogURL, name: str, default: float) -> float:
+    """Option ``name`` as finite seconds >= 0 (a float).
+
+    :raises ConfigError: for anything else.
+    """
+    raw = parsed.options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"bad log URL {parsed.url!r}: {name} must be seconds >= 0, "
+                          f"got {raw!r}")
+    return value
