@@ -1,12 +1,10 @@
 """Log adapters and :func:`open_log`, which picks one from a URL.
 
-=====================  ==============================================
-URL                    adapter
-=====================  ==============================================
-``sqlite:///path.db``  :class:`~wakuwaku.logs.sqlite.SQLiteLog` (relative path;
-                       ``sqlite:////abs/path.db`` for an absolute one)
-``memory://``          :class:`~wakuwaku.logs.memory.MemoryLog`
-=====================  ==============================================
+- ``sqlite:///path.db``: :class:`~wakuwaku.logs.sqlite.SQLiteLog` (relative
+  path; ``sqlite:////abs/path.db`` for an absolute one)
+- ``memory://``: :class:`~wakuwaku.logs.memory.MemoryLog`
+- ``redis://host:port/db`` (``rediss://`` for TLS):
+  :class:`~wakuwaku.logs.redis.RedisLog`, with the ``redis`` extra
 
 The default URL is ``sqlite:///wakuwaku.db`` (``./wakuwaku.db``).
 """
@@ -26,7 +24,7 @@ __all__ = ("DEFAULT_LOG_URL", "SUPPORTED_SCHEMES", "BatchWrite", "Lease", "Log",
            "OutgoingRecord", "SQLiteLog", "TopicInfo", "open_log")
 
 DEFAULT_LOG_URL = "sqlite:///wakuwaku.db"
-SUPPORTED_SCHEMES: tuple[str, ...] = ("sqlite", "memory")
+SUPPORTED_SCHEMES: tuple[str, ...] = ("sqlite", "memory", "redis", "rediss")
 
 
 def open_log(url: str = DEFAULT_LOG_URL) -> Log:
@@ -35,6 +33,8 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
     :raises UnsupportedLogURL: for a scheme no adapter handles (the error
         lists the supported ones).
     :raises ConfigError: for a URL of a known scheme that lacks its parts.
+    :raises ImportError: for ``redis://`` without redis-py (the message gives
+        ``pip install 'wakuwaku[redis]'``).
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
@@ -60,4 +60,8 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
                 f"pass them to SQLiteLog (e.g. SQLiteLog(path, fsync=False))"
             )
         return SQLiteLog(rest[1:])
+    if scheme in ("redis", "rediss"):
+        from .redis import RedisLog  # redis-py is optional: imported only for this scheme
+
+        return RedisLog(url)
     raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
