@@ -80,10 +80,12 @@ async def test_a_killed_and_restarted_server_pauses_the_consumer_and_loses_nothi
     await wk.Producer(log, "orders").publish_many(
         Item(keys[n % len(keys)], n) for n in range(2000))
     handled: list[Item] = []
-    killed = asyncio.Event()
+    killed, done = asyncio.Event(), asyncio.Event()
 
     async def handle(run: Sequence[Item]) -> None:
         handled.extend(run)
+        if len({item.n for item in handled}) == 2000:
+            done.set()
         await asyncio.sleep(0.001)
         if len(handled) >= 400 and not killed.is_set():
             killed.set()
@@ -100,11 +102,7 @@ async def test_a_killed_and_restarted_server_pauses_the_consumer_and_loses_nothi
     server.start()
     await until_up(log)
 
-    async def everything_handled() -> None:
-        while {item.n for item in handled} != set(range(2000)):
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(everything_handled(), 60)
+    await asyncio.wait_for(done.wait(), 60)
     consumer.stop()
     await asyncio.wait_for(task, 30)
     await log.close()
