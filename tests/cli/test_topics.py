@@ -339,3 +339,32 @@ def test_tail_follow_prints_records_as_they_arrive(cli: CLI) -> None:
         follower.wait()
     assert follower.returncode == 0, err
     assert [json.loads(line)["body"] for line in rest.splitlines()] == [0, 1]
+
+
+def test_topic_delete_and_group_delete_clean_up(cli: CLI) -> None:
+    assert cli("topic", "create", "orders", "-p", "2")[0] == 0
+    assert cli("topic", "create", "other")[0] == 0
+    cli.commit("g", "orders", 0, 0)
+    cli.commit("g", "orders", 1, 0)
+    cli.commit("g", "other", 0, 0)
+    code, out, _ = cli("group", "delete", "g", "--topic", "orders", "--yes")
+    assert (code, out) == (0, "group g: 2 committed offsets deleted on topic orders\n")
+    code, out, _ = cli("topic", "delete", "orders", "--yes")
+    assert (code, out) == (0, "topic orders deleted\n")
+    code, _, err = cli("topic", "delete", "orders", "--yes")
+    assert (code, err) == (1, "no topic orders\n")
+    code, out, _ = cli("topic", "list", "--json")
+    assert [json.loads(line)["topic"] for line in out.splitlines()] == ["other"]
+    code, out, _ = cli("group", "delete", "g", "--yes")
+    assert (code, out) == (0, "group g: 1 committed offset deleted\n")
+    code, _, err = cli("group", "delete", "g", "--topic", "nope", "--yes")
+    assert code == ExitCode.ERROR and "nope" in err
+
+
+def test_topic_delete_asks_first(cli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli("topic", "create", "orders")[0] == 0
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("n\n"))
+    code, _, _ = cli("topic", "delete", "orders")
+    assert code == ExitCode.INTERRUPTED
+    code, out, _ = cli("topic", "list", "--json")
+    assert [json.loads(line)["topic"] for line in out.splitlines()] == ["orders"]

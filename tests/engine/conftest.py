@@ -1,8 +1,9 @@
-"""Engine test kit: logs (memory and SQLite), a fake clock, scripted handlers."""
+"""Engine test kit: logs (memory, SQLite and Redis), a fake clock, scripted handlers."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -109,18 +110,30 @@ def clock() -> FakeClock:
     return FakeClock(T0)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Log]:
+    prefix = None
     if request.param == "memory":
         created: Log = wk.MemoryLog()
-    else:
+    elif request.param == "sqlite":
         from wakuwaku.logs.sqlite import SQLiteLog
 
         created = SQLiteLog(tmp_path / "log.db")
+    else:
+        from wakuwaku.logs.redis import RedisLog
+
+        from ..conftest import REDIS_URL
+
+        prefix = f"wktest-{uuid.uuid4().hex}"  # the server is shared: a namespace per test
+        created = RedisLog(REDIS_URL, prefix=prefix)
     try:
         yield created
     finally:
         await created.close()
+        if prefix is not None:
+            from ..logs.test_redis import purge
+
+            await purge(REDIS_URL, prefix)
 
 
 @pytest.fixture

@@ -463,6 +463,66 @@ class LogContract:
         assert await log.end_offsets("retry_orders") == {0: written, 1: 0}
         assert await log.committed("g", "orders", 0) is None
 
+    # -- cleaning up ------------------------------------------------------
+
+    async def test_delete_topic_removes_records_offsets_and_leases(self, log: Log) -> None:
+        await log.create_topic("orders", 2)
+        await log.create_topic("other", 1)
+        await log.append("orders", 0, [rec(b"gone")])
+        await log.append("other", 0, [rec(b"kept")])
+        await log.commit("g", "orders", 0, 1)
+        await log.commit("g", "other", 0, 1)
+        assert await log.acquire_partition("g", "orders", 1, "a", ttl=60.0) is not None
+        assert await log.delete_topic("orders") is True
+        assert await log.list_topics() == [TopicInfo("other", 1)]
+        for call in (log.describe_topic("orders"), log.read("orders", 0, 0),
+                     log.append("orders", 0, [rec()]), log.end_offsets("orders")):
+            with pytest.raises(UnknownTopicError):
+                await call
+        assert await log.committed("g", "orders", 0) is None
+        assert await log.delete_topic("orders") is False
+        # The name can be used again, with another count, from offset 0.
+        assert await log.create_topic("orders", 3) == TopicInfo("orders", 3)
+        assert await log.append("orders", 0, [rec(b"new")]) == [0]
+        assert [r.body for r in await read_all(log, "orders", 0)] == [b"new"]
+        assert await log.acquire_partition("g", "orders", 1, "b", ttl=60.0) is not None
+        assert [r.body for r in await read_all(log, "other", 0)] == [b"kept"]
+        assert await log.committed("g", "other", 0) == 1
+
+    async def test_a_writer_that_cached_a_deleted_topic_is_refused(self, log: Log) -> None:
+        if not self.multiprocess:
+            pytest.skip(f"{type(log).__name__} has one instance per log")
+        await log.create_topic("orders", 1)
+        async with open_log(log.url) as other:
+            assert await other.append("orders", 0, [rec(b"first")]) == [0]  # caches the topic
+            assert await log.delete_topic("orders")
+            with pytest.raises(UnknownTopicError):
+                await other.append("orders", 0, [rec(b"late")])
+            await log.create_topic("orders", 1)
+            assert await other.append("orders", 0, [rec(b"again")]) == [0]
+        assert [r.body for r in await read_all(log, "orders", 0)] == [b"again"]
+
+    async def test_delete_group_removes_its_offsets_and_leases_only(self, log: Log) -> None:
+        await log.create_topic("orders", 2)
+        await log.create_topic("other", 1)
+        for group in ("g1", "g2"):
+            await log.commit(group, "orders", 0, 3)
+            await log.commit(group, "orders", 1, 4)
+            await log.commit(group, "other", 0, 5)
+        assert await log.acquire_partition("g1", "orders", 0, "a", ttl=60.0) is not None
+        assert await log.delete_group("g1", "orders") == 2
+        assert [await log.committed("g1", "orders", p) for p in (0, 1)] == [None, None]
+        assert await log.committed("g1", "other", 0) == 5
+        assert await log.committed("g2", "orders", 1) == 4
+        # The lease went with the group: another member takes the partition at once.
+        assert await log.acquire_partition("g1", "orders", 0, "b", ttl=60.0) is not None
+        assert await log.delete_group("g1") == 1
+        assert await log.committed("g1", "other", 0) is None
+        assert await log.delete_group("nobody") == 0
+        with pytest.raises(UnknownTopicError):
+            await log.delete_group("g2", "nope")
+        assert await log.committed("g2", "other", 0) == 5
+
     # -- several processes ------------------------------------------------
 
     @pytest.mark.slow

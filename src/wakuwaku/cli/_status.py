@@ -35,7 +35,8 @@ def log_option(fn: F) -> F:
     return click.option(
         "--log", "log_url", envvar=LOG_ENV, default=DEFAULT_LOG_URL, show_default=True,
         metavar="URL",
-        help=f"The log (sqlite:///file.db[?fsync=0&busy_timeout=S], memory://); env {LOG_ENV}.",
+        help=(f"The log (sqlite:///file.db[?fsync=0&busy_timeout=S], redis://host:port/db, "
+              f"memory://); env {LOG_ENV}."),
     )(fn)
 
 

@@ -1,4 +1,6 @@
-"""``wakuwaku topic create|describe|list``, ``wakuwaku produce`` and ``wakuwaku tail`` (SPEC 14).
+"""``wakuwaku topic create|describe|list|delete``, ``group delete``, ``produce``, ``tail``.
+
+SPEC 14.
 
 Every command takes ``--log URL`` (env ``WAKUWAKU_LOG``, default
 ``sqlite:///wakuwaku.db``). Only ``topic create`` may create a new SQLite
@@ -75,6 +77,48 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
     existed = run_on_log(log_url, work, create=True)
     verb = "exists" if existed else "created"
     click.echo(f"topic {name} {verb} with {partitions} partition{'s' * (partitions != 1)}")
+
+
+@topic_group.command("delete")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@log_option
+def delete_command(name: str, yes: bool, log_url: str) -> int:
+    """Delete topic NAME: its records and every group's offsets and leases on it.
+
+    Stop the topic's consumers first. Exit 1 when there is no such topic.
+    """
+    if not yes:
+        click.confirm(f"delete topic {name} with its records and offsets?", abort=True)
+    if not run_on_log(log_url, lambda log: log.delete_topic(name)):
+        click.echo(f"no topic {name}", err=True)
+        return 1
+    click.echo(f"topic {name} deleted")
+    return 0
+
+
+@click.group("group")
+def group_group() -> None:
+    """Clean up consumer groups."""
+
+
+@group_group.command("delete")
+@click.argument("group")
+@click.option("--topic", default=None, help="Only the group's offsets on this topic.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@log_option
+def group_delete_command(group: str, topic: str | None, yes: bool, log_url: str) -> None:
+    """Delete GROUP's committed offsets and partition leases (on every topic, or --topic).
+
+    Stop the group's consumers first: a restarted member starts from the
+    topic's start. An unknown --topic fails (exit 3).
+    """
+    where = f" on topic {topic}" if topic is not None else ""
+    if not yes:
+        click.confirm(f"delete the offsets and leases of group {group}{where}?", abort=True)
+    removed = run_on_log(log_url, lambda log: log.delete_group(group, topic))
+    click.echo(f"group {group}: {removed} committed offset{'s' * (removed != 1)} "
+               f"deleted{where}")
 
 
 @dataclass(frozen=True)
@@ -385,6 +429,7 @@ def tail_command(topic: str, partition: int | None, from_beginning: bool, offset
 def register(group: click.Group) -> None:
     """Add ``topic``, ``produce`` and ``tail`` to the ``wakuwaku`` group."""
     group.add_command(topic_group)
+    group.add_command(group_group)
     group.add_command(produce_command)
     group.add_command(tail_command)
 

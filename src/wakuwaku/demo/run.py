@@ -38,6 +38,7 @@ from .._errors import ConfigError, MissingKeyError
 from .._events import event_type
 from .._producer import Producer
 from ..admin import list_dead_letters, replay_dead_letters
+from ..engine import ConsumerConfig
 from ..logs import Log, open_log
 from .data import Expected, Totals, expected_totals, read_flights, read_planes
 from .flights import (
@@ -348,6 +349,19 @@ def _rate(count: int, seconds: float) -> str:
     return f"{count / seconds:,.0f}/s" if seconds > 0 else "-"
 
 
+async def forget_earlier_runs(log: Log) -> None:
+    """Delete the demo's topics (main, retry, dead-letter) and its group's offsets.
+
+    A server log (``redis://``) outlives a run, unlike the demo's own SQLite
+    file, which is replaced; each run starts from an empty log either way.
+    """
+    config = ConsumerConfig(topic=(PLANES_TOPIC, FLIGHTS_TOPIC), group=GROUP)
+    for topic in config.topics:
+        for name in (topic, config.retry_topic(topic), config.dead_letter_topic(topic)):
+            await log.delete_topic(name)
+    await log.delete_group(GROUP)
+
+
 def report(out: Print, *, opts: DemoOptions, log_url: str, produced: Produced,
            stats: dict[str, Any], dead: Counter[str], chaos: Chaos, seconds: float,
            runs: int) -> None:
@@ -399,6 +413,7 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
     registered = {p.tailnum for p in read_planes()}
     log = open_log(log_url)
     try:
+        await forget_earlier_runs(log)
         for topic in (PLANES_TOPIC, FLIGHTS_TOPIC):
             await log.create_topic(topic, opts.partitions)
         projection_path = workdir / "projection.db"

@@ -1,12 +1,10 @@
 """Log adapters and :func:`open_log`, which picks one from a URL.
 
-=====================  ==============================================
-URL                    adapter
-=====================  ==============================================
-``sqlite:///path.db``  :class:`~wakuwaku.logs.sqlite.SQLiteLog` (relative path;
-                       ``sqlite:////abs/path.db`` for an absolute one)
-``memory://``          :class:`~wakuwaku.logs.memory.MemoryLog`
-=====================  ==============================================
+- ``sqlite:///path.db``: :class:`~wakuwaku.logs.sqlite.SQLiteLog` (relative
+  path; ``sqlite:////abs/path.db`` for an absolute one)
+- ``memory://``: :class:`~wakuwaku.logs.memory.MemoryLog`
+- ``redis://host:port/db`` (``rediss://`` for TLS):
+  :class:`~wakuwaku.logs.redis.RedisLog`, with the ``redis`` extra
 
 The default URL is ``sqlite:///wakuwaku.db`` (``./wakuwaku.db``).
 
@@ -17,6 +15,8 @@ URL options (a query; any other option name is refused by name):
                     disk before it returns), ``busy_timeout=SECONDS``
                     (default 30: how long a writer waits for the file lock)
 ``memory``          none
+``redis``           ``prefix=NAME`` (default ``wk``: the first part of every
+                    key), ``timeout=SECONDS`` (default 5: every call's bound)
 ==================  =========================================================
 """
 
@@ -51,6 +51,8 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
     :raises ConfigError: for a URL of a known scheme that lacks its parts,
         or an option the scheme does not take (named in the message) or a
         bad option value.
+    :raises ImportError: for ``redis://`` without redis-py (the message gives
+        ``pip install 'wakuwaku[redis]'``).
     """
     parsed = parse_log_url(url)
     if parsed.scheme == "memory":
@@ -59,6 +61,10 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
         return MemoryLog()
     if parsed.scheme == "sqlite":
         return _open_sqlite(parsed)
+    if parsed.scheme in ("redis", "rediss"):
+        from .redis import RedisLog  # redis-py is optional: imported only for this scheme
+
+        return RedisLog(url)
     raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
 
 

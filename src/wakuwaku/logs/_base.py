@@ -286,6 +286,32 @@ class Log(abc.ABC):
             await self.commit(write.group, topic, partition, offset, fence=fence)
         return assigned
 
+    async def delete_topic(self, topic: str) -> bool:
+        """Delete ``topic`` with its records and every group's offsets and leases on it.
+
+        For cleaning up (tests, a shared server, a topic made by mistake):
+        consumers of the topic must be stopped first; their later calls on
+        it raise :class:`~wakuwaku.UnknownTopicError`. A topic created again
+        under the name starts empty, from offset 0.
+
+        :returns: True when the topic existed, False when there was nothing
+            to delete.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement delete_topic")
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        """Delete ``group``'s committed offsets and partition leases.
+
+        For cleaning up a group that is gone: stop its members first. A
+        member that still runs is not fenced by the generations deleted
+        here (the next lease starts again from generation 1).
+
+        :param topic: only on this topic; None: on every topic.
+        :returns: how many committed offsets were deleted.
+        :raises UnknownTopicError: when ``topic`` is given and does not exist.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement delete_group")
+
     async def apply_retention(self, topic: str) -> int:
         """Delete records below every group's committed offset; returns how many.
 

@@ -21,6 +21,8 @@ __all__ = ("LOG_URL_OPTIONS", "LogURL", "option_bool", "option_seconds", "parse_
 LOG_URL_OPTIONS: dict[str, Collection[str]] = {
     "sqlite": ("fsync", "busy_timeout"),
     "memory": (),
+    "redis": ("prefix", "timeout"),
+    "rediss": ("prefix", "timeout"),
 }
 """The URL options each scheme takes (``docs/logs.md`` says what each means)."""
 

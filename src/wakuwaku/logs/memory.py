@@ -202,6 +202,30 @@ class MemoryLog(Log):
                     lease.group, lease.topic, lease.partition, "", lease.generation, 0.0
                 )
 
+    async def delete_topic(self, topic: str) -> bool:
+        with self._lock:
+            if self._topics.pop(topic, None) is None:
+                return False
+            for table in (self._offsets, self._leases):
+                for key in [key for key in table if key[1] == topic]:
+                    del table[key]
+            for start in [start for start in self._start if start[0] == topic]:
+                del self._start[start]
+            return True
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        with self._lock:
+            if topic is not None:
+                self._partitions(topic)
+            doomed = [key for key in self._offsets
+                      if key[0] == group and (topic is None or key[1] == topic)]
+            for key in doomed:
+                del self._offsets[key]
+            for key in [key for key in self._leases
+                        if key[0] == group and (topic is None or key[1] == topic)]:
+                del self._leases[key]
+            return len(doomed)
+
     async def apply_retention(self, topic: str) -> int:
         with self._lock:
             parts = self._partitions(topic)

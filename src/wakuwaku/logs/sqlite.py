@@ -163,6 +163,12 @@ class SQLiteLog(Log):
         except sqlite3.Error as exc:
             self._rollback()
             raise self._translate(exc) from exc
+        except _TopicGone as gone:
+            self._rollback()
+            names = [name for name, (tid, _) in self._topics.items() if tid == gone.args[0]]
+            for name in names:
+                self._topics.pop(name, None)
+            raise UnknownTopicError(names[0] if names else f"#{gone.args[0]}") from None
         except BaseException:
             self._rollback()
             raise
@@ -307,8 +313,57 @@ class SQLiteLog(Log):
         return await self._run(self._list_topics)
 
     def _list_topics(self) -> list[TopicInfo]:
-        rows = self._db().execute("SELECT name, partitions FROM wk_topics ORDER BY name")
+        rows = self._db().execute(
+            "SELECT name, partitions FROM wk_topics WHERE name NOT LIKE char(0) || '%'"
+            " ORDER BY name")
         return [TopicInfo(name, partitions) for name, partitions in rows]
+
+    async def delete_topic(self, topic: str) -> bool:
+        """Delete ``topic`` in one transaction; see :meth:`Log.delete_topic`.
+
+        Its ``wk_topics`` row stays as a tombstone (renamed to a name no
+        topic can have), so its id is never given to another topic: a
+        process that still has the old id cached gets
+        :class:`~wakuwaku.UnknownTopicError` instead of writing into a new
+        topic of the same name.
+        """
+        return await self._run(self._delete_topic, topic)
+
+    def _delete_topic(self, topic: str) -> bool:
+        db = self._db()
+        self._topics.pop(topic, None)
+        self._forget(topic)
+        db.execute("BEGIN IMMEDIATE")
+        row = db.execute("SELECT id FROM wk_topics WHERE name = ?", (topic,)).fetchone()
+        if row is None:
+            db.execute("COMMIT")
+            return False
+        topic_id = int(row[0])
+        db.execute("DELETE FROM wk_records WHERE topic_id = ?", (topic_id,))
+        db.execute("DELETE FROM wk_partitions WHERE topic_id = ?", (topic_id,))
+        db.execute("DELETE FROM wk_commits WHERE topic = ?", (topic,))
+        db.execute("DELETE FROM wk_leases WHERE topic = ?", (topic,))
+        db.execute("UPDATE wk_topics SET name = char(0) || 'deleted ' || id WHERE id = ?",
+                   (topic_id,))
+        db.execute("COMMIT")
+        return True
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        """Delete ``group``'s offsets and leases in one transaction (:meth:`Log.delete_group`)."""
+        return await self._run(self._delete_group, group, topic)
+
+    def _delete_group(self, group: str, topic: str | None) -> int:
+        db = self._db()
+        if topic is not None:
+            self._topics.pop(topic, None)
+            self._topic(db, topic)
+        where, args = ("grp = ?", (group,)) if topic is None else (
+            "grp = ? AND topic = ?", (group, topic))
+        db.execute("BEGIN IMMEDIATE")
+        removed = db.execute(f"DELETE FROM wk_commits WHERE {where}", args).rowcount
+        db.execute(f"DELETE FROM wk_leases WHERE {where}", args)
+        db.execute("COMMIT")
+        return int(removed)
 
     # -- records ----------------------------------------------------------
 
@@ -348,10 +403,13 @@ class SQLiteLog(Log):
         """Insert records inside the caller's transaction; returns their offsets."""
         if not encoded:
             return []
-        (first,) = db.execute(
+        row = db.execute(
             "SELECT next_offset FROM wk_partitions WHERE topic_id = ? AND part = ?",
             (topic_id, partition),
         ).fetchone()
+        if row is None:  # another connection deleted the topic since it was cached
+            raise _TopicGone(topic_id)
+        first = int(row[0])
         db.executemany(
             "INSERT INTO wk_records (topic_id, part, off, ts, headers, body)"
             " VALUES (?, ?, ?, ?, ?, ?)",
@@ -704,6 +762,10 @@ class SQLiteLog(Log):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.close()
+
+
+class _TopicGone(Exception):
+    """A cached topic id whose partitions are gone (the topic was deleted)."""
 
 
 def _fetch(cursor: sqlite3.Cursor, count: int) -> list[Record]:

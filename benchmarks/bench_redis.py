@@ -1,0 +1,129 @@
+"""End-to-end consumer throughput on the Redis log, next to redis-py's own read loop.
+
+Issue 13: a no-op handler over 200 000 events on 1 000 keys and 4
+partitions, ``max_poll_records`` at its default (500) and at 2 000, next to
+(a) redis-py reading the same streams with ``XRANGE ... COUNT <page>`` and
+decoding every body with msgspec (target: at least 50 % of (a) at 2 000).
+FastStream's Redis Streams subscriber, the issue's (b), is not measured
+here: FastStream is not a dependency of the project.
+
+Runs on its own key prefix on the Redis at ``--url`` and deletes its keys
+afterwards.
+
+    python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379/15] [--events N]
+        [--keys K] [--partitions P] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Sequence
+
+import msgspec
+import redis.asyncio as aioredis
+
+import wakuwaku as wk
+from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.logs.redis import RedisLog
+
+
+@wk.event("bench.tick", key="key")
+class Tick(msgspec.Struct, frozen=True):
+    key: str
+    n: int
+    payload: str
+
+
+async def fill(log: RedisLog, events: int, keys: int, partitions: int) -> None:
+    await log.create_topic("ticks", partitions)
+    producer = wk.Producer(log, "ticks")
+    rng = random.Random(7)
+    batch: list[Tick] = []
+    for n in range(events):
+        batch.append(Tick(f"key-{rng.randrange(keys)}", n, "x" * 40))
+        if len(batch) == 2000:
+            await producer.publish_many(batch)
+            batch = []
+    if batch:
+        await producer.publish_many(batch)
+
+
+async def raw_read(url: str, log: RedisLog, partitions: int, page: int) -> tuple[float, int]:
+    """redis-py alone: XRANGE pages of every stream, each body decoded."""
+    client = aioredis.Redis.from_url(url)
+    decoder = msgspec.json.Decoder(Tick)
+    started = time.perf_counter()
+    count = 0
+    for p in range(partitions):
+        stream = f"{log._tag('ticks', p)}:s"
+        start = "-"
+        while entries := await client.xrange(stream, start, "+", page):
+            for _ident, fields in entries:
+                decoder.decode(fields[b"b"])
+            count += len(entries)
+            start = b"(" + entries[-1][0]
+    elapsed = time.perf_counter() - started
+    await client.aclose()
+    return elapsed, count
+
+
+async def consume(log: RedisLog, group: str, max_poll: int) -> tuple[float, int]:
+    async def handle(run: Sequence[Tick]) -> None:
+        return None
+
+    config = ConsumerConfig(topic="ticks", group=group, poll_interval=0.01,
+                            max_poll_records=max_poll)
+    consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
+    started = time.perf_counter()
+    stats = await consumer.drain()
+    return time.perf_counter() - started, stats.handled
+
+
+async def purge(url: str, prefix: str) -> None:
+    client = aioredis.Redis.from_url(url)
+    for pattern in (f"{prefix}:*", f"{{{prefix}:*"):
+        keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
+        for i in range(0, len(keys), 1000):
+            await client.delete(*keys[i:i + 1000])
+    await client.aclose()
+
+
+async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -> None:
+    logging.basicConfig(level=logging.ERROR)
+    prefix = f"wkbench-{uuid.uuid4().hex}"
+    log = RedisLog(url, prefix=prefix)
+    try:
+        started = time.perf_counter()
+        await fill(log, events, keys, partitions)
+        print(f"filled {events} events in {time.perf_counter() - started:.1f} s")
+        for poll in (500, 2000):
+            shares = []
+            for n in range(rounds):
+                raw, count = await raw_read(url, log, partitions, poll)
+                assert count == events, count
+                elapsed, handled = await consume(log, f"g-{poll}-{n}", poll)
+                assert handled == events, handled
+                shares.append(raw / elapsed)
+                print(f"max_poll_records {poll}, round {n + 1}: consumer "
+                      f"{events / elapsed:,.0f} events/s, redis-py XRANGE+decode "
+                      f"{events / raw:,.0f} events/s, share {raw / elapsed:.0%}")
+            print(f"max_poll_records {poll}: best share {max(shares):.0%} (target >= 50 %)")
+    finally:
+        await log.close()
+        await purge(url, prefix)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--keys", type=int, default=1_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    asyncio.run(main(args.url, args.events, args.keys, args.partitions, args.rounds))
