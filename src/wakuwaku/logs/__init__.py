@@ -6,6 +6,11 @@ URL                    adapter
 ``sqlite:///path.db``  :class:`~wakuwaku.logs.sqlite.SQLiteLog` (relative path;
                        ``sqlite:////abs/path.db`` for an absolute one)
 ``memory://``          :class:`~wakuwaku.logs.memory.MemoryLog`
+``nats://host:port``   :class:`~wakuwaku.logs.nats.NatsLog` (several
+                       servers comma-separated; ``token@`` or
+                       ``user:password@`` before the hosts; options
+                       ``?prefix=...&timeout=...``; needs
+                       ``pip install 'wakuwaku[nats]'``)
 =====================  ==============================================
 
 The default URL is ``sqlite:///wakuwaku.db`` (``./wakuwaku.db``).
@@ -26,7 +31,7 @@ __all__ = ("DEFAULT_LOG_URL", "SUPPORTED_SCHEMES", "BatchWrite", "Lease", "Log",
            "OutgoingRecord", "SQLiteLog", "TopicInfo", "open_log")
 
 DEFAULT_LOG_URL = "sqlite:///wakuwaku.db"
-SUPPORTED_SCHEMES: tuple[str, ...] = ("sqlite", "memory")
+SUPPORTED_SCHEMES: tuple[str, ...] = ("sqlite", "memory", "nats")
 
 
 def open_log(url: str = DEFAULT_LOG_URL) -> Log:
@@ -35,6 +40,8 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
     :raises UnsupportedLogURL: for a scheme no adapter handles (the error
         lists the supported ones).
     :raises ConfigError: for a URL of a known scheme that lacks its parts.
+    :raises ImportError: for a ``nats://`` URL without nats-py installed
+        (the message gives the ``pip install 'wakuwaku[nats]'`` line).
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
@@ -60,4 +67,8 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
                 f"pass them to SQLiteLog (e.g. SQLiteLog(path, fsync=False))"
             )
         return SQLiteLog(rest[1:])
+    if scheme == "nats":
+        from .nats import NatsLog  # imported here: the root package never imports nats-py
+
+        return NatsLog.from_url(url)
     raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
