@@ -1,4 +1,4 @@
-"""Engine test kit: logs (memory and SQLite), a fake clock, scripted handlers."""
+"""Engine test kit: logs (memory, SQLite and NATS), a fake clock, scripted handlers."""
 
 from __future__ import annotations
 
@@ -109,18 +109,29 @@ def clock() -> FakeClock:
     return FakeClock(T0)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("nats", marks=pytest.mark.nats)])
 async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Log]:
+    prefix = None
     if request.param == "memory":
         created: Log = wk.MemoryLog()
-    else:
+    elif request.param == "sqlite":
         from wakuwaku.logs.sqlite import SQLiteLog
 
         created = SQLiteLog(tmp_path / "log.db")
+    else:
+        from ..nats_support import fresh_prefix, nats_log
+
+        prefix = fresh_prefix()
+        created = nats_log(prefix)
     try:
         yield created
     finally:
         await created.close()
+        if prefix is not None:
+            from ..conftest import NATS_URL
+            from ..nats_support import drop_prefix
+
+            await drop_prefix(NATS_URL, prefix)
 
 
 @pytest.fixture
