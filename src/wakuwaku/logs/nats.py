@@ -252,24 +252,32 @@ class NatsLog(Log):
             _logger.debug("NATS client error on %s: %s", self.url, exc)
 
         async def on_disconnect() -> None:
+            if self._closed:
+                return
             _logger.warning("NATS log %s: connection lost, reconnecting", self.url)
 
         async def on_reconnect() -> None:
             _logger.warning("NATS log %s: reconnected", self.url)
 
+        nc = Client()
+        # nats-py annotates these seconds as int; it passes them to asyncio as floats.
+        seconds: dict[str, Any] = {"connect_timeout": self.timeout, "reconnect_time_wait": 0.25}
         try:
             with BLOCKING_CALLS.track():
-                return await nats.connect(
+                # nats-py retries a refused first connection forever: bound it.
+                await asyncio.wait_for(nc.connect(
                     servers=self.servers, token=token, user=self._user,
-                    password=self._password, connect_timeout=self.timeout,
-                    allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+                    password=self._password, allow_reconnect=True, max_reconnect_attempts=-1,
                     pending_size=0,  # no buffering while disconnected: fail fast instead
                     error_cb=on_error, disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect,
-                )
+                    reconnected_cb=on_reconnect, **seconds,
+                ), self.timeout)
         except (TimeoutError, nats.errors.Error, OSError) as exc:
+            with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
+                await asyncio.wait_for(nc.close(), self.timeout)
             raise LogUnavailableError(
                 f"cannot connect to the NATS log {self.url}: {type(exc).__name__}") from exc
+        return nc
 
     async def _call(self, op: Callable[[], Awaitable[_T]]) -> _T:
         """Run one bounded exchange with the server, translating lost connections."""
@@ -428,14 +436,19 @@ class NatsLog(Log):
     async def delete_topic(self, topic: str) -> None:
         """Delete the topic: its entry, its streams, its offsets and leases.
 
+        Leases go too, so a later topic of the same name starts its
+        generations at 1 again; members of the deleted topic must be stopped
+        first.
+
         Not yet part of the :class:`Log` contract.
 
         :raises UnknownTopicError: when the topic does not exist.
         """
         partitions = await self._partitions(topic)
         self._topics.pop(topic, None)
-        await self._publish(self._topic_key(topic), b"", {"KV-Operation": "PURGE",
-                                                          "Nats-Rollup": "sub"})
+        # Purged without a marker, so the name can be created again from scratch.
+        await self._api(f"$JS.API.STREAM.PURGE.{self._kv_stream}",
+                        {"filter": self._topic_key(topic)})
         for partition in range(partitions):
             self._readers.pop((topic, partition), None)
             for stream in (self.stream_name(topic, partition),
