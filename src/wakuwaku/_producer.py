@@ -107,12 +107,19 @@ class Producer:
 
         :raises MissingKeyError: naming the first event without a usable key.
         :raises UnknownTopicError: when the topic does not exist.
+        :raises ConfigError: when a record is larger than the log's
+            ``max_record_size`` (logs that have one, such as NATS: the
+            server's message limit less room for retry headers); the error
+            names the size and the limit, and nothing is written.
         """
         partitions = await self.partitions()
+        limit = int(getattr(self.log, "max_record_size", 0))
         by_partition: dict[int, list[tuple[int, str, OutgoingRecord]]] = {}
         count = 0
         for index, event in enumerate(events):
             key, record = self.encode(event, properties)
+            if limit:
+                _check_size(key, record, limit, self.log)
             by_partition.setdefault(partition_for(key, partitions), []).append(
                 (index, key, record)
             )
@@ -123,6 +130,18 @@ class Producer:
             for (index, key, _), offset in zip(items, offsets, strict=True):
                 results[index] = Published(self.topic, partition, offset, key)
         return [r for r in results if r is not None]
+
+
+def _check_size(key: str, record: OutgoingRecord, limit: int, log: Log) -> None:
+    """:raises ConfigError: when ``record`` (body plus headers) is over ``limit`` bytes."""
+    headers, body = record
+    size = len(body) + sum(len(name) + len(value) for name, value in headers.items())
+    if size > limit:
+        raise ConfigError(
+            f"the record of key {key!r} is {size} bytes (body and headers); the log "
+            f"{log.url or type(log).__name__} takes records of at most {limit} bytes "
+            f"(max_record_size)"
+        )
 
 
 class SyncProducer:

@@ -1,4 +1,4 @@
-"""Engine test kit: logs (memory, SQLite and Redis), a fake clock, scripted handlers."""
+"""Engine test kit: logs (memory, SQLite, Redis and NATS), a fake clock, scripted handlers."""
 
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def clock() -> FakeClock:
     return FakeClock(T0)
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("nats", marks=pytest.mark.nats)])
 async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Log]:
     prefix = None
     if request.param == "memory":
@@ -119,21 +120,33 @@ async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[L
         from wakuwaku.logs.sqlite import SQLiteLog
 
         created = SQLiteLog(tmp_path / "log.db")
-    else:
+    elif request.param == "redis":
         from wakuwaku.logs.redis import RedisLog
 
         from ..conftest import REDIS_URL
 
         prefix = f"wktest-{uuid.uuid4().hex}"  # the server is shared: a namespace per test
         created = RedisLog(REDIS_URL, prefix=prefix)
+    else:
+        from ..nats_support import fresh_prefix, nats_log
+
+        prefix = fresh_prefix()
+        created = nats_log(prefix)
     try:
         yield created
     finally:
         await created.close()
         if prefix is not None:
-            from ..logs.test_redis import purge
+            if request.param == "redis":
+                from ..conftest import REDIS_URL
+                from ..logs.test_redis import purge
 
-            await purge(REDIS_URL, prefix)
+                await purge(REDIS_URL, prefix)
+            else:
+                from ..conftest import NATS_URL
+                from ..nats_support import drop_prefix
+
+                await drop_prefix(NATS_URL, prefix)
 
 
 @pytest.fixture

@@ -5,6 +5,9 @@
 - ``memory://``: :class:`~wakuwaku.logs.memory.MemoryLog`
 - ``redis://host:port/db`` (``rediss://`` for TLS):
   :class:`~wakuwaku.logs.redis.RedisLog`, with the ``redis`` extra
+- ``nats://host:port`` (several servers comma-separated; ``token@`` or
+  ``user:password@`` before the hosts): :class:`~wakuwaku.logs.nats.NatsLog`,
+  with the ``nats`` extra
 
 The default URL is ``sqlite:///wakuwaku.db`` (``./wakuwaku.db``).
 
@@ -17,6 +20,7 @@ URL options (a query; any other option name is refused by name):
 ``memory``          none
 ``redis``           ``prefix=NAME`` (default ``wk``: the first part of every
                     key), ``timeout=SECONDS`` (default 5: every call's bound)
+``nats``            ``prefix=NAME``, ``timeout=SECONDS`` (``docs/logs.md``)
 ==================  =========================================================
 """
 
@@ -53,6 +57,8 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
         bad option value.
     :raises ImportError: for ``redis://`` without redis-py (the message gives
         ``pip install 'wakuwaku[redis]'``).
+    :raises ImportError: for a ``nats://`` URL without nats-py installed
+        (the message gives the ``pip install 'wakuwaku[nats]'`` line).
     """
     parsed = parse_log_url(url)
     if parsed.scheme == "memory":
@@ -65,6 +71,10 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
         from .redis import RedisLog  # redis-py is optional: imported only for this scheme
 
         return RedisLog(url)
+    if parsed.scheme == "nats":
+        from .nats import NatsLog  # imported here: the root package never imports nats-py
+
+        return NatsLog.from_url(url)
     raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
 
 

@@ -23,6 +23,7 @@ LOG_URL_OPTIONS: dict[str, Collection[str]] = {
     "memory": (),
     "redis": ("prefix", "timeout"),
     "rediss": ("prefix", "timeout"),
+    "nats": ("prefix", "timeout"),
 }
 """The URL options each scheme takes (``docs/logs.md`` says what each means)."""
 

@@ -1,0 +1,923 @@
+"""The NATS JetStream log: partitions as JetStream streams (URL ``nats://host:port``).
+
+Layout (docs/logs.md, "The NATS JetStream log"):
+
+- **a stream per partition**, named ``<prefix>_T<topic>_P<n>`` with the
+  topic escaped (:func:`escape`), whose one subject is the stream name; a
+  record's offset is its stream sequence minus one, so offsets are dense
+  from 0, a read from an offset is a consumer started at ``offset + 1``
+  (no scan, no index) and retention is a purge below a sequence;
+- **one message per record**: a msgpack envelope ``[headers, body]`` in the
+  message body, so any header name and bytes value round-trips (NATS
+  headers are only used for the server's own ``Nats-*`` controls);
+- records too large for one message are split into chunks kept in a side
+  stream ``<partition stream>_B``; the record's message names the chunks;
+- **one key-value bucket** ``<prefix>_state`` holds topics (``t.<topic>``),
+  committed offsets (``o.<group>.<topic>.<n>``) and leases
+  (``l.<group>.<topic>.<n>``), written with compare-and-set on the revision.
+
+nats-py is imported here only; the root package never imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, unquote
+
+import msgspec
+
+try:
+    import nats
+    import nats.errors
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the NATS log needs nats-py: pip install 'wakuwaku[nats]'"
+    ) from exc
+
+from .._clock import BLOCKING_CALLS
+from .._errors import (
+    ConfigError,
+    FencedError,
+    LogError,
+    LogUnavailableError,
+    PartitionCountMismatch,
+    UnknownTopicError,
+)
+from .._records import Record
+from ._base import (
+    Lease,
+    Log,
+    OutgoingRecord,
+    TopicInfo,
+    check_commit,
+    check_partition,
+    check_record,
+    check_topic_name,
+)
+
+__all__ = ("NatsLog", "escape")
+
+_logger = logging.getLogger("wakuwaku.logs.nats")
+
+_T = TypeVar("_T")
+
+TOKEN_ENV = "WAKUWAKU_NATS_TOKEN"
+"""Environment variable with the token used when the URL names none."""
+
+_PREFIX_RE = re.compile(r"[A-Za-z0-9-]{1,32}")
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+_MAX_ESCAPED = 160  # longer escaped names are hashed (stream names become directory names)
+_CHUNK_MARGIN = 4096  # room for the chunk message's own framing and NATS headers
+_BLOB_SUFFIX = "_B"
+_WRONG_LAST_SEQUENCE = 10071  # JetStream: "wrong last sequence"
+_STREAM_NOT_FOUND = 10059
+_KEY_NOT_FOUND = 404
+_CAS_ATTEMPTS = 64
+
+
+class _Envelope(msgspec.Struct, array_like=True, gc=False):
+    """A record as one message body: headers, body, or the chunks holding both."""
+
+    headers: dict[str, bytes]
+    body: bytes
+    chunks: list[int] | None = None
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_envelope = msgspec.msgpack.Decoder(_Envelope).decode
+
+
+class _Lease(msgspec.Struct, gc=False):
+    member: str
+    generation: int
+    expires_at: float
+
+
+class _Offset(msgspec.Struct, array_like=True, gc=False):
+    group: str
+    offset: int
+
+
+class _Topic(msgspec.Struct, gc=False):
+    name: str
+    partitions: int
+
+
+def escape(name: str) -> str:
+    """``name`` as a token valid in stream names, subjects and KV keys, unambiguously.
+
+    ``[A-Za-z0-9-]`` stay as they are; every other character becomes ``_``
+    followed by the lowercase hex of each of its UTF-8 bytes (``.`` ->
+    ``_2e``, ``_`` -> ``_5f``), so two names never share an escape. Names
+    whose escape is longer than 160 characters become ``H`` + 48 hex digits
+    of their SHA-256 (stream names are directory names on the server); the
+    plain form starts with ``T``.
+    """
+    out = "".join(c if c in _PLAIN else "".join(f"_{b:02x}" for b in c.encode()) for c in name)
+    if len(out) > _MAX_ESCAPED:
+        return "H" + hashlib.sha256(name.encode()).hexdigest()[:48]
+    return "T" + out
+
+
+@dataclass
+class _Reader:
+    """A pull consumer that delivers one partition from ``next_seq`` on."""
+
+    stream: str
+    consumer: str
+    next_seq: int
+    fresh: bool = True
+
+
+class NatsLog(Log):
+    """A :class:`~wakuwaku.logs.Log` on NATS JetStream (URL ``nats://host:port``; SPEC 1, 15).
+
+    :param servers: server URLs (``nats://host:port``), tried in turn.
+    :param prefix: begins every stream and bucket name, so several logs share
+        one server (``[A-Za-z0-9-]``, at most 32 characters).
+    :param token: / :param user: / :param password: credentials; never
+        printed (:attr:`url` leaves them out).
+    :param timeout: bound on every request to the server (seconds); a
+        request that gets no answer in time raises
+        :class:`~wakuwaku.LogUnavailableError`.
+
+    The connection is made by the first operation. While it is lost, every
+    call raises :class:`~wakuwaku.LogUnavailableError` (the consumer treats
+    it as Transient) and the client reconnects in the background.
+
+    :raises ConfigError: for a bad prefix or a timeout not above 0.
+    """
+
+    atomic_store = False
+
+    def __init__(
+        self,
+        servers: Sequence[str] | str = "nats://127.0.0.1:4222",
+        *,
+        prefix: str = "wk",
+        token: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        if not _PREFIX_RE.fullmatch(prefix):
+            raise ConfigError(f"NATS log prefix must be 1-32 of [A-Za-z0-9-], got {prefix!r}")
+        if timeout <= 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.servers = [servers] if isinstance(servers, str) else list(servers)
+        if not self.servers:
+            raise ConfigError("a NATS log needs at least one server URL")
+        self.prefix = prefix
+        self.timeout = float(timeout)
+        self._token = token
+        self._user = user
+        self._password = password
+        hosts = ",".join(s.split("://", 1)[-1].rsplit("@", 1)[-1] for s in self.servers)
+        self.url = f"nats://{hosts}" + ("" if prefix == "wk" else f"?prefix={prefix}")
+        self.bucket = f"{prefix}_state"
+        self._kv_stream = f"KV_{self.bucket}"
+        self._nc: Client | None = None
+        self._connecting = asyncio.Lock()
+        self._closed = False
+        self._topics: dict[str, int] = {}
+        self._readers: dict[tuple[str, int], _Reader] = {}
+        self._max_payload = 0
+        self._bucket_ready = False
+
+    def __repr__(self) -> str:
+        return f"NatsLog({self.url!r})"
+
+    # -- names --------------------------------------------------------------
+
+    def stream_name(self, topic: str, partition: int) -> str:
+        """The JetStream stream (and subject) of one partition."""
+        return f"{self.prefix}_{escape(topic)}_P{partition}"
+
+    def _key(self, kind: str, group: str, topic: str, partition: int) -> str:
+        return f"$KV.{self.bucket}.{kind}.{escape(group)}.{escape(topic)}.{partition}"
+
+    def _topic_key(self, topic: str) -> str:
+        return f"$KV.{self.bucket}.t.{escape(topic)}"
+
+    @property
+    def max_payload(self) -> int:
+        """The server's largest message (bytes), read at connection; 0 before it."""
+        return self._max_payload
+
+    @property
+    def max_record_size(self) -> int:
+        """The largest record (body plus encoded headers, bytes) a producer should send.
+
+        The server's max payload less 64 KiB, kept for the headers the engine
+        adds to a retry or dead-letter copy (``wk-error``, ``wk-src``, ...),
+        so a record at the limit can still be retried and dead-lettered. The
+        log itself stores larger records in chunks. 0 before the connection.
+        """
+        return max(0, self._max_payload - 65_536)
+
+    # -- plumbing -----------------------------------------------------------
+
+    async def _conn(self) -> Client:
+        if self._closed:
+            raise LogError(f"the NATS log {self.url} is closed")
+        nc = self._nc
+        if nc is not None and not nc.is_closed:
+            if not nc.is_connected:
+                raise LogUnavailableError(f"NATS log {self.url}: the connection is lost "
+                                          "(reconnecting)")
+            return nc
+        async with self._connecting:
+            if self._nc is None or self._nc.is_closed:
+                self._nc = await self._connect()
+                self._max_payload = int(self._nc.max_payload)
+            return self._nc
+
+    async def _connect(self) -> Client:
+        token = self._token if self._token is not None else os.environ.get(TOKEN_ENV) or None
+
+        async def on_error(exc: Exception) -> None:
+            _logger.debug("NATS client error on %s: %s", self.url, exc)
+
+        async def on_disconnect() -> None:
+            if self._closed:
+                return
+            _logger.warning("NATS log %s: connection lost, reconnecting", self.url)
+
+        async def on_reconnect() -> None:
+            _logger.warning("NATS log %s: reconnected", self.url)
+
+        nc = Client()
+        # nats-py annotates these seconds as int; it passes them to asyncio as floats.
+        seconds: dict[str, Any] = {"connect_timeout": self.timeout, "reconnect_time_wait": 0.25}
+        try:
+            with BLOCKING_CALLS.track():
+                # nats-py retries a refused first connection forever: bound it.
+                await asyncio.wait_for(nc.connect(
+                    servers=self.servers, token=token, user=self._user,
+                    password=self._password, allow_reconnect=True, max_reconnect_attempts=-1,
+                    pending_size=0,  # no buffering while disconnected: fail fast instead
+                    error_cb=on_error, disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect, **seconds,
+                ), self.timeout)
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
+                await asyncio.wait_for(nc.close(), self.timeout)
+            raise LogUnavailableError(
+                f"cannot connect to the NATS log {self.url}: {type(exc).__name__}") from exc
+        return nc
+
+    async def _call(self, op: Callable[[], Awaitable[_T]]) -> _T:
+        """Run one bounded exchange with the server, translating lost connections."""
+        try:
+            with BLOCKING_CALLS.track():  # a fake clock waits for the network
+                return await asyncio.wait_for(op(), self.timeout)
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            raise LogUnavailableError(
+                f"NATS log {self.url} did not answer: {type(exc).__name__} {exc}".rstrip()
+            ) from exc
+
+    async def _api(self, subject: str, payload: Mapping[str, Any] | None = None) -> Any:
+        """A JetStream API request; returns the decoded answer (errors left in it)."""
+        nc = await self._conn()
+        data = b"" if payload is None else json.dumps(payload).encode()
+        msg = await self._call(lambda: nc.request(subject, data, timeout=self.timeout))
+        return json.loads(msg.data)
+
+    @staticmethod
+    def _error(answer: Any) -> tuple[int, str] | None:
+        err = answer.get("error") if isinstance(answer, dict) else None
+        if not err:
+            return None
+        return int(err.get("err_code", 0)), str(err.get("description", ""))
+
+    async def _publish(self, subject: str, payload: bytes,
+                       headers: dict[str, str] | None = None) -> Any:
+        nc = await self._conn()
+        msg = await self._call(lambda: nc.request(subject, payload, timeout=self.timeout,
+                                                  headers=headers))
+        return json.loads(msg.data)
+
+    # -- state bucket -------------------------------------------------------
+
+    async def _ensure_bucket(self) -> None:
+        if self._bucket_ready:
+            return
+        config = {
+            "name": self._kv_stream, "subjects": [f"$KV.{self.bucket}.>"],
+            "max_msgs_per_subject": 1, "discard": "new", "allow_rollup_hdrs": True,
+            "deny_delete": True, "allow_direct": True, "storage": "file",
+            "num_replicas": 1, "duplicate_window": 120_000_000_000,
+        }
+        answer = await self._api(f"$JS.API.STREAM.CREATE.{self._kv_stream}", config)
+        err = self._error(answer)
+        if err is not None and "already in use" not in err[1]:
+            raise LogError(f"NATS log {self.url}: cannot create bucket {self.bucket}: {err[1]}")
+        self._bucket_ready = True
+
+    async def _get(self, subject: str) -> tuple[bytes, int] | None:
+        """The latest value of a bucket key and its revision, or None."""
+        await self._ensure_bucket()
+        nc = await self._conn()
+        request = json.dumps({"last_by_subj": subject}).encode()
+        msg = await self._call(lambda: nc.request(
+            f"$JS.API.DIRECT.GET.{self._kv_stream}", request, timeout=self.timeout))
+        headers = msg.headers or {}
+        if headers.get("Status"):
+            if headers["Status"] == "404":
+                return None
+            raise LogError(f"NATS log {self.url}: reading {subject} failed: "
+                           f"{headers.get('Status')} {headers.get('Description', '')}")
+        return msg.data, int(headers["Nats-Sequence"])
+
+    async def _put(self, subject: str, value: bytes, *, revision: int | None = None,
+                   stream_last: int | None = None) -> bool:
+        """Write a bucket key; False when the compare-and-set lost.
+
+        :param revision: the key's revision this write replaces (0: the key
+            must not exist); None writes unconditionally.
+        :param stream_last: the bucket's last sequence this write expects:
+            any other write to the bucket since makes it lose.
+        """
+        headers: dict[str, str] = {}
+        if revision is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(revision)
+        if stream_last is not None:
+            headers["Nats-Expected-Last-Sequence"] = str(stream_last)
+        await self._ensure_bucket()
+        answer = await self._publish(subject, value, headers or None)
+        err = self._error(answer)
+        if err is None:
+            return True
+        if err[0] == _WRONG_LAST_SEQUENCE or "wrong last" in err[1]:
+            return False
+        raise LogError(f"NATS log {self.url}: writing {subject} failed: {err[1]}")
+
+    async def _stream_last(self, stream: str) -> int:
+        answer = await self._api(f"$JS.API.STREAM.INFO.{stream}")
+        err = self._error(answer)
+        if err is not None:
+            raise LogError(f"NATS log {self.url}: stream {stream}: {err[1]}")
+        return int(answer["state"]["last_seq"])
+
+    # -- topics -------------------------------------------------------------
+
+    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+        """Create the topic's streams, then its entry; see :meth:`Log.create_topic`.
+
+        The entry is written last with compare-and-set, so two creators agree
+        on one partition count; a loser with a larger count leaves its extra
+        (empty) streams behind.
+        """
+        check_topic_name(topic)
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ConfigError(f"topic {topic!r}: partition count must be >= 1, got {partitions!r}")
+        existing = await self._partitions_or_none(topic)
+        if existing is None:
+            for partition in range(partitions):
+                await self._create_stream(self.stream_name(topic, partition))
+            value = _encode(_Topic(topic, partitions))
+            if not await self._put(self._topic_key(topic), value, revision=0):
+                existing = await self._partitions_or_none(topic)
+        if existing is not None and existing != partitions:
+            raise PartitionCountMismatch(topic, existing, partitions)
+        self._topics[topic] = partitions
+        return TopicInfo(topic, partitions)
+
+    async def _create_stream(self, name: str) -> None:
+        config = {
+            "name": name, "subjects": [name], "storage": "file", "retention": "limits",
+            "discard": "old", "num_replicas": 1, "allow_direct": True,
+            "duplicate_window": 120_000_000_000,  # Nats-Msg-Id deduplication (ns)
+        }
+        answer = await self._api(f"$JS.API.STREAM.CREATE.{name}", config)
+        err = self._error(answer)
+        if err is not None and "already in use" not in err[1]:
+            raise LogError(f"NATS log {self.url}: cannot create stream {name}: {err[1]}")
+
+    async def _partitions_or_none(self, topic: str) -> int | None:
+        known = self._topics.get(topic)
+        if known is not None:
+            return known
+        found = await self._get(self._topic_key(topic))
+        if found is None:
+            return None
+        count = msgspec.msgpack.decode(found[0], type=_Topic).partitions
+        self._topics[topic] = count
+        return count
+
+    async def _partitions(self, topic: str) -> int:
+        count = await self._partitions_or_none(topic)
+        if count is None:
+            raise UnknownTopicError(topic)
+        return count
+
+    async def describe_topic(self, topic: str) -> TopicInfo:
+        return TopicInfo(topic, await self._partitions(topic))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        await self._ensure_bucket()
+        entries = await self._scan(self._kv_stream, f"$KV.{self.bucket}.t.>")
+        topics = [msgspec.msgpack.decode(data, type=_Topic) for _, data in entries]
+        return sorted((TopicInfo(t.name, t.partitions) for t in topics), key=lambda t: t.name)
+
+    async def delete_topic(self, topic: str) -> None:
+        """Delete the topic: its entry, its streams, its offsets and leases.
+
+        Leases go too, so a later topic of the same name starts its
+        generations at 1 again; members of the deleted topic must be stopped
+        first.
+
+        Not yet part of the :class:`Log` contract.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        partitions = await self._partitions(topic)
+        self._topics.pop(topic, None)
+        # Purged without a marker, so the name can be created again from scratch.
+        await self._api(f"$JS.API.STREAM.PURGE.{self._kv_stream}",
+                        {"filter": self._topic_key(topic)})
+        for partition in range(partitions):
+            self._readers.pop((topic, partition), None)
+            for stream in (self.stream_name(topic, partition),
+                           self.stream_name(topic, partition) + _BLOB_SUFFIX):
+                await self._api(f"$JS.API.STREAM.DELETE.{stream}")
+        for kind in ("o", "l"):
+            await self._api(f"$JS.API.STREAM.PURGE.{self._kv_stream}",
+                            {"filter": f"$KV.{self.bucket}.{kind}.*.{escape(topic)}.*"})
+
+    # -- records ------------------------------------------------------------
+
+    async def append(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[OutgoingRecord],
+        *,
+        fence: Lease | None = None,
+    ) -> list[int]:
+        """Publish ``records`` to the partition's stream, in order; see :meth:`Log.append`.
+
+        Each record is one message with a fresh ``Nats-Msg-Id``; a publish
+        whose answer is lost is sent again with the same id within
+        ``timeout``, and the server's deduplication (2 minutes) stores it
+        once. Records are published one after another, not as one
+        transaction: a lost connection midway leaves the records before it
+        stored (NATS 2.9 has no atomic batch). The fence is checked just
+        before the first publish (one round trip earlier, not in the same
+        request).
+
+        :raises ConfigError: when a record is not str -> bytes headers and a
+            bytes body; nothing is written then.
+        :raises LogUnavailableError: when the server does not answer in time.
+        """
+        encoded = [_encode(_Envelope(check_record(h, b), bytes(b))) for h, b in records]
+        check_partition(topic, partition, await self._partitions(topic))
+        await self._check_fence(fence)
+        stream = self.stream_name(topic, partition)
+        offsets: list[int] = []
+        for payload in encoded:
+            if len(payload) > self._max_payload - _CHUNK_MARGIN:
+                payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload)
+            offsets.append(await self._publish_once(stream, payload) - 1)
+        return offsets
+
+    async def _publish_once(self, subject: str, payload: bytes) -> int:
+        """Publish with a message id, resending on a lost answer; returns the sequence."""
+        headers = {"Nats-Msg-Id": uuid.uuid4().hex}
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                answer = await self._publish(subject, payload, headers)
+            except LogUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            err = self._error(answer)
+            if err is not None:
+                raise LogError(f"NATS log {self.url}: publish to {subject} refused: {err[1]}")
+            return int(answer["seq"])
+
+    async def _store_chunks(self, stream: str, payload: bytes) -> bytes:
+        """Store ``payload`` in chunks in ``stream``; returns the envelope naming them."""
+        await self._create_stream(stream)
+        size = self._max_payload - _CHUNK_MARGIN
+        seqs = [await self._publish_once(stream, payload[i:i + size])
+                for i in range(0, len(payload), size)]
+        return _encode(_Envelope({}, b"", seqs))
+
+    async def _load_chunks(self, stream: str, seqs: list[int]) -> bytes:
+        nc = await self._conn()
+        parts: list[bytes] = []
+        for seq in seqs:
+            request = json.dumps({"seq": seq}).encode()
+            msg = await self._call(lambda r=request: nc.request(  # type: ignore[misc]
+                f"$JS.API.DIRECT.GET.{stream}", r, timeout=self.timeout))
+            if (msg.headers or {}).get("Status"):
+                raise LogError(f"NATS log {self.url}: chunk {seq} of {stream} is missing")
+            parts.append(msg.data)
+        return b"".join(parts)
+
+    async def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 500,
+        wait: float = 0.0,
+    ) -> list[Record]:
+        """Read records with offsets ``>= offset``; see :meth:`Log.read`.
+
+        A pull consumer per partition (no acknowledgements) delivers from
+        sequence ``offset + 1``; it is kept for the next read that continues
+        where this one ended, and made again for any other offset or after
+        a gap in the sequences it delivered (a lost delivery is read again,
+        never skipped). With ``wait`` (seconds), one pull waits on the server
+        for the first record.
+        """
+        check_partition(topic, partition, await self._partitions(topic))
+        if max_records < 1:
+            return []
+        found = await self._pull(topic, partition, offset + 1, max_records, 0.0)
+        if not found and wait > 0:
+            found = await self._pull(topic, partition, offset + 1, 1, wait)
+            if found and max_records > 1:
+                found += await self._pull(topic, partition, found[-1].offset + 2,
+                                          max_records - 1, 0.0)
+        return found
+
+    async def _reader(self, topic: str, partition: int, seq: int) -> _Reader:
+        key = (topic, partition)
+        reader = self._readers.get(key)
+        if reader is not None and reader.next_seq == seq:
+            return reader
+        self._readers.pop(key, None)
+        stream = self.stream_name(topic, partition)
+        if reader is not None:
+            nc = await self._conn()
+            await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{reader.consumer}")
+        config = {"ack_policy": "none", "deliver_policy": "by_start_sequence",
+                  "opt_start_seq": seq, "inactive_threshold": 300_000_000_000,
+                  "mem_storage": True, "num_replicas": 1, "max_waiting": 8}
+        answer = await self._api(f"$JS.API.CONSUMER.CREATE.{stream}",
+                                 {"stream_name": stream, "config": config})
+        err = self._error(answer)
+        if err is not None:
+            raise LogError(f"NATS log {self.url}: cannot read {stream}: {err[1]}")
+        reader = self._readers[key] = _Reader(stream, answer["name"], seq)
+        return reader
+
+    async def _pull(self, topic: str, partition: int, seq: int, count: int,
+                    wait: float) -> list[Record]:
+        for _ in range(3):
+            reader = await self._reader(topic, partition, seq)
+            self._readers.pop((topic, partition), None)  # back only when all went well
+            msgs = await self._fetch(reader.stream, reader.consumer, count, wait)
+            records: list[Record] = []
+            expected = None if reader.fresh else seq
+            for msg in msgs:
+                record = await self._record(reader.stream, msg)
+                if expected is not None and record.offset + 1 != expected:
+                    break  # a delivery was lost: read again from the gap
+                records.append(record)
+                expected = record.offset + 2
+            else:
+                reader.fresh = reader.fresh and not records
+                reader.next_seq = expected if expected is not None else seq
+                self._readers[(topic, partition)] = reader
+                return records
+            reader.next_seq = -1  # made again at the next pull
+            self._readers[(topic, partition)] = reader
+            if records:
+                return records
+        raise LogUnavailableError(f"NATS log {self.url}: {reader.stream} keeps losing deliveries")
+
+    async def _fetch(self, stream: str, consumer: str, count: int, wait: float) -> list[Msg]:
+        nc = await self._conn()
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        request: dict[str, Any] = {"batch": count}
+        if wait > 0:
+            request["expires"] = int(wait * 1e9)
+        else:
+            request["no_wait"] = True
+        out: list[Msg] = []
+        try:
+            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+                             json.dumps(request).encode(), reply=inbox)
+            while len(out) < count:
+                if wait > 0 and not out:
+                    msg = await self._wait_msg(sub, wait + self.timeout)
+                else:
+                    msg = await self._call(lambda: sub.next_msg(timeout=self.timeout))
+                if msg.headers and msg.headers.get("Status"):
+                    break
+                out.append(msg)
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        return out
+
+    async def _wait_msg(self, sub: Any, limit: float) -> Msg:
+        """The first message of a waiting pull: real waiting, not a blocking call."""
+        try:
+            msg: Msg = await sub.next_msg(timeout=limit)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise LogUnavailableError(f"NATS log {self.url} did not answer a read") from exc
+        return msg
+
+    async def _record(self, stream: str, msg: Msg) -> Record:
+        # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>
+        tokens = msg.reply.split(".")
+        seq, stamp = int(tokens[-4]), int(tokens[-2])
+        envelope = _decode_envelope(msg.data)
+        if envelope.chunks is not None:
+            envelope = _decode_envelope(await self._load_chunks(stream + _BLOB_SUFFIX,
+                                                                envelope.chunks))
+        return Record(seq - 1, envelope.headers, envelope.body, stamp / 1e9)
+
+    async def _scan(self, stream: str, subject: str) -> list[tuple[str, bytes]]:
+        """The last message of every subject matching ``subject``: (subject, data)."""
+        config = {"ack_policy": "none", "deliver_policy": "last_per_subject",
+                  "filter_subject": subject, "inactive_threshold": 60_000_000_000,
+                  "mem_storage": True, "num_replicas": 1}
+        answer = await self._api(f"$JS.API.CONSUMER.CREATE.{stream}",
+                                 {"stream_name": stream, "config": config})
+        err = self._error(answer)
+        if err is not None:
+            raise LogError(f"NATS log {self.url}: cannot list {subject}: {err[1]}")
+        consumer = answer["name"]
+        pending = int(answer.get("num_pending", 0))
+        out: list[tuple[str, bytes]] = []
+        try:
+            while len(out) < pending:
+                msgs = await self._fetch(stream, consumer, min(1000, pending - len(out)), 0.0)
+                if not msgs:
+                    break
+                out.extend((m.subject, m.data) for m in msgs if m.data)
+        finally:
+            nc = await self._conn()
+            await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}")
+        return out
+
+    async def _bounds(self, topic: str) -> dict[int, tuple[int, int]]:
+        """Per partition ``(first_seq, last_seq)`` of its stream."""
+        out: dict[int, tuple[int, int]] = {}
+        for partition in range(await self._partitions(topic)):
+            answer = await self._api(
+                f"$JS.API.STREAM.INFO.{self.stream_name(topic, partition)}")
+            err = self._error(answer)
+            if err is not None:
+                raise LogError(f"NATS log {self.url}: {topic}/{partition}: {err[1]}")
+            state = answer["state"]
+            out[partition] = (int(state["first_seq"]), int(state["last_seq"]))
+        return out
+
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        return {p: last for p, (_, last) in (await self._bounds(topic)).items()}
+
+    async def start_offsets(self, topic: str) -> dict[int, int]:
+        # An empty stream reports first_seq = last_seq + 1: the start equals the end.
+        return {p: max(first, 1) - 1 for p, (first, _) in (await self._bounds(topic)).items()}
+
+    # -- offsets and leases -------------------------------------------------
+
+    async def _check_fence(self, fence: Lease | None) -> None:
+        """:raises FencedError: when ``fence`` is not its partition's current lease."""
+        if fence is None:
+            return
+        current = await self._lease(fence.group, fence.topic, fence.partition)
+        if current is None or current[0].generation != fence.generation:
+            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+
+    async def _lease(self, group: str, topic: str, partition: int) -> tuple[_Lease, int] | None:
+        found = await self._get(self._key("l", group, topic, partition))
+        if found is None:
+            return None
+        return msgspec.msgpack.decode(found[0], type=_Lease), found[1]
+
+    async def commit(
+        self,
+        group: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        generation: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store the group's offset; see :meth:`Log.commit`.
+
+        A fenced commit (``generation`` or ``fence``) is atomic with its
+        check: the bucket's last sequence is read, then the leases, and the
+        offset is written with ``Nats-Expected-Last-Sequence``, so any write
+        to the bucket in between (a lease taken over included) makes the
+        server refuse it; the check then runs again (up to 64 times).
+
+        :raises FencedError: when the lease generation is not current.
+        :raises LogUnavailableError: when the bucket stays too busy.
+        """
+        offset = check_commit(group, topic, partition, offset)
+        check_partition(topic, partition, await self._partitions(topic))
+        subject = self._key("o", group, topic, partition)
+        value = _encode(_Offset(group, offset))
+        fences = [fence] if fence is not None else []
+        if generation is not None:
+            fences.append(Lease(group, topic, partition, "", generation, 0.0))
+        if not fences:
+            await self._put(subject, value)
+            return
+        await self._ensure_bucket()
+        for _ in range(_CAS_ATTEMPTS):
+            last = await self._stream_last(self._kv_stream)
+            for lease in fences:
+                await self._check_fence(lease)
+            if await self._put(subject, value, stream_last=last):
+                return
+        raise LogUnavailableError(f"NATS log {self.url}: the bucket {self.bucket} stayed too "
+                                  f"busy to commit {group}/{topic}/{partition}")
+
+    async def committed(self, group: str, topic: str, partition: int) -> int | None:
+        found = await self._get(self._key("o", group, topic, partition))
+        return None if found is None else msgspec.msgpack.decode(found[0], type=_Offset).offset
+
+    async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
+        """Every group's committed offsets on ``topic``: group -> partition -> offset.
+
+        Not part of the :class:`Log` contract (``wakuwaku topic describe`` uses it).
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        await self._partitions(topic)
+        entries = await self._scan(self._kv_stream, f"$KV.{self.bucket}.o.*.{escape(topic)}.*")
+        found: dict[str, dict[int, int]] = {}
+        for subject, data in entries:
+            entry = msgspec.msgpack.decode(data, type=_Offset)
+            found.setdefault(entry.group, {})[int(subject.rsplit(".", 1)[1])] = entry.offset
+        return {g: dict(sorted(parts.items())) for g, parts in sorted(found.items())}
+
+    async def acquire_partition(
+        self, group: str, topic: str, partition: int, member: str, ttl: float
+    ) -> Lease | None:
+        """Take or renew a lease with compare-and-set; see :meth:`Log.acquire_partition`.
+
+        Expiry is judged by this machine's wall clock (``time.time()``):
+        members on several machines need clocks in step to well under ``ttl``.
+
+        :raises ConfigError: for an empty ``member`` or a ``ttl`` not above 0.
+        """
+        if not member:
+            raise ConfigError("a lease needs a non-empty member name")
+        if ttl <= 0:
+            raise ConfigError(f"a lease ttl must be > 0 seconds, got {ttl!r}")
+        subject = self._key("l", group, topic, partition)
+        for _ in range(_CAS_ATTEMPTS):
+            current = await self._lease(group, topic, partition)
+            now = time.time()
+            revision = 0
+            generation = 1
+            if current is not None:
+                held, revision = current
+                if held.member != member and held.expires_at > now:
+                    return None
+                generation = held.generation + (held.member != member)
+            lease = Lease(group, topic, partition, member, generation, now + float(ttl))
+            value = _encode(_Lease(member, generation, lease.expires_at))
+            if await self._put(subject, value, revision=revision):
+                return lease
+        raise LogUnavailableError(f"NATS log {self.url}: the lease on {group}/{topic}/"
+                                  f"{partition} kept changing")
+
+    async def release_partition(self, lease: Lease) -> None:
+        """Give up ``lease`` when it is still the current one; see :meth:`Log.release_partition`."""
+        subject = self._key("l", lease.group, lease.topic, lease.partition)
+        for _ in range(_CAS_ATTEMPTS):
+            current = await self._lease(lease.group, lease.topic, lease.partition)
+            if current is None or current[0].generation != lease.generation:
+                return
+            value = _encode(_Lease("", lease.generation, 0.0))
+            if await self._put(subject, value, revision=current[1]):
+                return
+
+    # -- retention and shutdown ---------------------------------------------
+
+    async def apply_retention(self, topic: str) -> int:
+        """Purge records below the lowest committed offset of every group (per partition).
+
+        A partition on which no group ever committed keeps everything.
+        Chunks of purged large records are purged too.
+
+        :returns: how many records were purged.
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        offsets = await self.group_offsets(topic)
+        bounds = await self._bounds(topic)
+        removed = 0
+        for partition, (first, last) in bounds.items():
+            marks = [parts[partition] for parts in offsets.values() if partition in parts]
+            if not marks:
+                continue
+            keep = min(min(marks), last) + 1  # the first sequence kept
+            if keep <= first:
+                continue
+            stream = self.stream_name(topic, partition)
+            await self._purge_chunks(topic, partition, first, keep)
+            answer = await self._api(f"$JS.API.STREAM.PURGE.{stream}", {"seq": keep})
+            err = self._error(answer)
+            if err is not None:
+                raise LogError(f"NATS log {self.url}: purging {stream} failed: {err[1]}")
+            removed += int(answer.get("purged", 0))
+            self._readers.pop((topic, partition), None)
+        return removed
+
+    async def _purge_chunks(self, topic: str, partition: int, first: int, keep: int) -> None:
+        """Purge the chunk stream below the lowest chunk a kept record names."""
+        blob = self.stream_name(topic, partition) + _BLOB_SUFFIX
+        answer = await self._api(f"$JS.API.STREAM.INFO.{blob}")
+        if self._error(answer) is not None or int(answer["state"]["messages"]) == 0:
+            return
+        # Keep every chunk from the lowest one a kept record names; without a
+        # kept large record, purge the chunk stream entirely.
+        low = await self._lowest_chunk(topic, partition, keep)
+        await self._api(f"$JS.API.STREAM.PURGE.{blob}", {"seq": low} if low else {})
+
+    async def _lowest_chunk(self, topic: str, partition: int, keep: int) -> int | None:
+        stream = self.stream_name(topic, partition)
+        config = {"ack_policy": "none", "deliver_policy": "by_start_sequence",
+                  "opt_start_seq": keep, "inactive_threshold": 60_000_000_000,
+                  "mem_storage": True, "num_replicas": 1}
+        answer = await self._api(f"$JS.API.CONSUMER.CREATE.{stream}",
+                                 {"stream_name": stream, "config": config})
+        if self._error(answer) is not None:
+            return None
+        low: int | None = None
+        try:
+            while msgs := await self._fetch(stream, answer["name"], 1000, 0.0):
+                for msg in msgs:
+                    chunks = _decode_envelope(msg.data).chunks
+                    if chunks:
+                        low = min(chunks) if low is None else min(low, *chunks)
+        finally:
+            nc = await self._conn()
+            await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{answer['name']}")
+        return low
+
+    async def close(self) -> None:
+        """Close the connection; calling it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        nc, self._nc = self._nc, None
+        if nc is not None and not nc.is_closed:
+            with contextlib.suppress(nats.errors.Error, OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(nc.close(), self.timeout)
+
+    # -- URLs ---------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: str) -> NatsLog:
+        """Build a log from ``nats://[token@|user:password@]host:port[,host:port...][?options]``.
+
+        Options: ``prefix`` (see the constructor), ``timeout`` (seconds). A
+        URL without credentials takes a token from ``WAKUWAKU_NATS_TOKEN``.
+
+        :raises ConfigError: for a URL without a host or with an unknown option.
+        """
+        rest = url.split("://", 1)[1]
+        rest, _, query = rest.partition("?")
+        rest = rest.rstrip("/")
+        credentials, at, hosts = rest.rpartition("@")
+        if not hosts:
+            raise ConfigError("bad NATS log URL: it names no host (nats://host:port)")
+        options = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        unknown = sorted(set(options) - {"prefix", "timeout"})
+        if unknown:
+            raise ConfigError(f"bad NATS log URL: unknown option(s) {', '.join(unknown)}; "
+                              "known: prefix, timeout")
+        token = user = password = None
+        if at:
+            name, colon, secret = credentials.partition(":")
+            if colon:
+                user, password = unquote(name), unquote(secret)
+            else:
+                token = unquote(name)
+        try:
+            timeout = float(options.get("timeout", 5.0))
+        except ValueError:
+            raise ConfigError("bad NATS log URL: timeout must be seconds") from None
+        servers = [f"nats://{host}" for host in hosts.split(",") if host]
+        return cls(servers, prefix=options.get("prefix", "wk"), token=token, user=user,
+                   password=password, timeout=timeout)

@@ -1,0 +1,228 @@
+"""The log contract on :class:`wakuwaku.logs.nats.NatsLog`, and what only NATS has."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+import pytest
+
+import wakuwaku as wk
+from wakuwaku import (
+    ConfigError,
+    FencedError,
+    LogUnavailableError,
+    UnknownTopicError,
+    open_log,
+)
+from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.logs import Lease, Log, TopicInfo
+from wakuwaku.logs.nats import TOKEN_ENV, NatsLog, escape
+
+from ..conftest import NATS_URL
+from ..nats_support import drop_prefix, fresh_prefix, nats_log
+from .contract import LogContract
+
+pytestmark = pytest.mark.nats
+
+
+class TestNatsLog(LogContract):
+    multiprocess = True
+
+    @pytest.fixture
+    async def log(self) -> AsyncIterator[Log]:
+        prefix = fresh_prefix()
+        log = nats_log(prefix)
+        try:
+            yield log
+        finally:
+            await log.close()
+            await drop_prefix(NATS_URL, prefix)
+
+
+@pytest.fixture
+async def log() -> AsyncIterator[NatsLog]:
+    prefix = fresh_prefix()
+    log = nats_log(prefix)
+    try:
+        yield log
+    finally:
+        await log.close()
+        await drop_prefix(NATS_URL, prefix)
+
+
+HEADERS = {"wk-v": b"1", "wk-type": b"t", "wk-key": b"k", "wk-alg": b"plain"}
+WEIRD_KEYS = ["a.b", "*", ">", "a b", "line\nbreak", "nul\x00byte", "emoji 🎉✓", "x" * 1000,
+              " padded ", "$KV.x.>"]
+
+
+@wk.event("tests.nats.weird", key="key")
+class Weird(msgspec.Struct, frozen=True):
+    key: str
+    n: int
+
+
+async def test_weird_keys_and_header_values_round_trip_in_key_order(log: NatsLog) -> None:
+    await log.create_topic("weird", 3)
+    events = [Weird(key, n) for n in range(5) for key in WEIRD_KEYS]
+    await wk.Producer(log, "weird").publish_many(
+        events, properties={"note": " spaces \n and \x00 and 🎉 " + "p" * 1000})
+    handled: list[Weird] = []
+
+    async def handle(chunk: Sequence[Weird]) -> None:
+        handled.extend(chunk)
+
+    config = ConsumerConfig(topic="weird", group="g", poll_interval=0.01)
+    await Consumer(config, [Handler(Weird, handle)], log).drain()
+    for key in WEIRD_KEYS:
+        assert [e.n for e in handled if e.key == key] == list(range(5)), repr(key)
+    # Raw header values keep every byte (NATS headers would trim and mangle them).
+    value = b" \x00\r\n trailing \t"
+    await log.append("weird", 0, [({**HEADERS, "wk-key": value, "name with space": b""}, b"x")])
+    (record,) = (await log.read("weird", 0, (await log.end_offsets("weird"))[0] - 1))
+    assert record.headers == {**HEADERS, "wk-key": value, "name with space": b""}
+
+
+@pytest.mark.parametrize("topic", ["a.b", "a*b", "a>b", "a_b", "a_5fb", "東京", "ü" * 200])
+async def test_topic_names_map_to_valid_distinct_streams(log: NatsLog, topic: str) -> None:
+    await log.create_topic(topic, 2)
+    await log.create_topic("a_2eb", 1)  # what a naive escape of "a.b" would collide with
+    assert await log.append(topic, 1, [(HEADERS, b"in " + topic.encode())]) == [0]
+    assert [r.body for r in await log.read(topic, 1, 0)] == [b"in " + topic.encode()]
+    assert await log.end_offsets("a_2eb") == {0: 0}
+    assert TopicInfo(topic, 2) in await log.list_topics()
+    for partition in (0, 1):
+        name = log.stream_name(topic, partition)
+        assert len(name) < 255 and not set(name) & set(".*> /\\\t\n")
+
+
+def test_escape_is_unambiguous_and_hashes_long_names() -> None:
+    names = ["a.b", "a_2eb", "a_b", "a-b", "ab", "A.B", "東", "x" * 200, "x" * 199 + "y"]
+    escaped = [escape(n) for n in names]
+    assert len(set(escaped)) == len(names)
+    assert escape("a.b") == "Ta_2eb" and escape("a_b") == "Ta_5fb"
+    assert escape("x" * 200).startswith("H") and len(escape("x" * 200)) == 49
+
+
+async def test_an_append_whose_answer_was_lost_is_stored_once(
+    log: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await log.create_topic("orders", 1)
+    real = log._publish
+    lost: list[str] = []
+
+    async def answer_lost_once(subject: str, payload: bytes,
+                               headers: dict[str, str] | None = None) -> Any:
+        answer = await real(subject, payload, headers)
+        if not lost:
+            lost.append(headers["Nats-Msg-Id"] if headers else "")
+            raise LogUnavailableError("the answer was lost")
+        return answer
+
+    monkeypatch.setattr(log, "_publish", answer_lost_once)
+    assert await log.append("orders", 0, [(HEADERS, b"once"), (HEADERS, b"twice")]) == [0, 1]
+    assert lost and lost[0]
+    assert [r.body for r in await log.read("orders", 0, 0)] == [b"once", b"twice"]
+
+
+async def test_a_takeover_between_the_check_and_the_commit_is_refused(
+    log: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await log.create_topic("orders", 1)
+    old = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    assert old is not None
+    real = log._check_fence
+    taken: list[Lease] = []
+
+    async def takeover_after_the_check(fence: Lease | None) -> None:
+        await real(fence)
+        if not taken:  # another member takes the partition over right now
+            await log.release_partition(old)
+            new = await log.acquire_partition("g", "orders", 0, "b", ttl=60.0)
+            assert new is not None
+            taken.append(new)
+
+    monkeypatch.setattr(log, "_check_fence", takeover_after_the_check)
+    with pytest.raises(FencedError):
+        await log.commit("g", "orders", 0, 5, fence=old)
+    assert taken and await log.committed("g", "orders", 0) is None
+    await log.commit("g", "orders", 0, 5, fence=taken[0])
+    assert await log.committed("g", "orders", 0) == 5
+
+
+async def test_max_payload_is_read_and_the_producer_refuses_larger_records(
+    log: NatsLog
+) -> None:
+    await log.create_topic("orders", 1)
+    producer = wk.Producer(log, "orders")
+    assert await producer.partitions() == 1
+    assert log.max_payload >= 1 << 20
+    assert log.max_record_size == log.max_payload - 65_536
+    with pytest.raises(ConfigError, match=f"at most {log.max_record_size} bytes"):
+        await producer.publish(Weird("k", 1), properties={"p": "x" * log.max_payload})
+    assert await log.end_offsets("orders") == {0: 0}
+    # A record at the limit still takes the headers of a dead letter (stored in chunks
+    # when the whole no longer fits one message).
+    body = b"y" * log.max_record_size
+    extra = {**HEADERS, "wk-error": b"e" * 4000, "wk-src": b"s" * 500}
+    await log.append("orders", 0, [(extra, body)])
+    (record,) = await log.read("orders", 0, 0)
+    assert record.body == body and record.headers == extra
+
+
+async def test_retention_purges_chunks_of_purged_large_records(log: NatsLog) -> None:
+    await log.create_topic("orders", 1)
+    big = b"z" * (log.max_payload or 1 << 20) * 2 if log.max_payload else b"z" * (2 << 20)
+    await log.append("orders", 0, [(HEADERS, big), (HEADERS, b"small"), (HEADERS, big)])
+    await log.commit("g", "orders", 0, 2)
+    assert await log.apply_retention("orders") == 2
+    records = await log.read("orders", 0, 0)
+    assert [r.offset for r in records] == [2] and records[0].body == big
+
+
+async def test_delete_topic_removes_streams_offsets_and_leases(log: NatsLog) -> None:
+    await log.create_topic("orders", 2)
+    await log.append("orders", 0, [(HEADERS, b"x")])
+    await log.commit("g", "orders", 0, 1)
+    assert await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is not None
+    await log.delete_topic("orders")
+    assert await log.list_topics() == []
+    with pytest.raises(UnknownTopicError):
+        await log.describe_topic("orders")
+    await log.create_topic("orders", 3)
+    assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 0}
+    assert await log.committed("g", "orders", 0) is None
+    assert await log.acquire_partition("g", "orders", 0, "b", ttl=60.0) is not None
+
+
+def test_open_log_parses_servers_credentials_and_options(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    log = open_log("nats://alice:s%40cret@h1:4222,h2:4223?prefix=abc&timeout=2.5")
+    assert isinstance(log, NatsLog)
+    assert log.servers == ["nats://h1:4222", "nats://h2:4223"]
+    assert (log.prefix, log.timeout) == ("abc", 2.5)
+    assert (log._user, log._password, log._token) == ("alice", "s@cret", None)
+    assert "s@cret" not in repr(log) and "cret" not in log.url and "alice" not in log.url
+    assert log.url == "nats://h1:4222,h2:4223?prefix=abc"
+    tokened = open_log("nats://tok123@127.0.0.1:4222")
+    assert isinstance(tokened, NatsLog) and tokened._token == "tok123"
+    assert "tok123" not in tokened.url and "tok123" not in repr(tokened)
+    for bad, problem in (("nats://", "no host"), ("nats://h:1?retries=3", "unknown option"),
+                         ("nats://h:1?prefix=a.b", "prefix"), ("nats://h:1?timeout=x", "timeout")):
+        with pytest.raises(ConfigError, match=problem):
+            open_log(bad)
+
+
+async def test_a_token_from_the_environment_is_used_and_a_refusal_is_unavailable(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shared server takes no token; an unknown server port refuses the connection.
+    monkeypatch.setenv(TOKEN_ENV, "from-env")
+    log = open_log("nats://127.0.0.1:1?timeout=0.5")
+    with pytest.raises(LogUnavailableError) as caught:
+        await log.list_topics()
+    assert "from-env" not in str(caught.value)
+    await log.close()
