@@ -82,7 +82,7 @@ async def test_publish_many_keeps_input_order_and_per_key_order(log: MemoryLog) 
             p.offset for p in published if p.partition == partition)
 
 
-@pytest.mark.parametrize("bad_key", [None, ""])
+@pytest.mark.parametrize("bad_key", [None, "", "   ", "\t", "\n"])
 async def test_one_event_without_a_key_refuses_the_whole_call(
     log: MemoryLog, bad_key: str | None
 ) -> None:

@@ -69,7 +69,8 @@ class DuplicateTypeTag(ConfigError):
 
 
 class MissingKeyError(ConfigError):
-    """An event has no usable key (None or empty), so it has no partition or order."""
+    """An event has no usable key (None, empty or only whitespace), so it has
+    no partition or order."""
 
     def __init__(self, type_tag: str, field: str, value: object) -> None:
         self.type_tag = type_tag

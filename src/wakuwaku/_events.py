@@ -112,14 +112,16 @@ class EventType(Generic[T]):
     def key_of(self, value: T) -> str:
         """The event's key as a string.
 
-        :raises MissingKeyError: when the key is None, empty, or not a str/int.
+        :raises MissingKeyError: when the key is None, empty, only whitespace
+            (real data uses ``" "`` for "missing"; issue 12 item 11), or not a
+            str/int.
         """
         raw = self._key_getter(value)
         if isinstance(raw, bool) or raw is None:
             raise MissingKeyError(self.tag, self.key_name, raw)
         if isinstance(raw, int):
             return str(raw)
-        if not isinstance(raw, str) or not raw:
+        if not isinstance(raw, str) or not raw or raw.isspace():
             raise MissingKeyError(self.tag, self.key_name, raw)
         return raw
 

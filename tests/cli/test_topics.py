@@ -198,18 +198,20 @@ def test_produce_reports_each_refused_line_and_writes_only_the_good_ones(cli: CL
         "",                                                        # 12 blank: skipped
         good,                                                      # 13
         '{"type": "t", "key": "a", "key": "b", "body": 1}',        # 14 which key?
+        json.dumps({"type": "t", "key": " \t", "body": 1}),       # 15 whitespace key
     )
     code, out, err = cli("produce", "orders", file)
     assert code == ExitCode.FAILURE and out == ""
     reported = [int(line.split(":")[0].removeprefix("line ")) for line in err.splitlines()
                 if line.startswith("line ")]
-    assert reported == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14]
+    assert reported == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15]
     assert "line 2: not JSON" in err
     # Issue 16 item 10: a missing key is not a null one.
     assert 'line 3: no usable key: "key" is missing' in err
     assert 'line 4: no usable key: "key" is null' in err
     assert "line 14: duplicate key 'key' in a JSON object" in err
-    assert "refused 11 lines (not written)" in err and "produced 2 records" in err
+    assert 'line 15: no usable key: "key" is " \\t"' in err  # issue 12 item 11
+    assert "refused 12 lines (not written)" in err and "produced 2 records" in err
     assert len(cli.records("orders", 0)) == 2
 
 

@@ -126,3 +126,22 @@ async def test_9_a_base_exception_in_a_partition_fails_the_consumer_loudly(
     with caplog.at_level(logging.CRITICAL, "wakuwaku.consumer"), pytest.raises(Crash):
         await asyncio.wait_for(c.drain(), 60)
     assert "partition worker ended by Crash; stopping the consumer" in caplog.text
+
+
+async def test_10_a_gap_left_by_retention_is_logged_and_counted(
+    log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12 item 10: the group's committed offset is below the retention floor."""
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", n) for n in range(8)])
+    await log.commit("other", "t", 0, 5)
+    assert await log.apply_retention("t") == 5
+    await log.commit("g", "t", 0, 1)  # stopped long ago at offset 1
+    script = Script(clock)
+    with caplog.at_level(logging.WARNING, "wakuwaku.consumer"):
+        stats = await consumer(log, clock, [Handler(Item, script)]).drain()
+    assert script.handled_ns() == [5, 6, 7]
+    assert stats.offset_gaps == 4
+    gap = next(r for r in caplog.records if "retention floor" in r.getMessage())
+    assert (gap.partition, gap.committed, gap.start, gap.skipped) == (  # type: ignore[attr-defined]
+        0, 1, 5, 4)

@@ -259,7 +259,7 @@ _MISSING = object()
 def _key(value: object, where: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, str) and value:
+    if isinstance(value, str) and value and not value.isspace():
         return value
     if value is _MISSING:
         raise _Refused(f"no usable key: {where} is missing")

@@ -329,11 +329,22 @@ class PartitionWorker:
             "load offset",
             lambda: self.log.committed(self.config.group, self.topic, self.partition),
         )
+        starts = await self._log_call("start offsets",
+                                      lambda: self.log.start_offsets(self.topic))
+        start = starts.get(self.partition, 0)
         if position is None:
-            starts = await self._log_call("start offsets",
-                                          lambda: self.log.start_offsets(self.topic))
-            position = starts.get(self.partition, 0)
+            position = start
+        elif position < start:
+            # Retention deleted records this group never read (issue 12 item 10):
+            # the log can only go on from its floor, but never in silence.
+            log.warning("committed offset is below the partition's retention floor; "
+                        "records were deleted before this group read them",
+                        extra={**self._fields, "committed": position, "start": start,
+                               "skipped": start - position})
+            self.stats.offset_gaps += start - position
+            position = start
         self.position = position
+        self.retry.forget_routed(position)
         if self.retry.keys:
             log.info("retry state restored", extra={
                 **self._fields, "keys": len(self.retry.keys),
@@ -359,6 +370,7 @@ class PartitionWorker:
         # where the log allows it, so a crash leaves all or none of them.
         await self._flush(following if mode is DeliveryMode.NO_EVENT_LOSE else None)
         self.position = following
+        self.retry.forget_routed(following)
 
     async def _store_partial(self, records: list[Record]) -> None:
         """At a stop in the middle of a batch, store what the delivery mode allows (SPEC 14).
@@ -420,7 +432,7 @@ class PartitionWorker:
             self._dead_letter_rejects(rejects)
         if self._has_inbox:
             groups = group(await self._inbox_filter(items))
-        if self.retry.keys:
+        if self.retry.keys or self.retry.routed:
             self._route_quarantined(groups)
         segments = plan_groups(groups, reduces=self._reduces)
         if self._reduces:
@@ -431,10 +443,24 @@ class PartitionWorker:
 
     def _route_quarantined(self, groups: Groups) -> None:
         """Take the items of quarantined keys out of ``groups`` and send them
-        to the retry topic, unreduced and in order (SPEC 6)."""
+        to the retry topic, unreduced and in order (SPEC 6).
+
+        Items already in the retry topic (redelivered after a crash, at or
+        below the key's routed main offset) are done: routed once, they are
+        never routed or run again, also when the key's retry work has ended
+        since (issue 12 item 12: one message, two outcomes).
+        """
         quarantined = self.retry.keys
-        for key in [key for key in groups if key in quarantined]:
-            state = quarantined[key]
+        routed_through = self.retry.routed
+        for key in [key for key in groups if key in quarantined or key in routed_through]:
+            state = quarantined.get(key)
+            if state is None:
+                kept = self._drop_routed(groups[key], routed_through[key])
+                if kept:
+                    groups[key] = kept
+                else:
+                    del groups[key]
+                continue
             routed: list[Item] = []
             for run in groups.pop(key):
                 for item in run:
@@ -445,6 +471,20 @@ class PartitionWorker:
                     self.stats.routed += 1
             if routed:
                 self._write_retry(routed, state.first_failed_at, ROUTED_ERROR)
+
+    def _drop_routed(self, runs: list[Run], through: int) -> list[Run]:
+        """``runs`` without their items at or below main offset ``through`` (a
+        prefix, offsets growing within a key), which are marked done."""
+        for index, run in enumerate(runs):
+            count = 0
+            for item in run:
+                if max(item.main_offsets) > through:
+                    break
+                count += 1
+            self._mark(run[:count])
+            if count < len(run):
+                return [run[count:], *runs[index + 1:]]
+        return []
 
     def _mark(self, items: Iterable[Item]) -> None:
         """Note main-batch items as done (see :meth:`_store_partial`)."""

@@ -201,6 +201,11 @@ class RetryState:
         self.keys: dict[str, KeyState] = {}
         self.pending_count = 0
         self.end_offset = 0
+        # Per key, the highest main offset its work records stand for. Kept
+        # after the key's quarantine ends, until the main offset is stored
+        # past it (forget_routed): a crash before that commit redelivers main
+        # records whose retry work already ran (issue 12 item 12).
+        self.routed: dict[str, int] = {}
 
     def quarantined(self, key: str) -> bool:
         return key in self.keys
@@ -255,7 +260,15 @@ class RetryState:
         self.pending_count += 1
         source = retry_source(record)
         if source is not None and source.offsets:
-            state.max_main_offset = max(state.max_main_offset, max(source.offsets))
+            top = max(source.offsets)
+            state.max_main_offset = max(state.max_main_offset, top)
+            self.routed[key] = max(self.routed.get(key, -1), top)
+
+    def forget_routed(self, position: int) -> None:
+        """Forget routed main offsets below ``position``, the main partition's
+        stored offset: those records are never delivered again."""
+        if self.routed:
+            self.routed = {k: top for k, top in self.routed.items() if top >= position}
 
     def _resolve(self, key: str, record: Record) -> None:
         state = self.keys.get(key)
