@@ -190,7 +190,8 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
     c1 = consumer(log, clock, [Handler(Item, first)], member_id="m1")
     task = asyncio.create_task(c1.run(install_signal_handlers=False))
     await wait_until(clock, lambda: c1.stats.attempts_failed == 1)
-    # Attempt 1 at 2: event 1 succeeded, event 2 failed; the next attempt is due at 6.
+    # Attempt 1 at 2: event 1 succeeded, event 2 failed. The attempt got past the
+    # head, so event 2 is the new head at its first failure: next attempt at 4.
     await clock.sleep(1.0)
     task.cancel()  # a crash: nothing graceful happens
     await asyncio.gather(task, return_exceptions=True)
@@ -207,12 +208,12 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
         after = {k: (s.failures, s.due, [r.offset for r in s.pending])
                  for w in c2.workers.values() for k, s in w.retry.keys.items()}
         assert after == before
-        assert after["a"][0:2] == (2, T0 + 6.0)
+        assert after["a"][0:2] == (1, T0 + 4.0)
         await wait_until(clock, lambda: c2.stats.gave_up_keys == 1)
     # Nothing resolved before the crash ran again; the counter was not reset:
-    # attempts 2, 3 and 4 at 6, 14 and 30, then give up.
+    # event 2's attempts at 4, 8, 16 and 32, then give up.
     assert second.handled_ns() == []
-    assert second.times("a") == [6.0, 14.0, 30.0]
+    assert second.times("a") == [4.0, 8.0, 16.0, 32.0]
     assert [reason(r) for r in await dead_letters(log)] == ["gave_up_retry"]
 
 
@@ -331,3 +332,20 @@ async def test_6_a_stop_during_an_attempt_keeps_what_the_attempt_did(
     await make().drain()
     # "b" 2 failed once on its own first call after the restart, then succeeded.
     assert sorted(handled) == [1, 2, 3], "an attempt's handled chunk ran again"
+
+
+async def test_6_an_attempt_that_gets_past_the_head_starts_the_next_head_at_attempt_1(
+    log: Log, clock: FakeClock
+) -> None:
+    """Issue 12 item 5: one key, events 1..20, each odd event fails Retryable on
+    its first two tries; with four attempts and max_batch 1, 16 events were
+    dead-lettered although every attempt made progress."""
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("k", n) for n in range(1, 21)])
+    script = Script(clock)
+    for n in range(1, 21, 2):
+        script.fail[n] = [wk.Retryable("not yet"), wk.Retryable("not yet")]
+    stats = await consumer(log, clock, [Handler(Item, script, max_batch=1)]).drain()
+    assert await dead_letters(log) == []
+    assert script.handled_ns("k") == list(range(1, 21))
+    assert stats.gave_up_keys == 0

@@ -999,9 +999,13 @@ class PartitionWorker:
             log.info("quarantine lifted", extra=fields)
             return
         self.stats.attempts_failed += 1
-        failures = state.failures + 1
         error = sanitize(outcome.error, self.config.error_text_limit)
         first_undone = min(r.offset for i in outcome.rest for r in i.sources)
+        done_before = [r.offset for r in pending if r.offset < first_undone]
+        # The counter belongs to the head of the key's pending work (SPEC 6): an
+        # attempt that got past the head starts the new head at its first
+        # failure, so progress is never punished (issue 12 item 5).
+        failures = 1 if done_before else state.failures + 1
         fields.update({"type": outcome.rest[0].tag, "error_class": ErrorClass.RETRYABLE.value,
                        "error": error, "attempt": failures - 1})
         markers: list[Outgoing] = []
@@ -1013,7 +1017,6 @@ class PartitionWorker:
             self._dead_letter_items(outcome.rest, ReasonCode.GAVE_UP_RETRY, error)
             markers.append(resolved_marker(key, max(gave_up), now, reset=True))
         else:
-            done_before = [r.offset for r in pending if r.offset < first_undone]
             if done_before:
                 markers.append(resolved_marker(key, max(done_before), now))
             markers.append(attempt_failed_marker(key, failures, now,
