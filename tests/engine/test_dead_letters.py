@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import msgspec
 import pytest
@@ -14,6 +15,7 @@ from wakuwaku.logs import Log
 from wakuwaku.testing import FakeClock
 
 from .conftest import (
+    Add,
     Fragile,
     Item,
     Put,
@@ -105,19 +107,77 @@ async def test_8_undecodable_body(log: Log, clock: FakeClock) -> None:
     assert script.handled_ns() == [8]
 
 
-async def test_8_unserializable_retry_record(log: Log, clock: FakeClock) -> None:
+async def test_6_a_combined_event_goes_to_the_retry_topic_as_its_raw_records(
+    log: Log, clock: FakeClock
+) -> None:
+    """SPEC 6: retry work keeps the original records. A combined event whose
+    codec cannot encode it (Fragile) was dead-lettered as
+    ``unserializable_retry_record``; its records now wait in the retry topic as
+    they were read, and are combined again at the attempt."""
     producer = await setup_topic(log)
     await producer.publish_many([Fragile("a", 1), Fragile("a", 2)])
+    originals = await read_all(log, "t")
     script = Script(clock)
-    script.fail[-1] = [wk.Retryable("later")]  # the combined event fails
-    c = consumer(log, clock, [Handler(Fragile, script)])
-    await c.drain()
+    script.fail[-1] = [wk.Retryable("later")]  # the combined event fails once
+    await consumer(log, clock, [Handler(Fragile, script)]).drain()
+    assert await dead_letters(log) == []
+    work = [r for r in await read_all(log, "wk-retry.g.t") if "wk-marker" not in r.headers]
+    assert [r.body for r in work] == [r.body for r in originals]
+    assert [n for _, _, run in script.calls for n in [e.n for e in run]] == [-1, -1]
+
+
+async def test_6_dead_letters_of_a_combined_event_are_its_records_byte_for_byte(
+    log: Log, clock: FakeClock
+) -> None:
+    """Issue 12 item 6: associative events of one key, one with its own props
+    and one with a custom header, combined, sent through the retry topic and
+    given up: one re-encoded dead letter came out, the other records' props
+    and custom header gone."""
+    await log.create_topic("t", 1)
+    producer = wk.Producer(log, "t")
+    await producer.publish(Add("a", 1))
+    await producer.publish(Add("a", 2), properties={"tenant": "t2"})
+    await producer.publish(Add("a", 3))
+    plain = (await read_all(log, "t"))[2]
+    await log.append("t", 0, [({**plain.headers, "x-custom": b"kept"}, plain.body)])
+    seen: list[list[Add]] = []
+
+    async def never(run: Sequence[Add]) -> None:
+        seen.append(list(run))
+        raise wk.Retryable("never")
+
+    await consumer(log, clock, [Handler(Add, never)], retry_delays=(1.0,)).drain()
+    mains = await read_all(log, "t")
     dead = await dead_letters(log)
-    # The combined event cannot be encoded for the retry topic: both records it
-    # stands for are dead-lettered, raw.
-    assert [reason(r) for r in dead] == ["unserializable_retry_record"] * 2
-    assert [msgspec.json.decode(r.body)["n"] for r in dead] == [1, 2]
-    assert [r for r in await read_all(log, "wk-retry.g.t") if "wk-marker" not in r.headers] == []
+    assert len(dead) == len(mains) == 4
+    for letter in dead:
+        (offset,) = wk._records.decode_source(letter.headers["wk-src"]).offsets
+        main = mains[offset]
+        assert letter.body == main.body
+        assert {k: v for k, v in letter.headers.items() if k in main.headers} == main.headers
+    assert sorted(r.headers.get("x-custom", b"") for r in dead) == [b"", b"", b"", b"kept"]
+    assert sorted(r.headers.get("wk-props", b"") for r in dead)[-1] == b'{"tenant":"t2"}'
+
+
+async def test_4_records_whose_props_differ_are_never_combined(
+    log: Log, clock: FakeClock
+) -> None:
+    await log.create_topic("t", 1)
+    producer = wk.Producer(log, "t")
+    await producer.publish_many([Add("a", 1), Add("a", 2)])
+    await producer.publish(Add("a", 4), properties={"tenant": "t2"})
+    await producer.publish_many([Add("a", 8), Add("a", 16)])
+    seen: list[list[int]] = []
+
+    async def record(run: Sequence[Add]) -> None:
+        seen.append([e.amount for e in run])
+        if len(seen) == 1:
+            raise wk.Retryable("once: the attempt plans the records again from the retry topic")
+
+    await consumer(log, clock, [Handler(Add, record)]).drain()
+    # From the main topic and again from the retry topic: the tenant-t2 event alone.
+    assert [n for run in seen for n in run][-3:] == [3, 4, 24]
+    assert seen[0] == [3]
 
 
 async def test_8_retry_backlog_full(log: Log, clock: FakeClock) -> None:

@@ -196,15 +196,17 @@ async def test_5_5_retryable_stops_the_key_and_writes_its_unfinished_work_to_the
     retry = await read_all(log, "wk-retry.g.t", partition)
     bodies = [wk.event_type(Item).decode(r.body) if r.headers["wk-type"] == b"test.item"
               else wk.event_type(Add).decode(r.body) for r in retry]
-    assert bodies == [Item("a", 3), Item("a", 4), Item("a", 5), Item("a", 6), Add("a", 3)]
+    assert bodies == [Item("a", 3), Item("a", 4), Item("a", 5), Item("a", 6), Add("a", 1),
+                      Add("a", 2)]
     for record in retry:
         assert record.headers["wk-failed-at"] == b"1700000000000"
         assert b"deadlock" in record.headers["wk-error"]
         source = wk._records.decode_source(record.headers["wk-src"])
         assert source.topic == "t" and source.partition == partition
-    # The reduced Add stands for both of its main-topic records.
-    add_source = wk._records.decode_source(retry[-1].headers["wk-src"])
-    assert len(add_source.offsets) == 2 and len(add_source.ids) == 2
+    # The reduced Add went as the two records it stands for, each with its own identity.
+    add_sources = [wk._records.decode_source(r.headers["wk-src"]) for r in retry[-2:]]
+    assert [len(s.offsets) for s in add_sources] == [1, 1]
+    assert add_sources[0].offsets[0] + 1 == add_sources[1].offsets[0]
     assert await read_all(log, "wk-retry.g.t", (partition + 1) % 3) == []
 
 

@@ -278,7 +278,7 @@ async def test_6_max_pending_retry_dead_letters_a_new_key_but_quarantined_keys_k
     assert any(r.getMessage() == "retry backlog full" for r in caplog.records)
 
 
-async def test_6_retry_records_are_reduced_and_keep_the_order_of_the_first_plan(
+async def test_6_retry_records_are_the_raw_records_reduced_again_in_the_first_plans_order(
     log: Log, clock: FakeClock
 ) -> None:
     from .conftest import Add
@@ -290,10 +290,12 @@ async def test_6_retry_records_are_reduced_and_keep_the_order_of_the_first_plan(
     adds.fail[Add("a", 3)] = [wk.Retryable("first")]
     c = consumer(log, clock, [Handler(Add, adds), Handler(Item, items)])
     await c.drain()
-    # The first plan: Add(3) fails; Item 5 and Add(7) go to the retry topic reduced.
+    # The first plan: Add(3) fails; it, Item 5 and Add(7) go to the retry topic
+    # as the records they stand for (SPEC 6), and the attempt reduces them again.
     assert [[e.amount for e in run] for _, _, run in adds.calls] == [[3], [3], [7]]
     retry = [r for r in await read_all(log, "wk-retry.g.t") if "wk-marker" not in r.headers]
-    assert [r.headers["wk-type"] for r in retry] == [b"test.add", b"test.item", b"test.add"]
+    assert [r.headers["wk-type"] for r in retry] == [b"test.add", b"test.add", b"test.item",
+                                                     b"test.add", b"test.add"]
     assert items.handled_ns() == [5]
     assert [e.amount for e in adds.handled] == [3, 7]
 

@@ -52,7 +52,7 @@ from ._retry import (
     dead_letter_record,
     resolved_marker,
     retry_source,
-    retry_work_record,
+    retry_work_records,
 )
 from ._stats import ConsumerStats
 
@@ -895,17 +895,11 @@ class PartitionWorker:
 
     def _write_retry(self, items: list[Item], failed_at: float, error: str) -> None:
         """Buffer main-topic items for the retry topic, in order (SPEC 5.5)."""
+        due = failed_at + self.config.delay(1)
         for item in items:
-            try:
-                record = retry_work_record(item, self.topic, self.partition, failed_at, error,
-                                           failed_at + self.config.delay(1))
-            except Exception as exc:  # noqa: BLE001 - the codec failed: dead-letter, never drop
-                self._dead_letter_items(
-                    [item], ReasonCode.UNSERIALIZABLE_RETRY_RECORD,
-                    sanitize(exc, self.config.error_text_limit))
-                continue
-            self._retry_out.append(record)
-            self._unflushed_work += 1
+            records = retry_work_records(item, failed_at, error, due)
+            self._retry_out.extend(records)
+            self._unflushed_work += len(records)
             self._mark([item])
 
     async def _run_due_attempts(self) -> None:

@@ -465,6 +465,9 @@ def reduce_run(items: Sequence[Item]) -> list[Item]:
     ``idempotent``: consecutive equal events collapse into one. ``associative``:
     fold left to right with ``combine``; ``None`` (or an exception from
     ``combine``, which is logged) keeps the two apart. ``plain``: unchanged.
+    Records whose ``wk-props`` differ are never merged: a combined event has
+    one set of properties (a tenant, a trace id), so merging would credit the
+    second record to the first's (issue 12 item 6).
     """
     if len(items) < 2 or items[0].event_type.algebra is Algebra.PLAIN:
         return items if isinstance(items, list) else list(items)
@@ -472,6 +475,9 @@ def reduce_run(items: Sequence[Item]) -> list[Item]:
     out: list[Item] = [items[0]]
     for item in items[1:]:
         last = out[-1]
+        if last.props != item.props:
+            out.append(item)
+            continue
         if etype.algebra is Algebra.IDEMPOTENT:
             if _equal(last.event, item.event):
                 out[-1] = merge(last, item, last.event)

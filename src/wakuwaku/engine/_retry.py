@@ -49,7 +49,6 @@ from .._records import (
     ReasonCode,
     Record,
     Source,
-    build_headers,
     decode_source,
     encode_source,
     header_text,
@@ -104,37 +103,29 @@ def attempt_failed_marker(key: str, failures: int, at: float, due: float) -> Out
     )
 
 
-def source_of(item: Item, topic: str, partition: int) -> Source:
-    """The ``wk-src`` of an item that came from the main topic."""
-    return Source(topic, partition, item.main_offsets, item.ids)
+def retry_work_records(
+    item: Item, failed_at: float, error: str, due: float
+) -> list[Outgoing]:
+    """The retry-topic records of one (possibly reduced) main-topic item (SPEC 3, 5.5, 6).
 
-
-def retry_work_record(
-    item: Item, topic: str, partition: int, failed_at: float, error: str, due: float
-) -> Outgoing:
-    """The retry-topic record of one (possibly reduced) main-topic item (SPEC 3, 5.5).
+    One record per main record the item stands for, each with that record's
+    headers and body bytes as they were read, plus ``wk-failed-at``,
+    ``wk-due-at``, ``wk-error`` and its own ``wk-src``: a combined event is
+    never encoded again, so a dead letter is byte-identical to what was
+    consumed, keeps every record's own props and custom headers, and the
+    next attempt plans the reduction again (issue 12 item 6).
 
     ``due`` (seconds since the epoch) is when the key's first attempt is due,
-    were this record to quarantine it.
-
-    An item standing for one unchanged record keeps that record's headers and
-    body bytes; a reduced item is encoded again with its type's codec.
-
-    :raises Exception: whatever the codec raises when the event cannot be
-        encoded (the caller dead-letters it as ``unserializable_retry_record``).
+    were these records to quarantine it.
     """
-    extra = {
-        H_FAILED_AT: _ms(failed_at),
-        H_DUE: _ms(due),
-        H_ERROR: error.encode(),
-        H_SRC: encode_source(source_of(item, topic, partition)),
-    }
-    if not item.reduced and len(item.sources) == 1:
-        headers = dict(item.sources[0].headers)
-        headers.update(extra)
-        return headers, item.sources[0].body
-    body = item.event_type.encode(item.event)
-    return build_headers(item.event_type, item.key, item.props, extra.items()), body
+    common = {H_FAILED_AT: _ms(failed_at), H_DUE: _ms(due), H_ERROR: error.encode()}
+    out: list[Outgoing] = []
+    for record, origin in zip(item.sources, item.origins, strict=True):
+        headers = dict(record.headers)
+        headers.update(common)
+        headers[H_SRC] = encode_source(origin)
+        out.append((headers, record.body))
+    return out
 
 
 def dead_letter_record(
