@@ -77,6 +77,13 @@ async def test_12_a_crash_after_the_retry_write_never_gives_a_message_two_outcom
     await second.drain()
     applied = script.handled_ns()
     dead = [event_n(r) for r in await dead_letters(log)]
+    if not log.atomic_store:
+        # A call-by-call store (NATS: docs/logs.md, "Offsets, leases and
+        # fencing") can crash between the retry write and the offsets, so
+        # run 2 reads the main records again: at-least-once, every message
+        # gets an outcome, but one may get two.
+        assert sorted(set(applied) | set(dead)) == [1, 2]
+        return
     assert len(applied) == len(set(applied)), f"applied twice: {applied}"
     assert len(dead) == len(set(dead)), f"dead-lettered twice: {dead}"
     assert not set(applied) & set(dead), f"both applied and dead-lettered: {applied}, {dead}"
