@@ -181,19 +181,93 @@ async def test_retention_purges_chunks_of_purged_large_records(log: NatsLog) -> 
     assert [r.offset for r in records] == [2] and records[0].body == big
 
 
+async def stream_exists(log: NatsLog, stream: str) -> bool:
+    answer = await log._api(f"$JS.API.STREAM.INFO.{stream}")
+    return "error" not in answer
+
+
 async def test_delete_topic_removes_streams_offsets_and_leases(log: NatsLog) -> None:
     await log.create_topic("orders", 2)
-    await log.append("orders", 0, [(HEADERS, b"x")])
+    big = b"z" * (log.max_payload * 2)
+    await log.append("orders", 0, [(HEADERS, b"x"), (HEADERS, big)])  # chunks: a side stream
     await log.commit("g", "orders", 0, 1)
     assert await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is not None
-    await log.delete_topic("orders")
+    streams = [log.stream_name("orders", p) for p in (0, 1)]
+    streams.append(streams[0] + "_B")
+    assert all([await stream_exists(log, s) for s in streams])
+    assert await log.delete_topic("orders") is True
+    assert not any([await stream_exists(log, s) for s in streams])
     assert await log.list_topics() == []
     with pytest.raises(UnknownTopicError):
         await log.describe_topic("orders")
+    assert await log.delete_topic("orders") is False
     await log.create_topic("orders", 3)
     assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 0}
     assert await log.committed("g", "orders", 0) is None
-    assert await log.acquire_partition("g", "orders", 0, "b", ttl=60.0) is not None
+    lease = await log.acquire_partition("g", "orders", 0, "b", ttl=60.0)
+    assert lease is not None and lease.generation == 1
+
+
+async def test_delete_topic_cut_short_is_finished_by_calling_it_again(
+    log: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [(HEADERS, b"old")])
+    real = log._purge_keys
+
+    async def lost_at_the_entry(subject: str) -> int:
+        if subject == log._topic_key("orders"):
+            raise LogUnavailableError("connection lost")
+        return await real(subject)
+
+    monkeypatch.setattr(log, "_purge_keys", lost_at_the_entry)
+    with pytest.raises(LogUnavailableError):
+        await log.delete_topic("orders")
+    # The entry goes last: the topic is still listed, so the deletion can be finished.
+    assert await log.list_topics() == [TopicInfo("orders", 1)]
+    monkeypatch.setattr(log, "_purge_keys", real)
+    assert await log.delete_topic("orders") is True
+    await log.create_topic("orders", 1)
+    assert await log.end_offsets("orders") == {0: 0}
+    assert await log.read("orders", 0, 0) == []
+
+
+async def test_instances_that_cached_a_deleted_topic_get_unknown_topic(log: NatsLog) -> None:
+    await log.create_topic("orders", 3)
+    async with open_log(log.url) as other:
+        assert isinstance(other, NatsLog)
+        await other.append("orders", 2, [(HEADERS, b"a")])
+        assert await log.delete_topic("orders") is True
+        for call in (other.read("orders", 0, 0), other.end_offsets("orders"),
+                     other.append("orders", 1, [(HEADERS, b"late")])):
+            with pytest.raises(UnknownTopicError):
+                await call
+        # Made again with fewer partitions: the cached count is not trusted either.
+        await other.create_topic("orders", 3)  # cached again by `other`
+        assert await log.delete_topic("orders") is True
+        await log.create_topic("orders", 1)
+        with pytest.raises(wk.UnknownPartitionError):
+            await other.append("orders", 2, [(HEADERS, b"late")])
+        assert await other.append("orders", 0, [(HEADERS, b"new")]) == [0]
+
+
+async def test_delete_group_counts_and_purges_only_that_group(log: NatsLog) -> None:
+    await log.create_topic("a.b", 2)
+    await log.create_topic("other", 1)
+    for group in ("g", "g.x", "g*", "h"):
+        await log.commit(group, "a.b", 0, 1)
+        await log.commit(group, "other", 0, 2)
+    await log.commit("g", "a.b", 1, 3)
+    assert await log.acquire_partition("g", "other", 0, "m", ttl=60.0) is not None
+    assert await log.delete_group("g") == 3
+    assert [await log.committed("g", t, 0) for t in ("a.b", "other")] == [None, None]
+    for group in ("g.x", "g*", "h"):
+        assert await log.committed(group, "a.b", 0) == 1
+        assert await log.committed(group, "other", 0) == 2
+    lease = await log.acquire_partition("g", "other", 0, "n", ttl=60.0)
+    assert lease is not None and lease.generation == 1
+    assert await log.delete_group("g.x", "other") == 1
+    assert await log.committed("g.x", "a.b", 0) == 1
 
 
 def test_open_log_parses_servers_credentials_and_options(

@@ -54,6 +54,7 @@ from .._errors import (
     LogError,
     LogUnavailableError,
     PartitionCountMismatch,
+    UnknownPartitionError,
     UnknownTopicError,
 )
 from .._records import Record
@@ -86,6 +87,10 @@ _WRONG_LAST_SEQUENCE = 10071  # JetStream: "wrong last sequence"
 _STREAM_NOT_FOUND = 10059
 _KEY_NOT_FOUND = 404
 _CAS_ATTEMPTS = 64
+
+
+class _NoResponders(LogUnavailableError):
+    """Nothing answered a request: for a partition's subject, its stream is gone."""
 
 
 class _Envelope(msgspec.Struct, array_like=True, gc=False):
@@ -284,6 +289,9 @@ class NatsLog(Log):
         try:
             with BLOCKING_CALLS.track():  # a fake clock waits for the network
                 return await asyncio.wait_for(op(), self.timeout)
+        except nats.errors.NoRespondersError as exc:
+            raise _NoResponders(f"NATS log {self.url}: nothing answered (no stream or "
+                                "JetStream not ready)") from exc
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise LogUnavailableError(
                 f"NATS log {self.url} did not answer: {type(exc).__name__} {exc}".rstrip()
@@ -433,30 +441,110 @@ class NatsLog(Log):
         topics = [msgspec.msgpack.decode(data, type=_Topic) for _, data in entries]
         return sorted((TopicInfo(t.name, t.partitions) for t in topics), key=lambda t: t.name)
 
-    async def delete_topic(self, topic: str) -> None:
-        """Delete the topic: its entry, its streams, its offsets and leases.
+    async def delete_topic(self, topic: str) -> bool:
+        """Delete the topic's streams, offsets, leases and entry; see :meth:`Log.delete_topic`.
 
-        Leases go too, so a later topic of the same name starts its
-        generations at 1 again; members of the deleted topic must be stopped
-        first.
+        The topic's entry is read from the server, not from this instance's
+        cache, and removed *last*: a deletion cut short (lost connection,
+        crash) leaves the topic listed, and calling this again finishes it,
+        so a topic created again under the name never finds the old
+        records. Leases go too, so the new topic's generations start at 1.
+        Another instance that still has the topic cached gets
+        :class:`~wakuwaku.UnknownTopicError` from its next append, read or
+        offset query (a read through a pull consumer it kept may first
+        raise :class:`~wakuwaku.LogUnavailableError` once, after
+        ``timeout``); if the topic was created again in the meantime, its
+        appends go to the new topic.
 
-        Not yet part of the :class:`Log` contract.
-
-        :raises UnknownTopicError: when the topic does not exist.
+        :returns: True when the topic existed, False when there was nothing
+            to delete.
+        :raises LogUnavailableError: when the server does not answer in time;
+            what was deleted stays deleted, the topic stays listed.
+        :raises LogError: when the server refuses to delete a stream or key.
         """
-        partitions = await self._partitions(topic)
-        self._topics.pop(topic, None)
-        # Purged without a marker, so the name can be created again from scratch.
-        await self._api(f"$JS.API.STREAM.PURGE.{self._kv_stream}",
-                        {"filter": self._topic_key(topic)})
+        self._topics.pop(topic, None)  # another instance may have deleted or re-made it
+        partitions = await self._partitions_or_none(topic)
+        if partitions is None:
+            return False
+        self._forget_readers(topic)
         for partition in range(partitions):
-            self._readers.pop((topic, partition), None)
-            for stream in (self.stream_name(topic, partition),
-                           self.stream_name(topic, partition) + _BLOB_SUFFIX):
-                await self._api(f"$JS.API.STREAM.DELETE.{stream}")
+            await self._delete_stream(self.stream_name(topic, partition))
+            await self._delete_stream(self.stream_name(topic, partition) + _BLOB_SUFFIX)
+        # Extra (empty) streams a losing concurrent create_topic left past the count.
+        partition = partitions
+        while await self._delete_stream(self.stream_name(topic, partition)):
+            partition += 1
         for kind in ("o", "l"):
-            await self._api(f"$JS.API.STREAM.PURGE.{self._kv_stream}",
-                            {"filter": f"$KV.{self.bucket}.{kind}.*.{escape(topic)}.*"})
+            await self._purge_keys(f"$KV.{self.bucket}.{kind}.*.{escape(topic)}.*")
+        # Purged without a marker, so the name can be created again from scratch.
+        await self._purge_keys(self._topic_key(topic))
+        self._topics.pop(topic, None)
+        return True
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        """Purge ``group``'s offset and lease keys from the bucket; see :meth:`Log.delete_group`.
+
+        One purge per kind of key (offsets, then leases) with a subject
+        filter; the count is the server's count of purged offset keys (one
+        message per key), so it is exact even while others write.
+
+        :returns: how many committed offsets were deleted.
+        :raises UnknownTopicError: when ``topic`` is given and does not exist
+            (looked up on the server, not in this instance's cache).
+        :raises LogUnavailableError: when the server does not answer in time.
+        :raises LogError: when the server refuses the purge.
+        """
+        if topic is not None:
+            self._topics.pop(topic, None)
+            await self._partitions(topic)
+            where = f"{escape(topic)}.*"
+        else:
+            await self._ensure_bucket()
+            where = ">"
+        removed = await self._purge_keys(f"$KV.{self.bucket}.o.{escape(group)}.{where}")
+        await self._purge_keys(f"$KV.{self.bucket}.l.{escape(group)}.{where}")
+        return removed
+
+    async def _delete_stream(self, stream: str) -> bool:
+        """Delete ``stream``; False when there was none."""
+        answer = await self._api(f"$JS.API.STREAM.DELETE.{stream}")
+        err = self._error(answer)
+        if err is None:
+            return True
+        if err[0] == _STREAM_NOT_FOUND:
+            return False
+        raise LogError(f"NATS log {self.url}: cannot delete stream {stream}: {err[1]}")
+
+    async def _purge_keys(self, subject: str) -> int:
+        """Purge the bucket's keys matching ``subject`` (no markers); returns how many."""
+        answer = await self._api(f"$JS.API.STREAM.PURGE.{self._kv_stream}", {"filter": subject})
+        err = self._error(answer)
+        if err is not None:
+            raise LogError(f"NATS log {self.url}: cannot purge {subject}: {err[1]}")
+        return int(answer.get("purged", 0))
+
+    def _forget_readers(self, topic: str) -> None:
+        for key in [key for key in self._readers if key[0] == topic]:
+            del self._readers[key]
+
+    async def _missing(self, topic: str, partition: int) -> LogError:
+        """Why a partition's stream is not there: the error to raise.
+
+        The topic is looked up again on the server: gone (another instance
+        deleted it) gives :class:`~wakuwaku.UnknownTopicError`, made again
+        with fewer partitions :class:`~wakuwaku.UnknownPartitionError`,
+        otherwise (a deletion under way, JetStream restarting)
+        :class:`~wakuwaku.LogUnavailableError`.
+        """
+        self._topics.pop(topic, None)
+        self._forget_readers(topic)
+        count = await self._partitions_or_none(topic)
+        if count is None:
+            return UnknownTopicError(topic)
+        if not 0 <= partition < count:
+            return UnknownPartitionError(topic, partition, count)
+        return LogUnavailableError(f"NATS log {self.url}: the stream of {topic}/{partition} "
+                                   f"({self.stream_name(topic, partition)}) is not there")
 
     # -- records ------------------------------------------------------------
 
@@ -481,6 +569,8 @@ class NatsLog(Log):
 
         :raises ConfigError: when a record is not str -> bytes headers and a
             bytes body; nothing is written then.
+        :raises UnknownTopicError: also when this instance had the topic
+            cached and another one deleted it (its stream is gone).
         :raises LogUnavailableError: when the server does not answer in time.
         """
         encoded = [_encode(_Envelope(check_record(h, b), bytes(b))) for h, b in records]
@@ -488,10 +578,13 @@ class NatsLog(Log):
         await self._check_fence(fence)
         stream = self.stream_name(topic, partition)
         offsets: list[int] = []
-        for payload in encoded:
-            if len(payload) > self._max_payload - _CHUNK_MARGIN:
-                payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload)
-            offsets.append(await self._publish_once(stream, payload) - 1)
+        try:
+            for payload in encoded:
+                if len(payload) > self._max_payload - _CHUNK_MARGIN:
+                    payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload)
+                offsets.append(await self._publish_once(stream, payload) - 1)
+        except _NoResponders as exc:  # the stream is gone: deleted by another instance?
+            raise await self._missing(topic, partition) from exc
         return offsets
 
     async def _publish_once(self, subject: str, payload: bytes) -> int:
@@ -501,6 +594,8 @@ class NatsLog(Log):
         while True:
             try:
                 answer = await self._publish(subject, payload, headers)
+            except _NoResponders:
+                raise  # nothing stored it: the caller finds out why
             except LogUnavailableError:
                 if time.monotonic() >= deadline:
                     raise
@@ -575,6 +670,8 @@ class NatsLog(Log):
         answer = await self._api(f"$JS.API.CONSUMER.CREATE.{stream}",
                                  {"stream_name": stream, "config": config})
         err = self._error(answer)
+        if err is not None and err[0] == _STREAM_NOT_FOUND:
+            raise await self._missing(topic, partition)
         if err is not None:
             raise LogError(f"NATS log {self.url}: cannot read {stream}: {err[1]}")
         reader = self._readers[key] = _Reader(stream, answer["name"], seq)
@@ -680,6 +777,8 @@ class NatsLog(Log):
             answer = await self._api(
                 f"$JS.API.STREAM.INFO.{self.stream_name(topic, partition)}")
             err = self._error(answer)
+            if err is not None and err[0] == _STREAM_NOT_FOUND:
+                raise await self._missing(topic, partition)
             if err is not None:
                 raise LogError(f"NATS log {self.url}: {topic}/{partition}: {err[1]}")
             state = answer["state"]
