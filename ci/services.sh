@@ -172,7 +172,13 @@ start_kafka() {
   WAIT=$((WAIT > 120 ? WAIT : 120)) wait_for kafka 9092 "$log"
 }
 
-services=("$@")
+case ${1:-} in
+  -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
+services=()
+for name in "$@"; do  # each service once, in the order given
+  [[ " ${services[*]} " == *" $name "* ]] || services+=("$name")
+done
 [ ${#services[@]} -eq 0 ] && services=(postgres redis nats kafka)
 status=0
 for name in "${services[@]}"; do

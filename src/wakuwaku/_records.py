@@ -38,6 +38,17 @@ RETRY_ONLY_HEADERS = frozenset({H_FAILED_AT, "wk-marker", "wk-through", "wk-rese
 record they make it ``malformed_header``, so that nobody can forge a marker or
 a failure time through the main topic."""
 
+_GROUP_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+MAX_GROUP_LENGTH = 100
+
+
+def valid_group_name(name: object) -> bool:
+    """True for a consumer group name: 1 to 100 characters of ``A-Z a-z 0-9 _ -``
+    (it is part of the group's retry and dead-letter topic names, SPEC 6)."""
+    return (isinstance(name, str) and 0 < len(name) <= MAX_GROUP_LENGTH
+            and _GROUP_CHARS.issuperset(name))
+
+
 MAX_STORED_MS = 2**53
 """Stored times (ms since the epoch) are below this bound, so that any stored
 time converts to a float and to a date (year < 285 000)."""
@@ -215,8 +226,9 @@ def validate_headers(  # noqa: C901 - one flat check per header, each with its o
         if failed_at is None:
             return InvalidHeaders(malformed, "header wk-failed-at is not ms since the epoch "
                                   f"in [0, 2**53): {failed_raw[:40]!r}")
-    if for_group is not None and not for_group:
-        return InvalidHeaders(malformed, "header wk-for-group is empty")
+    if for_group is not None and not valid_group_name(for_group):
+        return InvalidHeaders(malformed, "header wk-for-group is not a consumer group name: "
+                              f"{for_group[:120]!r}")
     source: Source | None = None
     src_raw = headers.get(H_SRC)
     if src_raw is not None:

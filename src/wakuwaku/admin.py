@@ -80,6 +80,7 @@ __all__ = (
     "Status",
     "committed_groups",
     "consumer_status",
+    "dead_letter_groups",
     "derived_topic_owner",
     "list_dead_letters",
     "parse_dead_letter",
@@ -259,6 +260,22 @@ def derived_topic_owner(topic: str, namespace: str = "") -> tuple[str, str, str]
     kind, group, main = split
     words = {"retry": "retry", "dlq": "dead-letter", "replayed": "replay ledger"}
     return words[kind], group, main
+
+
+async def dead_letter_groups(log: Log, topic: str, namespace: str = "") -> list[str]:
+    """The consumer groups that have a dead-letter topic for main topic
+    ``topic`` (every group that consumed it creates one at start), sorted.
+
+    For telling a mistyped ``--group`` apart from a group without dead letters.
+    """
+    prefix = f"{namespace}." if namespace else ""
+    found = []
+    for info in await log.list_topics():
+        name = info.name[len(prefix):] if prefix and info.name.startswith(prefix) else info.name
+        split = split_internal_topic(name)
+        if split is not None and split[0] == "dlq" and split[2] == topic:
+            found.append(split[1])
+    return sorted(found)
 
 
 def _check_main_topic(topic: str, namespace: str) -> None:

@@ -350,3 +350,16 @@ def test_the_same_log_url_is_read_the_same_way_by_every_command(
         assert main([*args, "--log", bad]) == ExitCode.ERROR, args
         err = capsys.readouterr().err
         assert "unknown option 'fsycn' for sqlite:// (it takes: fsync, busy_timeout)" in err
+
+
+@pytest.mark.parametrize("command", ["list", "replay"])
+def test_a_group_that_never_consumed_the_topic_is_said_so(
+    dead_log: DeadLog, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # A new user's run: `dlq replay payments -g nosuchgroup` printed
+    # "replayed 0 dead letters" and exited 0.
+    assert main(["dlq", command, TOPIC, "-g", "nosuchgroup", "--log", dead_log.url]) == \
+        ExitCode.FAILURE
+    err = capsys.readouterr().err
+    assert f"group 'nosuchgroup' has no dead-letter topic for {TOPIC!r}" in err
+    assert f"groups that did: {GROUP!r}" in err

@@ -350,15 +350,17 @@ def test_topic_delete_and_group_delete_clean_up(cli: CLI) -> None:
     cli.commit("g", "orders", 1, 0)
     cli.commit("g", "other", 0, 0)
     code, out, _ = cli("group", "delete", "g", "--topic", "orders", "--yes")
-    assert (code, out) == (0, "group g: 2 committed offsets deleted on topic orders\n")
+    assert (code, out) == (0, "group g: 2 committed offsets deleted on topic orders (its "
+                           "wk-retry.g.* and wk-dlq.g.* topics are kept)\n")
     code, out, _ = cli("topic", "delete", "orders", "--yes")
-    assert (code, out) == (0, "topic orders deleted\n")
+    assert code == 0 and out.startswith("topic orders deleted (its groups' wk-retry.*")
     code, _, err = cli("topic", "delete", "orders", "--yes")
     assert (code, err) == (1, "no topic orders\n")
     code, out, _ = cli("topic", "list", "--json")
     assert [json.loads(line)["topic"] for line in out.splitlines()] == ["other"]
     code, out, _ = cli("group", "delete", "g", "--yes")
-    assert (code, out) == (0, "group g: 1 committed offset deleted\n")
+    assert (code, out) == (0, "group g: 1 committed offset deleted (its wk-retry.g.* and "
+                           "wk-dlq.g.* topics are kept)\n")
     code, _, err = cli("group", "delete", "g", "--topic", "nope", "--yes")
     assert code == ExitCode.ERROR and "nope" in err
 
@@ -366,7 +368,14 @@ def test_topic_delete_and_group_delete_clean_up(cli: CLI) -> None:
 def test_topic_delete_asks_first(cli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli("topic", "create", "orders")[0] == 0
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO("n\n"))
-    code, _, _ = cli("topic", "delete", "orders")
-    assert code == ExitCode.INTERRUPTED
+    code, _, err = cli("topic", "delete", "orders")
+    assert code == ExitCode.FAILURE and "nothing deleted" in err  # "no" is no SIGINT
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(""))  # no answer at all
+    code, _, err = cli("topic", "delete", "orders")
+    assert code == ExitCode.FAILURE and "nothing deleted" in err
     code, out, _ = cli("topic", "list", "--json")
     assert [json.loads(line)["topic"] for line in out.splitlines()] == ["orders"]
+    code, _, err = cli("group", "delete", "nosuchgroup", "--yes")
+    assert code == ExitCode.FAILURE and "group nosuchgroup has no committed offset" in err
+    code, _, err = cli("group", "delete", "bad.name", "--yes")
+    assert code == ExitCode.ERROR and "invalid consumer group name 'bad.name'" in err

@@ -98,3 +98,23 @@ def test_a_group_name_that_cannot_name_a_topic_is_refused(group: str) -> None:
 def test_a_retry_or_dead_letter_topic_is_refused_as_a_main_topic(topic: str) -> None:
     with pytest.raises(wk.ConfigError, match="topic of group 'billing' for topic 'orders'"):
         ConsumerConfig(topic=topic, group="shipping")
+
+
+def test_a_group_and_topic_whose_derived_names_are_too_long_are_refused() -> None:
+    with pytest.raises(wk.ConfigError, match="at most 200 characters"):
+        ConsumerConfig(topic="t" * 150, group="g" * 100)
+
+
+@pytest.mark.parametrize("addressee", [b"bad.name", b"", b"x" * 101])
+async def test_8_a_record_for_a_group_that_cannot_exist_is_malformed(
+    log: Log, clock: FakeClock, addressee: bytes
+) -> None:
+    await log.create_topic("orders", 1)
+    headers = dict(wk._records.build_headers(wk.event_type(Item), "K"))
+    headers["wk-for-group"] = addressee
+    await log.append("orders", 0, [(headers, b'{"key":"K","n":1}')])
+    script = Script(clock)
+    await consumer(log, clock, [Handler(Item, script)], topic="orders", group="billing").drain()
+    assert script.handled_ns() == []
+    [letter] = await list_dead_letters(log, "orders", group="billing")
+    assert letter.reason == "malformed_header" and "wk-for-group" in (letter.error or "")

@@ -19,8 +19,15 @@ import click
 
 from .._records import ReasonCode, Source
 from .._sanitize import sanitize
-from ..admin import DeadLetter, ReplayReport, list_dead_letters, replay_dead_letters
+from ..admin import (
+    DeadLetter,
+    ReplayReport,
+    dead_letter_groups,
+    list_dead_letters,
+    replay_dead_letters,
+)
 from ..engine._config import ConsumerConfig
+from ..logs import Log
 from . import ExitCode
 from ._status import log_option, namespace_option, printable, when, with_log
 
@@ -85,8 +92,15 @@ def list_command(topic: str, group: str, reason: str | None, key: str | None,
     Dead letters with broken headers are listed with what is broken.
     Exit status 3 when TOPIC does not exist.
     """
-    letters = with_log(log_url, lambda log: list_dead_letters(
-        log, topic, group=group, reason=reason, key=key, limit=limit, namespace=namespace))
+    async def work(log: Log) -> tuple[list[DeadLetter], list[str]]:
+        found = await list_dead_letters(log, topic, group=group, reason=reason, key=key,
+                                        limit=limit, namespace=namespace)
+        return found, [] if found else await dead_letter_groups(log, topic, namespace)
+
+    letters, groups = with_log(log_url, work)
+    if not letters and group not in groups:
+        _no_such_group(topic, group, groups)
+        return ExitCode.FAILURE
     if as_json:
         click.echo(json.dumps([x.as_dict() for x in letters], ensure_ascii=False, indent=1))
         return ExitCode.OK
@@ -102,6 +116,13 @@ def list_command(topic: str, group: str, reason: str | None, key: str | None,
         summary += f" ({broken} with broken headers)"
     click.echo(summary)
     return ExitCode.OK
+
+
+def _no_such_group(topic: str, group: str, groups: list[str]) -> None:
+    others = ", ".join(repr(g) for g in groups) or "none"
+    click.echo(f"error: group {group!r} has no dead-letter topic for {topic!r}: it never "
+               f"consumed {topic!r} (a mistyped --group?); groups that did: {others}",
+               err=True)
 
 
 def _describe(report: ReplayReport, topic: str) -> str:
@@ -130,9 +151,16 @@ def replay_command(topic: str, group: str, reason: str | None, key: str | None,
     that cannot be replayed (no key to route by, broken wk-src) are named on
     stderr and make the exit status 1; exit status 3 when TOPIC does not exist.
     """
-    report = with_log(log_url, lambda log: replay_dead_letters(
-        log, topic, group=group, reason=reason, key=key, limit=limit, dry_run=dry_run,
-        everything=everything, namespace=namespace))
+    async def work(log: Log) -> tuple[ReplayReport, list[str]]:
+        done = await replay_dead_letters(log, topic, group=group, reason=reason, key=key,
+                                         limit=limit, dry_run=dry_run, everything=everything,
+                                         namespace=namespace)
+        return done, await dead_letter_groups(log, topic, namespace)
+
+    report, groups = with_log(log_url, work)
+    if group not in groups:
+        _no_such_group(topic, group, groups)
+        return ExitCode.FAILURE
     click.echo(_describe(report, topic))
     if dry_run:
         for entry in report.replayed:

@@ -36,7 +36,7 @@ def log_option(fn: F) -> F:
         "--log", "log_url", envvar=LOG_ENV, default=DEFAULT_LOG_URL, show_default=True,
         metavar="URL",
         help=(f"The log (sqlite:///file.db[?fsync=0&busy_timeout=S], redis://host:port/db, "
-              f"memory://); env {LOG_ENV}."),
+              f"nats://host:port, memory://); env {LOG_ENV}."),
     )(fn)
 
 

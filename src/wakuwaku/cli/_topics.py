@@ -31,6 +31,7 @@ from .._events import Algebra, EventType, JsonCodec
 from .._json import DuplicateKeyError, decode_strict
 from .._partitioner import partition_for
 from .._records import Record, build_headers
+from ..engine._config import check_group_name
 from ..logs import Log, OutgoingRecord
 from . import ExitCode
 from ._status import LOG_ENV, log_option, with_log
@@ -88,13 +89,26 @@ def delete_command(name: str, yes: bool, log_url: str) -> int:
 
     Stop the topic's consumers first. Exit 1 when there is no such topic.
     """
-    if not yes:
-        click.confirm(f"delete topic {name} with its records and offsets?", abort=True)
+    if not yes and not _confirmed(f"delete topic {name} with its records and offsets?"):
+        return ExitCode.FAILURE
     if not run_on_log(log_url, lambda log: log.delete_topic(name)):
         click.echo(f"no topic {name}", err=True)
-        return 1
-    click.echo(f"topic {name} deleted")
-    return 0
+        return ExitCode.FAILURE
+    click.echo(f"topic {name} deleted (its groups' wk-retry.*, wk-dlq.* and wk-replayed.* "
+               "topics are kept: delete them by name when they are no longer needed)")
+    return ExitCode.OK
+
+
+def _confirmed(question: str) -> bool:
+    """Ask ``question``; a "no", or no answer (end of input), is False and
+    says that nothing was deleted."""
+    try:
+        if click.confirm(question, default=False):
+            return True
+    except click.exceptions.Abort:
+        click.echo("", err=True)
+    click.echo("not confirmed: nothing deleted", err=True)
+    return False
 
 
 @click.group("group")
@@ -107,18 +121,27 @@ def group_group() -> None:
 @click.option("--topic", default=None, help="Only the group's offsets on this topic.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @log_option
-def group_delete_command(group: str, topic: str | None, yes: bool, log_url: str) -> None:
+def group_delete_command(group: str, topic: str | None, yes: bool, log_url: str) -> int:
     """Delete GROUP's committed offsets and partition leases (on every topic, or --topic).
 
     Stop the group's consumers first: a restarted member starts from the
-    topic's start. An unknown --topic fails (exit 3).
+    topic's start. The group's retry and dead-letter topics are kept. An
+    unknown --topic or a name that is no group name fails (exit 3); a group
+    with no committed offset there fails (exit 1).
     """
+    check_group_name(group)
     where = f" on topic {topic}" if topic is not None else ""
-    if not yes:
-        click.confirm(f"delete the offsets and leases of group {group}{where}?", abort=True)
+    if not yes and not _confirmed(f"delete the offsets and leases of group {group}{where}?"):
+        return ExitCode.FAILURE
     removed = run_on_log(log_url, lambda log: log.delete_group(group, topic))
+    if not removed:
+        click.echo(f"group {group} has no committed offset{where} (a mistyped name?): "
+                   "nothing deleted", err=True)
+        return ExitCode.FAILURE
     click.echo(f"group {group}: {removed} committed offset{'s' * (removed != 1)} "
-               f"deleted{where}")
+               f"deleted{where} (its wk-retry.{group}.* and wk-dlq.{group}.* topics are "
+               "kept)")
+    return ExitCode.OK
 
 
 @dataclass(frozen=True)

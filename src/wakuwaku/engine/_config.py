@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, ErrorClass
+from .._records import MAX_GROUP_LENGTH, valid_group_name
 
 log = logging.getLogger("wakuwaku.consumer")
 
@@ -47,8 +48,6 @@ def default_classify(exc: BaseException) -> ErrorClass:
 RETRY_PREFIX = "wk-retry."
 DEAD_LETTER_PREFIX = "wk-dlq."
 REPLAY_LEDGER_PREFIX = "wk-replayed."
-_GROUP_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-MAX_GROUP_LENGTH = 100
 
 
 def check_group_name(group: str) -> None:
@@ -61,8 +60,7 @@ def check_group_name(group: str) -> None:
     :raises ConfigError: for a name that is empty, longer than 100
         characters, or has a character outside ``A-Z a-z 0-9 _ -``.
     """
-    if (not isinstance(group, str) or not group or len(group) > MAX_GROUP_LENGTH
-            or not _GROUP_CHARS.issuperset(group)):
+    if not valid_group_name(group):
         raise ConfigError(
             f"invalid consumer group name {group!r}: use 1 to {MAX_GROUP_LENGTH} characters "
             "of A-Z, a-z, 0-9, '_' and '-' (it is part of the group's retry and "
@@ -175,6 +173,13 @@ class ConsumerConfig:
             raise ConfigError(f"ConsumerConfig.topic names a topic twice: {list(topics)!r}")
         check_group_name(self.group)
         for topic in topics:
+            for derived in (self.retry_topic(topic), self.dead_letter_topic(topic)):
+                if len(derived) > 200:
+                    raise ConfigError(
+                        f"topic {topic!r} with group {self.group!r} makes the "
+                        f"{len(derived)}-character topic name {derived[:40]!r}...: derived "
+                        "topic names may have at most 200 characters (a shorter group or "
+                        "topic name)")
             internal = split_internal_topic(self._unqualified(topic))
             if internal is not None:
                 kind, group, main = internal

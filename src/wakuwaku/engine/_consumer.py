@@ -241,11 +241,21 @@ class Consumer:
         """Own the partition while alive: take the lease, run a worker, renew (SPEC 15)."""
         clock = self.config.clock
         ttl = self.config.lease_ttl
+        waiting = False
         while not self._stop.is_set():
             lease = await self._acquire(topic, partition)
             if lease is None:
+                if not waiting:  # once per wait: a dead member's lease runs out by itself
+                    log.info("partition owned by another member; waiting for its lease",
+                             extra={"topic": topic, "partition": partition,
+                                    "lease_ttl": ttl})
+                    waiting = True
                 await self._wait_or_stop(ttl / 3)
                 continue
+            if waiting:
+                log.info("partition lease taken", extra={"topic": topic, "partition": partition,
+                                                          "generation": lease.generation})
+                waiting = False
             worker = PartitionWorker(
                 log=self.log, config=self.config, topic=topic, partition=partition,
                 handlers=self.handlers, stats=self.stats, generation=lease.generation,
