@@ -195,7 +195,7 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
     task.cancel()  # a crash: nothing graceful happens
     await asyncio.gather(task, return_exceptions=True)
     assert first.handled_ns() == [10, 1]
-    before = {k: (s.failures, s.due, [r.offset for r in s.pending])
+    before = {k: (s.failures, s.due_wall, s.due, [r.offset for r in s.pending])
               for w in c1.workers.values() for k, s in w.retry.keys.items()}
 
     second = Script(clock)
@@ -204,10 +204,11 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
     async with Running(c2):
         await wait_until(clock, lambda: all(w.started for w in c2.workers.values())
                          and bool(c2.workers))
-        after = {k: (s.failures, s.due, [r.offset for r in s.pending])
+        after = {k: (s.failures, s.due_wall, s.due, [r.offset for r in s.pending])
                  for w in c2.workers.values() for k, s in w.retry.keys.items()}
         assert after == before
-        assert after["a"][0:2] == (2, T0 + 6.0)
+        # Stored at T0 + 6; on the monotonic clock (the fake one starts at 0): 6.
+        assert after["a"][0:3] == (2, T0 + 6.0, 6.0)
         await wait_until(clock, lambda: c2.stats.gave_up_keys == 1)
     # Nothing resolved before the crash ran again; the counter was not reset:
     # attempts 2, 3 and 4 at 6, 14 and 30, then give up.
