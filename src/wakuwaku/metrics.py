@@ -231,7 +231,8 @@ class ConsumerCollector(Collector):
                                  "Keys quarantined in the partition now.", labels=labels)
         due = GaugeMetricFamily(
             self._name("next_retry_attempt_timestamp_seconds"),
-            "When the partition's earliest retry attempt is due (seconds since the epoch).",
+            "When the partition's earliest retry attempt is due, as stored "
+            "(seconds since the epoch).",
             labels=labels)
         lag = GaugeMetricFamily(self._name("lag_records"),
                                 "Records after the worker's position (end offset - position).",
@@ -244,7 +245,7 @@ class ConsumerCollector(Collector):
                 retry = worker.retry
                 backlog.add_metric(values, float(retry.pending_count))
                 keys.add_metric(values, float(len(retry.keys)))
-                next_due = _stable(retry.next_due)
+                next_due = _stable(retry.next_due_wall)
                 if next_due is not None:
                     due.add_metric(values, next_due)
                 end = self._ends.get((index, topic, partition))

@@ -5,6 +5,12 @@ the event loop is waiting and at least one waits on the fake clock, time moves
 to the earliest deadline and that sleeper wakes. A retry schedule of
 2, 4, 8, 16 s therefore runs in milliseconds, and the times a handler sees are
 exact.
+
+Wall time (:meth:`FakeClock.now`) and monotonic time
+(:meth:`FakeClock.monotonic`) move together, except that
+:meth:`FakeClock.step_wall` steps the wall clock alone, as NTP or an operator
+does to a real one: the library waits on monotonic time only (SPEC 6), so a
+test can show that a step neither hurries nor stalls a retry.
 """
 
 from __future__ import annotations
@@ -36,13 +42,16 @@ class FakeClock:
         # computed as ``due - now`` must land exactly on ``due``.
         self._now_us = round(start * _US)
         self._start_us = self._now_us
+        self._wall_step_us = 0
         self._autojump = autojump
         self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._driver: asyncio.Task[None] | None = None
 
     def now(self) -> float:
-        return self._now_us / _US
+        """Wall time (seconds since the epoch): ``start``, plus the time that
+        passed, plus every :meth:`step_wall`."""
+        return (self._now_us + self._wall_step_us) / _US
 
     def monotonic(self) -> float:
         return (self._now_us - self._start_us) / _US
@@ -65,6 +74,16 @@ class FakeClock:
             raise ValueError("a clock cannot go backwards")
         self._now_us += round(seconds * _US)
         self._wake_due()
+
+    def step_wall(self, seconds: float) -> None:
+        """Step the wall clock (:meth:`now`) by ``seconds``, forward or back,
+        without moving monotonic time or waking any sleeper.
+
+        Models a wall-clock step (NTP, an operator, a VM resume): waits and
+        deadlines run on monotonic time, so nothing a sleeper waits for
+        changes (issue 12 item 4).
+        """
+        self._wall_step_us += round(seconds * _US)
 
     def _wake_due(self) -> None:
         while self._sleepers and self._sleepers[0][0] <= self._now_us:

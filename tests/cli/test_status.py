@@ -14,8 +14,9 @@ import pytest
 import wakuwaku as wk
 from wakuwaku.admin import Status, consumer_status
 from wakuwaku.cli import ExitCode, main
+from wakuwaku.cli._status import when
 from wakuwaku.engine import Consumer
-from wakuwaku.engine._retry import H_AT, H_MARKER, MARKER_ATTEMPT_FAILED
+from wakuwaku.engine._retry import H_AT, H_DUE, H_MARKER, MARKER_ATTEMPT_FAILED
 from wakuwaku.logs import Log
 from wakuwaku.logs.sqlite import SQLiteLog
 from wakuwaku.testing import FakeClock
@@ -59,7 +60,7 @@ async def quarantine(log: Log, *, attempts: int = 0) -> Consumer:
         # Exactly to the due time: the attempt runs then, and its marker says so.
         due = worker.retry.next_due()
         assert due is not None
-        clock.advance(due - clock.now())
+        clock.advance(due - clock.monotonic())
         await until(lambda n=n: consumer.stats.attempts_failed == n + 1)  # type: ignore[misc]
     await producer.publish(Order(STUCK, 5))  # routed behind the pending ones
     await until(lambda: consumer.stats.routed == 1, clock)
@@ -78,8 +79,8 @@ async def test_status_reports_the_quarantined_key_exactly_as_the_consumer_holds_
     assert key.first_failed_at == T0
     assert key.next_attempt_at == T0 + DELAYS[0]
     live = consumer.workers[(TOPIC, p)].retry.keys[STUCK]
-    assert (len(live.pending), live.failures, live.due) == (key.pending, key.failures,
-                                                            key.next_attempt_at)
+    assert (len(live.pending), live.failures, live.due_wall) == (
+        key.pending, key.failures, key.next_attempt_at)
     assert status.backlog == 3
     assert status.partitions[p].retry_pending == 3 and status.partitions[p].quarantined == 1
     assert status.lag == 0
@@ -197,6 +198,36 @@ def test_cli_status_prints_lag_quarantined_keys_backlog_and_dead_letters(
     data = json.loads(capsys.readouterr().out)
     assert data["quarantined"][0]["next_attempt_at"] == T0 + DELAYS[0]  # not the default 2 s
     assert data["backlog"] == 3 and data["lag"] == 0
+
+
+def test_cli_status_prints_a_stored_time_beyond_year_9999(
+    quarantined_log: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 12 item 4: a due time of year 33715 killed `wakuwaku status`. The
+    # consumer now refuses such delays, but a stored header may hold any
+    # time up to 2**53 ms (an older consumer, another writer).
+    async def write() -> None:
+        log = SQLiteLog(quarantined_log.removeprefix("sqlite:///"))
+        try:
+            marker = {"wk-v": b"1", H_MARKER: MARKER_ATTEMPT_FAILED, "wk-key": STUCK.encode(),
+                      "wk-failures": b"2", H_AT: str(int(T0 * 1000)).encode(),
+                      H_DUE: str(10**15).encode()}
+            await log.append(f"wk-retry.{GROUP}.{TOPIC}", wk.partition_for(STUCK, 2),
+                             [(marker, b"")])
+        finally:
+            await log.close()
+
+    asyncio.run(write())
+    assert main(["status", TOPIC, "-g", GROUP, "--log", quarantined_log]) == ExitCode.OK
+    assert "next attempt (stored) 1000000000000 s since the epoch" in capsys.readouterr().out
+
+
+def test_when_prints_any_time() -> None:
+    assert when(T0) == "2023-11-14T22:13:20Z"
+    assert when(None) == "-"
+    assert when(1e12) == "1000000000000 s since the epoch"
+    assert when(-1e12) == "-1000000000000 s since the epoch"
+    assert when(2.0**53 / 1000) == "9007199254741 s since the epoch"
 
 
 def test_cli_status_errors(quarantined_log: str, tmp_path: Path,

@@ -196,7 +196,7 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
     task.cancel()  # a crash: nothing graceful happens
     await asyncio.gather(task, return_exceptions=True)
     assert first.handled_ns() == [10, 1]
-    before = {k: (s.failures, s.due, [r.offset for r in s.pending])
+    before = {k: (s.failures, s.due_wall, s.due, [r.offset for r in s.pending])
               for w in c1.workers.values() for k, s in w.retry.keys.items()}
 
     second = Script(clock)
@@ -205,10 +205,11 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
     async with Running(c2):
         await wait_until(clock, lambda: all(w.started for w in c2.workers.values())
                          and bool(c2.workers))
-        after = {k: (s.failures, s.due, [r.offset for r in s.pending])
+        after = {k: (s.failures, s.due_wall, s.due, [r.offset for r in s.pending])
                  for w in c2.workers.values() for k, s in w.retry.keys.items()}
         assert after == before
-        assert after["a"][0:2] == (1, T0 + 4.0)
+        # Stored at T0 + 4; on the monotonic clock (the fake one starts at 0): 4.
+        assert after["a"][0:3] == (1, T0 + 4.0, 4.0)
         await wait_until(clock, lambda: c2.stats.gave_up_keys == 1)
     # Nothing resolved before the crash ran again; the counter was not reset:
     # event 2's attempts at 4, 8, 16 and 32, then give up.

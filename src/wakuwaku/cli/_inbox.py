@@ -8,7 +8,6 @@ missing file or missing inbox tables is an error (exit 3), never created.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from ..inbox._base import DEFAULT_TABLE, Inbox
 from ..inbox.sqlite import SQLiteInbox
 from ..logs._url import parse_log_url
 from . import ExitCode
+from ._status import when
 
 T = TypeVar("T")
 
@@ -83,13 +83,6 @@ def _run(inbox: Inbox, work: Callable[[], Awaitable[T]]) -> T:
 
 async def _call(work: Callable[[], Awaitable[T]]) -> T:
     return await work()
-
-
-def _when(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _printable(text: str) -> str:
@@ -157,7 +150,7 @@ def dead_command(db: str, group: str, table: str, limit: int) -> int:
                   if item.source_topic is not None else "-")
         error = sanitize(item.last_error or "", 300)
         click.echo(f"{_printable(item.message_key)}\tattempts={item.attempts}\t"
-                   f"dead_at={_when(item.dead_at)}\tsource={source}\terror={error}")
+                   f"dead_at={when(item.dead_at)}\tsource={source}\terror={error}")
     return ExitCode.OK
 
 

@@ -88,10 +88,19 @@ def with_log(url: str, work: Callable[[Log], Awaitable[T]], *, create: bool = Fa
 
 
 def when(seconds: float | None) -> str:
-    """A UTC ISO 8601 time (to the second), ``-`` for None."""
+    """A UTC ISO 8601 time (to the second), ``-`` for None.
+
+    A stored time outside the dates :mod:`datetime` can show (before year 1
+    or after 9999, up to the 2**53 ms a header may hold) prints as ``<n> s
+    since the epoch``: status never dies on a time it read (issue 12 item 4:
+    ``year 33715 is out of range``).
+    """
     if seconds is None:
         return "-"
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    try:
+        moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    except (ValueError, OverflowError, OSError):
+        return f"{seconds:.0f} s since the epoch"
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 

@@ -9,6 +9,7 @@ import enum
 import logging
 import math
 import os
+import random
 import socket
 import uuid
 from collections.abc import Callable, Sequence
@@ -22,6 +23,11 @@ log = logging.getLogger("wakuwaku.consumer")
 
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0)
 """The default schedule: a Retryable key gets four attempts (SPEC 6)."""
+
+MAX_RETRY_DELAY = 30 * 24 * 3600.0
+"""The longest accepted retry delay: 30 days (seconds). A due time must stay
+a printable date (issue 12 item 4: ``retry_delays=[1e12]`` was accepted and
+``wakuwaku status`` died on ``year 33715 is out of range``)."""
 
 
 class DeliveryMode(enum.Enum):
@@ -116,13 +122,30 @@ class ConsumerConfig:
     :param partitions: the partitions to consume, or None for all of them.
     :param retry_delays: the schedule (seconds) of both the in-place Transient
         retries (last delay repeating forever) and the Retryable attempts
-        (one attempt per delay, then give up). Default 2, 4, 8, 16.
+        (one attempt per delay, then give up). Default 2, 4, 8, 16. Each
+        delay is at most :data:`MAX_RETRY_DELAY` (30 days). Waits run on the
+        clock's monotonic time; only due times are stored, as wall time
+        rounded up to the millisecond (SPEC 6).
+    :param retry_jitter: opt-in jitter, a fraction of each delay in
+        ``[0, 1]`` (default 0: none). A wait of ``d`` becomes ``d * (1 +
+        retry_jitter * u)`` with ``u`` in ``[0, 1)`` from ``jitter_source``:
+        jitter only adds delay, never schedules earlier (SPEC 6), and spreads
+        keys that failed together (issue 12 item 13). It applies to every
+        wait on the schedule (Retryable attempts, Transient retries in
+        place, retried log calls); the stored due time includes it, so a
+        restart keeps it.
+    :param jitter_source: returns ``u`` in ``[0, 1)`` (default
+        :func:`random.random`); pass ``random.Random(seed).random`` for a
+        reproducible schedule. A value outside ``[0, 1]`` is clamped.
     :param max_pending_retry: bound on pending work records per retry
         partition; a newly failing key beyond it is dead-lettered with
         ``retry_backlog_full`` (SPEC 6).
     :param delivery_mode: :class:`DeliveryMode` (default ``NO_EVENT_LOSE``).
     :param max_poll_records: the most records one poll of a partition returns.
     :param max_concurrency: how many keys of one partition run at once.
+        Sync handlers run on the consumer's own thread pool of
+        ``max_concurrency`` threads, so this bound, not asyncio's default
+        pool, limits them (issue 12 item 13).
     :param classify: maps an exception that is not a ``HandleError`` to an
         :class:`ErrorClass` (SPEC 5.8); default :func:`default_classify`.
     :param clock: where time comes from (a :class:`~wakuwaku.testing.FakeClock` in tests).
@@ -134,7 +157,9 @@ class ConsumerConfig:
     :param error_text_limit: the longest sanitized error text stored in headers.
     :raises ConfigError: for an empty topic, a retry or dead-letter topic
         given as a main topic, a group name outside :func:`check_group_name`,
-        an empty or negative retry schedule, or a non-positive bound.
+        an empty or negative retry schedule, a delay above
+        :data:`MAX_RETRY_DELAY`, a ``retry_jitter`` outside ``[0, 1]``, a
+        ``jitter_source`` that is not callable, or a non-positive bound.
     """
 
     topic: str | Sequence[str]
@@ -142,6 +167,8 @@ class ConsumerConfig:
     namespace: str = ""
     partitions: Sequence[int] | None = None
     retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS
+    retry_jitter: float = 0.0
+    jitter_source: Callable[[], float] = random.random
     max_pending_retry: int = 100_000
     delivery_mode: DeliveryMode = DeliveryMode.NO_EVENT_LOSE
     max_poll_records: int = 500
@@ -207,7 +234,20 @@ class ConsumerConfig:
                 "retry_delays must be a non-empty sequence of finite seconds >= 0, "
                 f"got {self.retry_delays!r}"
             )
+        if max(delays) > MAX_RETRY_DELAY:
+            raise ConfigError(
+                f"retry_delays must each be at most {MAX_RETRY_DELAY:.0f} seconds (30 days), "
+                f"got {max(delays)!r}"
+            )
         object.__setattr__(self, "retry_delays", delays)
+        jitter = self.retry_jitter
+        if (not isinstance(jitter, int | float) or isinstance(jitter, bool)
+                or not 0.0 <= jitter <= 1.0):
+            raise ConfigError(f"ConsumerConfig.retry_jitter must be a fraction in [0, 1], "
+                              f"got {jitter!r}")
+        if not callable(self.jitter_source):
+            raise ConfigError(f"ConsumerConfig.jitter_source must be callable, "
+                              f"got {self.jitter_source!r}")
 
     def _check_bounds(self) -> None:
         bounds = ("max_pending_retry", "max_poll_records", "max_concurrency", "error_text_limit")
@@ -259,3 +299,13 @@ class ConsumerConfig:
         the last delay repeats (SPEC 5.6, 6)."""
         delays = tuple(self.retry_delays)
         return delays[min(max(failures, 1), len(delays)) - 1]
+
+    def retry_delay(self, failures: int) -> float:
+        """The wait (seconds) to schedule after the ``failures``-th failure in a
+        row: :meth:`delay` plus the jitter, ``delay * retry_jitter * u``, which
+        only adds (SPEC 6, issue 12 item 13). Without jitter, :meth:`delay`."""
+        delay = self.delay(failures)
+        if not self.retry_jitter or not delay:
+            return delay
+        u = min(max(float(self.jitter_source()), 0.0), 1.0)
+        return delay * (1.0 + self.retry_jitter * u)

@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._errors import (
@@ -71,6 +72,8 @@ class Consumer:
         # Set by a worker each time it reads to the end of its partition, so
         # that drain() notices idleness at once instead of on its next tick.
         self._caught_up = asyncio.Event()
+        # Sync handlers' threads, made by run() (issue 12 item 13).
+        self._executor: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -129,6 +132,12 @@ class Consumer:
         if not self._started:
             await self.start()
         installed = self._install_signals() if install_signal_handlers else []
+        # Sync handlers run on a pool of max_concurrency threads (issue 12
+        # item 13): asyncio's default pool (min(32, cpus + 4) threads) capped
+        # them whatever the config said. Threads start only when used.
+        self._executor = executor = ThreadPoolExecutor(
+            max_workers=self.config.max_concurrency,
+            thread_name_prefix=f"wakuwaku-{self.config.group}")
         supervisors = [
             asyncio.create_task(self._supervise(topic, p), name=f"wakuwaku:{topic}/{p}")
             for topic, p in self._assignment
@@ -159,6 +168,9 @@ class Consumer:
             loop = asyncio.get_running_loop()
             for sig in installed:
                 loop.remove_signal_handler(sig)
+            # Never blocks the loop: a chunk cancelled at the shutdown deadline
+            # may leave its thread running until the handler returns.
+            executor.shutdown(wait=False, cancel_futures=True)
         return self.stats
 
     async def drain(self, *, install_signal_handlers: bool = False) -> ConsumerStats:
@@ -259,7 +271,7 @@ class Consumer:
             worker = PartitionWorker(
                 log=self.log, config=self.config, topic=topic, partition=partition,
                 handlers=self.handlers, stats=self.stats, generation=lease.generation,
-                on_caught_up=self._caught_up.set,
+                on_caught_up=self._caught_up.set, executor=self._executor,
             )
             self.workers[(topic, partition)] = worker
             if self._stop.is_set():

@@ -3,14 +3,17 @@
 Either subclass :class:`Handler` or decorate a function with :func:`handler`.
 ``handle`` receives one chunk: at most ``max_batch`` events of one run (one
 key, one type, in order, already reduced). An async ``handle`` runs on the
-event loop; a plain function runs in a worker thread.
+event loop; a plain function runs in a worker thread of the consumer's own
+pool (``max_concurrency`` threads per partition; issue 12 item 13).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._clock import BLOCKING_CALLS
@@ -70,15 +73,22 @@ class Handler(Generic[T]):
             raise NotImplementedError(f"{type(self).__qualname__} must override handle()")
         return self._fn(run)
 
-    async def __call__(self, run: Sequence[T]) -> None:
-        """Run the handler: on the loop if async, in a worker thread if sync."""
+    async def __call__(self, run: Sequence[T], executor: Executor | None = None) -> None:
+        """Run the handler: on the loop if async, in a worker thread if sync.
+
+        :param executor: where a sync handler runs (the consumer passes its
+            own pool); None: asyncio's default executor. The thread sees the
+            caller's context variables (``wakuwaku.context()``).
+        """
         if self.is_async:
             result = self.handle(run)
             if result is not None:
                 await result
             return
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
         with BLOCKING_CALLS.track():
-            outcome = await asyncio.to_thread(self.handle, run)
+            outcome = await loop.run_in_executor(executor, context.run, self.handle, run)
         if inspect.isawaitable(outcome):
             await outcome
 

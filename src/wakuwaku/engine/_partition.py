@@ -21,6 +21,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
 from functools import partial
 from operator import attrgetter, length_hint
 from typing import Any, TypeVar
@@ -130,6 +131,8 @@ class PartitionWorker:
     :param generation: the partition lease's generation (fences commits).
     :param on_caught_up: called each time a poll finds nothing new (the
         consumer's :meth:`~wakuwaku.Consumer.drain` listens).
+    :param executor: the thread pool sync handlers run on (None: asyncio's
+        default one).
     """
 
     def __init__(
@@ -143,6 +146,7 @@ class PartitionWorker:
         stats: ConsumerStats,
         generation: int | None = None,
         on_caught_up: Callable[[], None] | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.log = log
         self.config = config
@@ -151,6 +155,7 @@ class PartitionWorker:
         self.retry_topic = config.retry_topic(topic)
         self.dlq_topic = config.dead_letter_topic(topic)
         self.handlers = handlers
+        self._executor = executor
         self.types = {tag: h.event_type for tag, h in handlers.items()}
         self._has_inbox = any(h.inbox is not None for h in handlers.values())
         self._reduces = any(h.event_type.algebra is not Algebra.PLAIN for h in handlers.values())
@@ -161,7 +166,7 @@ class PartitionWorker:
         self._fence = (None if generation is None else
                        Lease(config.group, topic, partition, config.member_id, generation, 0.0))
         self.clock = config.clock
-        self.retry = RetryState(config.delay)
+        self.retry = RetryState(config.delay, config.clock)
         self.position = 0
         self.caught_up = False
         self._on_caught_up = on_caught_up
@@ -176,6 +181,10 @@ class PartitionWorker:
         self._dead_out: list[Outgoing] = []
         self._dead_counts: Counter[str] = Counter()
         self._retry_out: list[Outgoing] = []
+        # Per buffered retry record, the (wall, monotonic) time its times were
+        # taken at: applied with it, its due time becomes a monotonic deadline
+        # however the wall clock steps meanwhile (SPEC 6).
+        self._retry_at: list[tuple[float, float]] = []
         self._unflushed_work = 0
         # Offsets of the current main batch that are done (dead-lettered,
         # routed, skipped by the inbox), and its handled chunks: a graceful
@@ -243,7 +252,7 @@ class PartitionWorker:
                     self.stats.log_call_retries += 1
                     if failures == 1:
                         self._gate.close()
-                    delay = self.config.delay(failures)
+                    delay = self.config.retry_delay(failures)
                     log.warning(
                         "log call failed; retrying",
                         extra={**self._fields, "operation": operation, "delay": delay,
@@ -297,11 +306,18 @@ class PartitionWorker:
         )
 
     def _idle_wait(self) -> float:
+        """Seconds until the next poll: ``poll_interval``, or less when a retry
+        key is due sooner (on monotonic time, SPEC 6)."""
         wait = self.config.poll_interval
         next_due = self.retry.next_due()
         if next_due is not None:
-            wait = min(wait, max(0.0, next_due - self.clock.now()))
+            wait = min(wait, max(0.0, next_due - self.clock.monotonic()))
         return wait
+
+    def _times(self) -> tuple[float, float]:
+        """Wall and monotonic time (seconds), read together (see
+        :meth:`RetryState.apply`)."""
+        return self.clock.now(), self.clock.monotonic()
 
     async def _restore(self) -> None:
         """Rebuild retry state from the retry partition and find the start position."""
@@ -507,7 +523,7 @@ class PartitionWorker:
                                                    "pending": pending})
             self._dead_letter_items(work, ReasonCode.RETRY_BACKLOG_FULL, error)
             return
-        self._write_retry(work, self.clock.now(), error)
+        self._write_retry(work, None, error)
         self.stats.quarantined_keys += 1
         self.stats.retry_written += records
         log.warning("key quarantined after retryable failure", extra=fields)
@@ -604,7 +620,7 @@ class PartitionWorker:
                     # An async handle is called directly (a frame less), looked up
                     # per run so that a replaced handle is honoured; a sync one
                     # goes through __call__ (a worker thread).
-                    invoke = handler.handle if handler.is_async else handler
+                    invoke = handler.handle if handler.is_async else self._sync_call(handler)
                     size = handler.max_batch
                     count = len(run.events)  # not len(run): a Python-level __len__
                     for start in range(0, count, size):
@@ -697,7 +713,7 @@ class PartitionWorker:
             while True:
                 self.stats.transient_pauses += 1
                 self.stats.failed_by_class[ErrorClass.TRANSIENT.value] += 1
-                delay = self.config.delay(failures)
+                delay = self.config.retry_delay(failures)
                 log.warning(
                     "transient failure; retrying chunk in place",
                     extra={**self._fields, "key": key, "type": handler.event_type.tag,
@@ -727,7 +743,7 @@ class PartitionWorker:
                                           handler.event_type.tag, chunk, attempt))
         started = time.perf_counter()
         try:
-            invoke = handler.handle if handler.is_async else handler
+            invoke = handler.handle if handler.is_async else self._sync_call(handler)
             called = invoke(chunk.events.copy())
             if called is not None:
                 await called
@@ -738,6 +754,10 @@ class PartitionWorker:
             _current.reset(token)
         self.stats.handler_calls += 1
         return None
+
+    def _sync_call(self, handler: Handler[Any]) -> Callable[[list[Any]], Awaitable[None]]:
+        """A sync handler's call on the consumer's thread pool."""
+        return partial(handler.__call__, executor=self._executor)
 
     def _failure(self, exc: BaseException, handler: Handler[Any], key: str,
                  chunk: Iterable[Item]) -> tuple[ErrorClass, BaseException]:
@@ -867,9 +887,11 @@ class PartitionWorker:
             self._dead_counts = Counter()
         if retry:
             now = self.clock.now()
-            for (headers, body), offset in zip(retry, offsets, strict=True):
-                self.retry.apply(Record(offset, headers, body, now))
+            for (headers, body), offset, at in zip(retry, offsets, self._retry_at,
+                                                   strict=True):
+                self.retry.apply(Record(offset, headers, body, now), at)
             self._retry_out = []
+            self._retry_at = []
             self._unflushed_work = 0
         if low != self._retry_committed:
             self._retry_committed = low
@@ -893,19 +915,33 @@ class PartitionWorker:
                                          offset, fence=fence))
         return offsets
 
-    def _write_retry(self, items: list[Item], failed_at: float, error: str) -> None:
-        """Buffer main-topic items for the retry topic, in order (SPEC 5.5)."""
-        due = failed_at + self.config.delay(1)
+    def _write_retry(self, items: list[Item], failed_at: float | None, error: str) -> None:
+        """Buffer main-topic items for the retry topic, in order (SPEC 5.5).
+
+        :param failed_at: the key's first failure (seconds since the epoch)
+            for items routed to a quarantined key; None for the failure that
+            quarantines it now, whose first attempt is due after the first
+            (jittered) delay.
+        """
+        at = self._times()
+        now = at[0]
+        if failed_at is None:
+            failed_at = now
+            due = now + self.config.retry_delay(1)
+        else:
+            # The key's state already holds its due time; this one is not read.
+            due = failed_at + self.config.delay(1)
         for item in items:
             records = retry_work_records(item, failed_at, error, due)
             self._retry_out.extend(records)
+            self._retry_at.extend([at] * len(records))
             self._unflushed_work += len(records)
             self._mark([item])
 
     async def _run_due_attempts(self) -> None:
         """One attempt for every due retry key, before the next poll (SPEC 6)."""
         while True:
-            keys = self.retry.due_keys(self.clock.now())
+            keys = self.retry.due_keys(self.clock.monotonic())
             if not keys:
                 return
             snapshots: dict[str, list[Record]] = {}
@@ -966,9 +1002,11 @@ class PartitionWorker:
             if chunk.key not in finished:
                 last = max(r.offset for item in chunk for r in item.sources)
                 through[chunk.key] = max(through.get(chunk.key, last), last)
-        now = self.clock.now()
+        at = self._times()
+        now = at[0]
         self._retry_out.extend(resolved_marker(key, offset, now)
                                for key, offset in through.items())
+        self._retry_at.extend(at for _ in through)
         try:
             await self._flush()
             await self._commit_retry()
@@ -985,11 +1023,13 @@ class PartitionWorker:
     async def _finish_attempt(self, key: str, pending: list[Record],
                               outcome: SegmentOutcome) -> None:
         self.stats.attempts += 1
-        now = self.clock.now()
+        at = self._times()
+        now = at[0]
         state = self.retry.keys[key]
         fields: dict[str, Any] = {**self._fields, "key": key}
         if outcome.error is None:
             self._retry_out.append(resolved_marker(key, pending[-1].offset, now))
+            self._retry_at.append(at)
             log.info("quarantine lifted", extra=fields)
             return
         self.stats.attempts_failed += 1
@@ -1013,12 +1053,13 @@ class PartitionWorker:
         else:
             if done_before:
                 markers.append(resolved_marker(key, max(done_before), now))
-            markers.append(attempt_failed_marker(key, failures, now,
-                                                 now + self.config.delay(failures)))
+            delay = self.config.retry_delay(failures)
+            markers.append(attempt_failed_marker(key, failures, now, now + delay))
             log.warning("retry attempt failed", extra={
                 **fields, "offsets": [o for i in outcome.rest for o in i.main_offsets],
-                "next_attempt_in": self.config.delay(failures)})
+                "next_attempt_in": delay})
         self._retry_out.extend(markers)
+        self._retry_at.extend(at for _ in markers)
 
     # ------------------------------------------------------------ dead letters
 

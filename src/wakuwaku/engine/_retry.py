@@ -26,6 +26,17 @@ An attempt plans all of a key's pending work records as one new batch
 they are of its type (and are given up with it), and form later runs when
 they are not (and are attempted at once after a give-up).
 
+Stored times are whole milliseconds since the epoch, rounded **up**
+(:func:`ms_text`), so a stored due time is never earlier than the one the
+consumer computed (SPEC 6: "stored times round up, never down").
+
+Wall time is only stored. In a process every due time is a deadline on the
+clock's monotonic time: :meth:`RetryState.apply` converts a stored wall time
+once, ``due_mono = mono + (due_wall - wall)`` with the two clocks read
+together when the record was written (live records) or when it is read (a
+restart), so a later step of the wall
+clock neither hurries nor stalls an attempt (SPEC 6, issue 12 item 4).
+
 One function, :meth:`RetryState.apply`, turns a record into state. The live
 consumer writes a record, then applies it with its assigned offset; a
 restart reads the retry partition from its committed offset and applies the
@@ -38,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .._clock import SYSTEM_CLOCK, Clock
 from .._records import (
     H_ERROR,
     H_FAILED_AT,
@@ -68,8 +80,17 @@ MARKER_ATTEMPT_FAILED = b"attempt-failed"
 Outgoing = tuple[dict[str, bytes], bytes]
 
 
-def _ms(seconds: float) -> bytes:
-    return str(round(seconds * 1000)).encode()
+def ms_text(seconds: float) -> bytes:
+    """``seconds`` since the epoch as stored: whole milliseconds, rounded up.
+
+    Rounded to the microsecond first (float noise of today's epoch times is
+    below it), so that ``1.7e9 + 0.1`` computed as ``…100.00000002 ms``
+    does not gain a millisecond; any real fraction of a
+    millisecond rounds up, never down (SPEC 6; issue 12 item 4: a failure at
+    ``…000.0004`` had its first attempt stored at ``…002.000``).
+    """
+    micros = round(seconds * 1_000_000)
+    return str(-(-micros // 1000)).encode()
 
 
 def resolved_marker(key: str, through: int, at: float, *, reset: bool = False) -> Outgoing:
@@ -81,7 +102,7 @@ def resolved_marker(key: str, through: int, at: float, *, reset: bool = False) -
             H_KEY: key.encode(),
             H_THROUGH: str(through).encode(),
             H_RESET: b"1" if reset else b"0",
-            H_AT: _ms(at),
+            H_AT: ms_text(at),
         },
         b"",
     )
@@ -96,8 +117,8 @@ def attempt_failed_marker(key: str, failures: int, at: float, due: float) -> Out
             H_MARKER: MARKER_ATTEMPT_FAILED,
             H_KEY: key.encode(),
             H_FAILURES: str(failures).encode(),
-            H_AT: _ms(at),
-            H_DUE: _ms(due),
+            H_AT: ms_text(at),
+            H_DUE: ms_text(due),
         },
         b"",
     )
@@ -118,7 +139,7 @@ def retry_work_records(
     ``due`` (seconds since the epoch) is when the key's first attempt is due,
     were these records to quarantine it.
     """
-    common = {H_FAILED_AT: _ms(failed_at), H_DUE: _ms(due), H_ERROR: error.encode()}
+    common = {H_FAILED_AT: ms_text(failed_at), H_DUE: ms_text(due), H_ERROR: error.encode()}
     out: list[Outgoing] = []
     for record, origin in zip(item.sources, item.origins, strict=True):
         headers = dict(record.headers)
@@ -167,7 +188,10 @@ class KeyState:
     :param pending: its pending work records in the retry topic, in offset order.
     :param failures: failures in a row in the current cycle (the failure that
         quarantined it counts as 1; a give-up resets to 0).
-    :param due: when the next attempt may run (seconds since the epoch).
+    :param due: when the next attempt may run, on the clock's monotonic
+        time (seconds): what the consumer waits for.
+    :param due_wall: the same time as stored (seconds since the epoch): what
+        ``wakuwaku status`` shows.
     :param first_failed_at: the cycle's first failure, stamped on records
         routed to the key while it is quarantined.
     :param max_main_offset: the highest main-topic offset in its pending work;
@@ -177,6 +201,7 @@ class KeyState:
     pending: list[Record] = field(default_factory=list)
     failures: int = 1
     due: float = 0.0
+    due_wall: float = 0.0
     first_failed_at: float = 0.0
     max_main_offset: int = -1
 
@@ -184,11 +209,16 @@ class KeyState:
 class RetryState:
     """Pending retry work of one retry partition, rebuilt by :meth:`apply` (SPEC 6).
 
-    :param delay: ``delay(failures) -> seconds`` (the config's schedule).
+    :param delay: ``delay(failures) -> seconds`` (the config's schedule),
+        used only for records written without a stored due time.
+    :param clock: the clock whose monotonic time due times are kept on.
     """
 
-    def __init__(self, delay: Callable[[int], float]) -> None:
+    def __init__(self, delay: Callable[[int], float], clock: Clock = SYSTEM_CLOCK) -> None:
         self._delay = delay
+        self._clock = clock
+        # (wall, monotonic) for the record being applied (see apply).
+        self._at = (0.0, 0.0)
         self.keys: dict[str, KeyState] = {}
         self.pending_count = 0
         self.end_offset = 0
@@ -202,21 +232,36 @@ class RetryState:
         return key in self.keys
 
     def due_keys(self, now: float) -> list[str]:
-        """Keys whose next attempt is due at ``now``, earliest first."""
+        """Keys whose next attempt is due at ``now`` (the clock's monotonic
+        time, seconds), earliest first."""
         due = [(state.due, key) for key, state in self.keys.items() if state.due <= now]
         return [key for _, key in sorted(due)]
 
     def next_due(self) -> float | None:
-        """When the earliest attempt is due, or None without quarantined keys."""
+        """When the earliest attempt is due (monotonic seconds), or None
+        without quarantined keys."""
         return min((s.due for s in self.keys.values()), default=None)
+
+    def next_due_wall(self) -> float | None:
+        """The earliest stored due time (seconds since the epoch), as
+        ``wakuwaku status`` shows it, or None without quarantined keys."""
+        return min((s.due_wall for s in self.keys.values()), default=None)
 
     def low_watermark(self) -> int:
         """The retry partition's committed offset: its lowest pending offset (SPEC 6)."""
         lows = [s.pending[0].offset for s in self.keys.values() if s.pending]
         return min(lows) if lows else self.end_offset
 
-    def apply(self, record: Record) -> None:
-        """Fold one retry-topic record (work or marker) into the state."""
+    def apply(self, record: Record, at: tuple[float, float] | None = None) -> None:
+        """Fold one retry-topic record (work or marker) into the state.
+
+        :param at: (wall, monotonic) time (seconds), read together when the
+            record's times were taken; a stored due time ``D`` becomes the
+            monotonic deadline ``monotonic + (D - wall)``. Default: the
+            clock now (a restart, reading records written earlier: a due time
+            already past is due at once).
+        """
+        self._at = (self._clock.now(), self._clock.monotonic()) if at is None else at
         self.end_offset = max(self.end_offset, record.offset + 1)
         key = header_text(record.headers, H_KEY)
         if key is None:
@@ -231,8 +276,8 @@ class RetryState:
             if state is not None:
                 state.failures = int(record.headers[H_FAILURES])
                 due = record.headers.get(H_DUE)
-                state.due = (_seconds(due) if due is not None else
-                             _seconds(record.headers[H_AT]) + self._delay(state.failures))
+                self._set_due(state, _seconds(due) if due is not None else
+                              _seconds(record.headers[H_AT]) + self._delay(state.failures))
 
     def apply_all(self, records: Iterable[Record]) -> None:
         for record in records:
@@ -244,8 +289,9 @@ class RetryState:
             raw = record.headers.get(H_FAILED_AT)
             failed_at = _seconds(raw) if raw is not None else record.timestamp
             due = record.headers.get(H_DUE)
-            state = KeyState(failures=1, first_failed_at=failed_at,
-                             due=_seconds(due) if due is not None else failed_at + self._delay(1))
+            state = KeyState(failures=1, first_failed_at=failed_at)
+            self._set_due(state, _seconds(due) if due is not None else
+                          failed_at + self._delay(1))
             self.keys[key] = state
         state.pending.append(record)
         self.pending_count += 1
@@ -273,7 +319,14 @@ class RetryState:
             del self.keys[key]
         elif record.headers.get(H_RESET) == b"1":
             state.failures = 0
-            state.due = _seconds(record.headers[H_AT])
+            self._set_due(state, _seconds(record.headers[H_AT]))
+
+    def _set_due(self, state: KeyState, wall: float) -> None:
+        """Store a due time read from a record: as stored, and as a monotonic deadline."""
+        state.due_wall = wall
+        # To the microsecond: a wall time of today is a float with ~0.2 us
+        # of noise, which must not turn a due time of 6.0 into 6.00000001.
+        state.due = round(self._at[1] + (wall - self._at[0]), 6)
 
 
 def _seconds(raw: bytes) -> float:
