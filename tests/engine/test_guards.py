@@ -1,0 +1,142 @@
+"""Rules that a changed line in the source once broke without any test failing
+(issue 12, "Guards the suite lacks"); each test here fails on the changed rule."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+import wakuwaku as wk
+from wakuwaku._records import Source, build_headers, encode_source
+from wakuwaku.engine import Handler
+from wakuwaku.engine._retry import (
+    H_MARKER,
+    MARKER_RESOLVED,
+    RetryState,
+    resolved_marker,
+)
+from wakuwaku.inbox import SQLiteInbox
+from wakuwaku.logs import Log
+from wakuwaku.testing import FakeClock
+
+from .conftest import Item, Running, Script, consumer, read_all, setup_topic, wait_until
+
+
+@wk.event("test.other", key="key")
+class Other(msgspec.Struct, frozen=True):
+    """A second plain type, to share keys with :class:`Item`."""
+
+    key: str
+    n: int
+
+
+async def test_two_plain_types_of_one_key_form_separate_runs(log: Log, clock: FakeClock) -> None:
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("k", 1), Other("k", 2), Item("k", 3), Other("k", 4)])
+    items: list[list[object]] = []
+    others: list[list[object]] = []
+
+    async def on_items(run: Sequence[Item]) -> None:
+        items.append(list(run))
+
+    async def on_others(run: Sequence[Other]) -> None:
+        others.append(list(run))
+
+    await consumer(log, clock, [Handler(Item, on_items, max_batch=10),
+                                Handler(Other, on_others, max_batch=10)]).drain()
+    assert items == [[Item("k", 1)], [Item("k", 3)]]
+    assert others == [[Other("k", 2)], [Other("k", 4)]]
+
+
+async def test_redelivered_records_of_a_quarantined_key_are_not_routed_twice(
+    log: Log, clock: FakeClock
+) -> None:
+    """After a crash the main records a1 a2 come again while a is still
+    quarantined: the retry topic must not read a1 a2 a1 a2."""
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("a", 2)])
+    script = Script(clock)
+    script.fail[1] = [wk.Retryable("not yet")] * 100
+    first = consumer(log, clock, [Handler(Item, script)], retry_delays=(3600.0,),
+                     member_id="m1")
+    async with Running(first) as c:
+        await wait_until(clock, lambda: c.stats.quarantined_keys == 1)
+    await log.commit("g", "t", 0, 0)  # as if the main offset never got stored
+    second = consumer(log, clock, [Handler(Item, script)], retry_delays=(3600.0,),
+                      member_id="m1")
+    async with Running(second) as c:
+        await wait_until(clock, lambda: bool(c.workers)
+                         and all(w.caught_up for w in c.workers.values()))
+    work = [r for r in await read_all(log, "wk-retry.g.t") if H_MARKER not in r.headers]
+    assert [msgspec.json.decode(r.body)["n"] for r in work] == [1, 2]
+
+
+async def test_the_inbox_drops_an_item_only_when_all_its_message_ids_are_claimed(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    db = tmp_path / "effects.db"
+    inbox = SQLiteInbox(db, "g")
+    await inbox.ensure_schema()
+    log = wk.MemoryLog()
+    await log.create_topic("t", 1)
+    # A replayed dead letter of a combined event: one record, two message ids.
+    headers = dict(build_headers(wk.event_type(Item), "a"))
+    headers["wk-src"] = encode_source(Source("t", 0, (5, 6), ("t/0/5", "t/0/6")))
+    await log.append("t", 0, [(headers, b'{"key":"a","n":1}')])
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("BEGIN")
+    inbox.claim(conn, ["t/0/5"])  # only one of the two was applied
+    conn.execute("COMMIT")
+    seen: list[tuple[str, ...]] = []
+
+    def apply(run: Sequence[Item]) -> None:
+        seen.extend(wk.current_chunk().message_ids)
+
+    stats = await consumer(log, clock, [Handler(Item, apply, inbox=inbox)]).drain()
+    assert seen == [("t/0/5", "t/0/6")]
+    assert stats.inbox_skipped == 0
+
+
+def test_the_retry_offset_is_the_lowest_pending_one_over_several_keys() -> None:
+    state = RetryState(lambda failures: 2.0)
+    for offset, key in [(10, "b"), (11, "a"), (12, "b"), (13, "c")]:
+        state.apply(_work(offset, key))
+    assert state.low_watermark() == 10
+    state.apply(_record(14, *resolved_marker("b", 12, 1_700_000_000.0)))
+    assert state.low_watermark() == 11
+    state.apply(_record(15, *resolved_marker("a", 11, 1_700_000_000.0)))
+    assert state.low_watermark() == 13
+
+
+def test_a_resolved_marker_applies_to_its_own_key_only() -> None:
+    state = RetryState(lambda failures: 2.0)
+    state.apply(_work(1, "a"))
+    state.apply(_work(2, "b"))
+    headers, body = resolved_marker("a", 2, 1_700_000_000.0)
+    assert headers[H_MARKER] == MARKER_RESOLVED
+    state.apply(_record(3, headers, body))
+    assert sorted(state.keys) == ["b"]
+    assert [r.offset for r in state.keys["b"].pending] == [2]
+
+
+def test_a_key_is_due_at_its_due_time_not_only_after_it() -> None:
+    clock = FakeClock(1_700_000_000.0)
+    state = RetryState(lambda failures: 2.0, clock)
+    state.apply(_work(1, "a"))  # failed at the clock's time: due 2 s later
+    due = state.keys["a"].due
+    assert state.due_keys(due - 0.000001) == []
+    assert state.due_keys(due) == ["a"]  # never earlier, and not later either
+
+
+def _work(offset: int, key: str) -> wk.Record:
+    headers = dict(build_headers(wk.event_type(Item), key))
+    headers["wk-failed-at"] = b"1700000000000"
+    headers["wk-src"] = encode_source(Source("t", 0, (offset,), (f"t/0/{offset}",)))
+    return wk.Record(offset, headers, b"{}", 1_700_000_000.0)
+
+
+def _record(offset: int, headers: dict[str, bytes], body: bytes) -> wk.Record:
+    return wk.Record(offset, headers, body, 1_700_000_000.0)
