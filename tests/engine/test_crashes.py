@@ -145,3 +145,50 @@ async def test_10_a_gap_left_by_retention_is_logged_and_counted(
     gap = next(r for r in caplog.records if "retention floor" in r.getMessage())
     assert (gap.partition, gap.committed, gap.start, gap.skipped) == (  # type: ignore[attr-defined]
         0, 1, 5, 4)
+
+
+class CrashAfterDeadLetterWrite(CrashAfterRetryWrite):
+    """Stores call by call (as NATS does) and crashes right after the first
+    dead-letter append returned, before any offset is stored."""
+
+    atomic_store = False
+
+    def _crash(self, topics: list[str]) -> None:
+        if not self.crashed and any(t.startswith("wk-dlq.") for t in topics):
+            self.crashed = True
+            raise Crash
+
+
+@pytest.mark.parametrize("wrapper", [CrashAfterRetryWrite, CrashAfterDeadLetterWrite])
+async def test_12_on_a_log_that_stores_call_by_call_a_crash_gives_no_second_outcome(
+    log: Log, clock: FakeClock, wrapper: type[CrashAfterRetryWrite]
+) -> None:
+    """The same crash on a log without an atomic store (NATS): dead letters or
+    retry work written, the main offset not; the restart must not run or
+    dead-letter the same main records again."""
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("bad", 1), Item("k", 2), Item("slow", 3), Item("ok", 4)])
+    script = Script(clock)
+    script.fail[1] = [wk.Unrecoverable("bug")] * 100
+    script.fail[2] = [wk.Retryable("row not there yet")] * 5
+    script.fail[3] = [wk.Retryable("never there")] * 100
+    crashing = wrapper(log)
+    crashing.atomic_store = False  # type: ignore[misc]
+    first = consumer(crashing, clock, [Handler(Item, script)],  # type: ignore[arg-type]
+                     retry_delays=(0.0, 0.0, 0.0, 0.0), member_id="m1")
+    with pytest.raises(Crash):
+        await first.drain()
+    handled_before = script.handled_ns()
+    again = Wrapped(log)
+    again.atomic_store = False  # type: ignore[attr-defined]
+    second = consumer(again, clock, [Handler(Item, script)],  # type: ignore[arg-type]
+                      retry_delays=(0.0, 0.0, 0.0, 0.0), member_id="m1")
+    await second.drain()
+    applied = script.handled_ns()
+    dead = [event_n(r) for r in await dead_letters(log)]
+    assert sorted(dead) == sorted(set(dead)), f"dead-lettered twice: {dead}"
+    assert not set(applied) & set(dead), f"both applied and dead-lettered: {applied}, {dead}"
+    assert sorted(set(applied) | set(dead)) == [1, 2, 3, 4]
+    # Records handled before the crash (event 4, "ok") may be handled again:
+    # that is at-least-once; none of them may also be dead-lettered.
+    assert set(handled_before) <= set(applied)

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from .._errors import ErrorClass, FencedError, HandleError
 from .._events import Algebra
-from .._records import ReasonCode, Record, Source, message_id
+from .._records import H_KEY, ReasonCode, Record, Source, message_id
 from .._sanitize import sanitize
 from ..logs._base import BatchWrite, Lease, Log
 from ._config import ConsumerConfig, DeliveryMode
@@ -360,11 +360,48 @@ class PartitionWorker:
             self.stats.offset_gaps += start - position
             position = start
         self.position = position
+        if not self.log.atomic_store:
+            await self._recover_dead_letters(position)
         self.retry.forget_routed(position)
         if self.retry.keys:
             log.info("retry state restored", extra={
                 **self._fields, "keys": len(self.retry.keys),
                 "pending": self.retry.pending_count})
+
+    async def _recover_dead_letters(self, position: int) -> None:
+        """On a log without an atomic store, find dead letters written by a
+        batch whose main offset was never stored (a crash between the two
+        calls), so that their main records, delivered again, are not run or
+        dead-lettered a second time (issue 12 item 12; issue 14).
+
+        The group's offset in its dead-letter partition is stored after the
+        main offset; dead letters past it whose main offsets are at or past
+        ``position`` stand for records already done. They are remembered
+        like routed records (:attr:`RetryState.routed`). A partition without
+        that offset yet gets its end stored, so tracking starts now.
+        """
+        group, dlq, partition = self.config.group, self.dlq_topic, self.partition
+        offset = await self._log_call(
+            "load dead-letter offset", lambda: self.log.committed(group, dlq, partition))
+        if offset is None:
+            ends = await self._log_call("end offsets", lambda: self.log.end_offsets(dlq))
+            end = ends.get(partition, 0)
+            await self._log_call("commit dead-letter offset", partial(
+                self.log.commit, group, dlq, partition, end, fence=self._fence))
+            return
+        routed = self.retry.routed
+        while page := await self._log_call(
+                "read dead letters", partial(self.log.read, dlq, partition, offset, 1000)):
+            for record in page:
+                source = retry_source(record)
+                key = _header_key(record)
+                if (source is None or key is None or source.topic != self.topic
+                        or source.partition != partition or not source.offsets):
+                    continue
+                top = max(source.offsets)
+                if top >= position:
+                    routed[key] = max(routed.get(key, -1), top)
+            offset = page[-1].offset + 1
 
     async def _consume(self, records: list[Record]) -> None:
         self.stats.polled += len(records)
@@ -905,11 +942,18 @@ class PartitionWorker:
             assigned = await self._log_call("store", lambda: self.log.store(write, fence=fence))
             return assigned[-1] if assigned else []
         offsets: list[int] = []
+        dead_end: list[tuple[str, int, int]] = []
         for topic, partition, records in appends:
             operation = "dead-letter write" if topic == self.dlq_topic else "retry write"
             offsets = await self._log_call(
                 operation, partial(self.log.append, topic, partition, records, fence=fence))
-        for topic, partition, offset in commits:
+            if topic == self.dlq_topic and offsets:
+                dead_end = [(topic, partition, offsets[-1] + 1)]
+        # The dead-letter partition's own offset goes last, after the main one:
+        # dead letters past it may have been written by a batch whose main
+        # offset was never stored, and a restart reads them back
+        # (_recover_dead_letters).
+        for topic, partition, offset in [*commits, *dead_end]:
             await self._log_call(
                 "commit offset", partial(self.log.commit, self.config.group, topic, partition,
                                          offset, fence=fence))
@@ -1097,3 +1141,14 @@ class PartitionWorker:
             self._dead_counts[reject.reason.value] += 1
             if self._done is not None:
                 self._done.add(reject.record.offset)
+
+
+def _header_key(record: Record) -> str | None:
+    """A record's ``wk-key`` as text, or None when it is missing or broken."""
+    raw = record.headers.get(H_KEY)
+    if raw is None:
+        return None
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
