@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -58,6 +59,14 @@ def status(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Poll ``condition`` every 10 ms until it holds."""
+    while True:
+        if condition():
+            return
+        await asyncio.sleep(0.01)
 
 
 def mb(value: int) -> str:
@@ -120,8 +129,8 @@ async def measure(path: Path, records: int, keys: int, route: int, body: int) ->
     consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
     started = time.perf_counter()
     task = asyncio.create_task(consumer.run(install_signal_handlers=False))
-    while not (consumer.workers and all(w.started for w in consumer.workers.values())):
-        await asyncio.sleep(0.01)
+    await until(lambda: bool(consumer.workers)
+                and all(w.started for w in consumer.workers.values()))
     restart = time.perf_counter() - started
     [worker] = consumer.workers.values()
     pending, quarantined = worker.retry.pending_count, len(worker.retry.keys)
@@ -138,8 +147,7 @@ async def measure(path: Path, records: int, keys: int, route: int, body: int) ->
             await producer.publish_many([Tick(f"key-{n % keys}", n, payload)
                                          for n in range(start, min(route, start + 5000))])
         began = time.perf_counter()
-        while worker.position < records + route:
-            await asyncio.sleep(0.05)
+        await until(lambda: worker.position >= records + route)
         took = time.perf_counter() - began
         rss, peak = status("VmRSS"), status("VmHWM")
         print(f"routed {route} more events in {took:.2f} s; pending "
