@@ -831,7 +831,7 @@ async def consumer_status(
             state, retry_committed = await _retry_state(log, retry, group, p, config, problems)
             pending, keys = state.pending_count, len(state.keys)
             quarantined.extend(
-                QuarantinedKey(p, key, len(s.pending), s.failures, s.due_wall,
+                QuarantinedKey(p, key, len(s.offsets), s.failures, s.due_wall,
                                s.first_failed_at)
                 for key, s in state.keys.items()
             )

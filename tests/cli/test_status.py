@@ -79,7 +79,7 @@ async def test_status_reports_the_quarantined_key_exactly_as_the_consumer_holds_
     assert key.first_failed_at == T0
     assert key.next_attempt_at == T0 + DELAYS[0]
     live = consumer.workers[(TOPIC, p)].retry.keys[STUCK]
-    assert (len(live.pending), live.failures, live.due_wall) == (
+    assert (len(live.offsets), live.failures, live.due_wall) == (
         key.pending, key.failures, key.next_attempt_at)
     assert status.backlog == 3
     assert status.partitions[p].retry_pending == 3 and status.partitions[p].quarantined == 1

@@ -119,7 +119,7 @@ def test_a_resolved_marker_applies_to_its_own_key_only() -> None:
     assert headers[H_MARKER] == MARKER_RESOLVED
     state.apply(_record(3, headers, body))
     assert sorted(state.keys) == ["b"]
-    assert [r.offset for r in state.keys["b"].pending] == [2]
+    assert list(state.keys["b"].offsets) == [2]
 
 
 def test_a_key_is_due_at_its_due_time_not_only_after_it() -> None:

@@ -196,7 +196,7 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
     task.cancel()  # a crash: nothing graceful happens
     await asyncio.gather(task, return_exceptions=True)
     assert first.handled_ns() == [10, 1]
-    before = {k: (s.failures, s.due_wall, s.due, [r.offset for r in s.pending])
+    before = {k: (s.failures, s.due_wall, s.due, list(s.offsets))
               for w in c1.workers.values() for k, s in w.retry.keys.items()}
 
     second = Script(clock)
@@ -205,7 +205,7 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
     async with Running(c2):
         await wait_until(clock, lambda: all(w.started for w in c2.workers.values())
                          and bool(c2.workers))
-        after = {k: (s.failures, s.due_wall, s.due, [r.offset for r in s.pending])
+        after = {k: (s.failures, s.due_wall, s.due, list(s.offsets))
                  for w in c2.workers.values() for k, s in w.retry.keys.items()}
         assert after == before
         # Stored at T0 + 4; on the monotonic clock (the fake one starts at 0): 4.

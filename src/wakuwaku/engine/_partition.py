@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from array import array
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
@@ -28,7 +30,7 @@ from typing import Any, TypeVar
 
 from .._errors import ErrorClass, FencedError, HandleError
 from .._events import Algebra
-from .._records import H_KEY, ReasonCode, Record, Source, message_id
+from .._records import H_KEY, ReasonCode, Record, Source, header_text, message_id
 from .._sanitize import sanitize
 from ..logs._base import BatchWrite, Lease, Log
 from ._config import ConsumerConfig, DeliveryMode
@@ -63,6 +65,12 @@ _count = attrgetter("count")
 _event = attrgetter("event")
 
 R = TypeVar("R")
+
+#: Pending retry records one attempt round reads and runs at most (a key with
+#: more is a round alone): bounds the record bodies held in memory (SPEC 6).
+ROUND_RECORDS = 10_000
+#: Records one read of the retry partition returns at most.
+READ_PAGE = 1000
 
 ROUTED_ERROR = "routed to the retry topic: the key is quarantined"
 
@@ -191,9 +199,6 @@ class PartitionWorker:
         # stop stores the offset of the first record that is not done.
         self._done: set[int] | None = None
         self._handled: list[Run] = []
-        # Decoded retry records that passed the inbox filter, by retry offset.
-        self._pending_items: dict[int, Item] = {}
-        self._pending_rejected: set[int] = set()
 
     # ------------------------------------------------------------------ control
 
@@ -983,40 +988,59 @@ class PartitionWorker:
             self._mark([item])
 
     async def _run_due_attempts(self) -> None:
-        """One attempt for every due retry key, before the next poll (SPEC 6)."""
+        """One attempt for every due retry key, before the next poll (SPEC 6).
+
+        Due keys are taken in rounds of at most :data:`ROUND_RECORDS` pending
+        records (a key with more is a round of its own: its pending work is
+        one batch). A round reads its keys' pending records from the retry
+        partition (:meth:`_read_pending`), runs them, and flushes its markers
+        before the next round is read, so the bodies in memory at any time are
+        those of one round (SPEC 6, issue 12 item 3).
+        """
         while True:
-            keys = self.retry.due_keys(self.clock.monotonic())
+            keys = self._round_keys(self.retry.due_keys(self.clock.monotonic()))
             if not keys:
                 return
-            snapshots: dict[str, list[Record]] = {}
+            snapshots: dict[str, array[int]] = {}
             attempts: dict[str, int] = {}
+            for key in keys:
+                state = self.retry.keys[key]
+                snapshots[key] = array("q", state.offsets)
+                attempts[key] = state.failures
+            records = await self._read_pending(snapshots)
+            by_key: dict[str, list[Item]] = {}
             fresh: list[Item] = []
             for key in keys:
                 state = self.retry.keys[key]
-                pending = list(state.pending)
-                snapshots[key] = pending
-                attempts[key] = state.failures
-                new = [r for r in pending if r.offset not in self._pending_items
-                       and r.offset not in self._pending_rejected]
-                items, rejects = decode_records(new, self.topic, self.partition, self.types,
+                checked, skip = state.checked_through, state.skip
+                usable = [r for r in records[key] if r.offset > checked or r.offset not in skip]
+                items, rejects = decode_records(usable, self.topic, self.partition, self.types,
                                                 from_retry=True)
                 self._dead_letter_rejects(rejects)  # once: they count as done from now on
-                self._pending_rejected.update(r.record.offset for r in rejects)
-                fresh.extend(items)
-            # Pending records are decoded and looked up in the inbox once: only
+                skip.update(r.record.offset for r in rejects)
+                by_key[key] = items
+                fresh.extend(i for i in items if i.record.offset > checked)
+                state.checked_through = max(checked, snapshots[key][-1])
+            # Pending records are looked up in the inbox once per process: only
             # our own handler calls claim them, and those resolve them.
-            for item in await self._inbox_filter(fresh):
-                self._pending_items[item.record.offset] = item
-            decoded = [self._pending_items[r.offset] for key in keys
-                       for r in snapshots[key] if r.offset in self._pending_items]
-            by_key = {key: Segment(key, []) for key in keys}
+            if fresh:
+                kept = {id(item) for item in await self._inbox_filter(fresh)}
+                dropped = {id(i) for i in fresh} - kept
+                for key, items in by_key.items():
+                    if any(id(i) in dropped for i in items):
+                        self.retry.keys[key].skip.update(
+                            i.record.offset for i in items if id(i) in dropped)
+                        by_key[key] = [i for i in items if id(i) not in dropped]
+            decoded = [item for key in keys for item in by_key[key]]
+            segments_by_key = {key: Segment(key, []) for key in keys}
             for seg in plan(decoded):
-                by_key[seg.key] = seg
-            segments = list(by_key.values())
+                segments_by_key[seg.key] = seg
+            segments = list(segments_by_key.values())
+            del records, by_key, fresh, decoded
             finished: set[str] = set()
 
             async def after(seg: Segment, outcome: SegmentOutcome,
-                            taken: dict[str, list[Record]] = snapshots,
+                            taken: dict[str, array[int]] = snapshots,
                             ended: set[str] = finished) -> None:
                 await self._finish_attempt(seg.key, taken[seg.key], outcome)
                 ended.add(seg.key)
@@ -1028,8 +1052,58 @@ class PartitionWorker:
                 await self._store_partial_attempts(handled, finished)
                 raise
             await self._flush()
-            self._forget_resolved()
             await self._commit_retry()
+
+    def _round_keys(self, due: list[str]) -> list[str]:
+        """The first of the ``due`` keys whose pending records add up to at
+        most :data:`ROUND_RECORDS` (at least one key)."""
+        taken: list[str] = []
+        total = 0
+        for key in due:
+            count = len(self.retry.keys[key].offsets)
+            if taken and total + count > ROUND_RECORDS:
+                break
+            taken.append(key)
+            total += count
+        return taken
+
+    async def _read_pending(self, snapshots: Mapping[str, array[int]]) -> dict[str, list[Record]]:
+        """Read the pending work records of a round's keys from the retry partition.
+
+        :param snapshots: per key, the retry offsets of its pending records
+            (increasing).
+        :returns: per key, its records in offset order. Reads page through the
+            partition with at most :data:`READ_PAGE` records a call, from one
+            wanted offset to the next (offsets nobody waits for between two
+            pages are not read); a record is kept when its offset is pending
+            and its ``wk-key`` is the key it is pending for (SPEC 6, issue 12
+            item 3). A pending record the log no longer holds (deleted by
+            retention) is logged and missing from the attempt.
+        """
+        owner: dict[int, str] = {o: key for key, offsets in snapshots.items() for o in offsets}
+        wanted = sorted(owner)
+        found: dict[str, list[Record]] = {key: [] for key in snapshots}
+        index = 0
+        while index < len(wanted):
+            start = wanted[index]
+            count = min(READ_PAGE, wanted[-1] - start + 1)
+            page = await self._log_call(
+                "read retry topic",
+                partial(self.log.read, self.retry_topic, self.partition, start, count))
+            if not page:
+                break
+            for record in page:
+                key = owner.get(record.offset)
+                if key is not None and header_text(record.headers, H_KEY) == key:
+                    found[key].append(record)
+            index = bisect_right(wanted, page[-1].offset, index)
+        missing = len(wanted) - sum(map(len, found.values()))
+        if missing:
+            log.warning("pending retry records are missing from the retry topic",
+                        extra={**self._fields, "records": missing,
+                               "keys": [k for k, r in found.items()
+                                        if len(r) != len(snapshots[k])]})
+        return found
 
     async def _store_partial_attempts(self, handled: list[Run], finished: set[str]) -> None:
         """At a stop in the middle of an attempt round, write what it did.
@@ -1057,29 +1131,24 @@ class PartitionWorker:
         except Abandon:
             return  # the log refused while stopping: store nothing more
 
-    def _forget_resolved(self) -> None:
-        """Drop decoded pending items whose records are no longer pending."""
-        if len(self._pending_items) > 2 * self.retry.pending_count + 1000:
-            live = {r.offset for state in self.retry.keys.values() for r in state.pending}
-            self._pending_items = {o: i for o, i in self._pending_items.items() if o in live}
-            self._pending_rejected &= live
-
-    async def _finish_attempt(self, key: str, pending: list[Record],
+    async def _finish_attempt(self, key: str, pending: array[int],
                               outcome: SegmentOutcome) -> None:
+        """Buffer the markers of ``key``'s attempt, whose pending retry offsets
+        were ``pending`` (increasing) when it started."""
         self.stats.attempts += 1
         at = self._times()
         now = at[0]
         state = self.retry.keys[key]
         fields: dict[str, Any] = {**self._fields, "key": key}
         if outcome.error is None:
-            self._retry_out.append(resolved_marker(key, pending[-1].offset, now))
+            self._retry_out.append(resolved_marker(key, pending[-1], now))
             self._retry_at.append(at)
             log.info("quarantine lifted", extra=fields)
             return
         self.stats.attempts_failed += 1
         error = sanitize(outcome.error, self.config.error_text_limit)
         first_undone = min(r.offset for i in outcome.rest for r in i.sources)
-        done_before = [r.offset for r in pending if r.offset < first_undone]
+        done_before = pending[:bisect_left(pending, first_undone)]
         # The counter belongs to the head of the key's pending work (SPEC 6): an
         # attempt that got past the head starts the new head at its first
         # failure, so progress is never punished (issue 12 item 5).

@@ -1,0 +1,189 @@
+"""Consumer memory with a large retry backlog, next to a same-run baseline (issue 12 item 3).
+
+SPEC 6: in-process state per pending key is small and bounded; record
+bodies stay in the retry log. Target: 1 000 000 pending retry records across
+10 000 keys, consumer RSS under 100 MB, restart time stated.
+
+A child process fills a SQLite log (fsync off) with the retry partition as
+the consumer writes it: per key a work record that quarantined it, then the
+records routed to it, each a main-topic record's headers and body plus
+``wk-failed-at``, ``wk-due-at`` (an hour away: no attempt is due),
+``wk-error`` and ``wk-src``. This process then measures
+
+- the baseline: its RSS with wakuwaku imported and the log open, before any
+  retry state exists;
+- the restart: a consumer starts and rebuilds its state from the retry
+  partition (the time until its partition worker has started);
+- the RSS and peak RSS (VmRSS, VmHWM of /proc/self/status) with the whole
+  backlog pending, and then after ``--route`` more events of the quarantined
+  keys are consumed from the main topic and routed to the retry topic.
+
+    python benchmarks/bench_retry_memory.py [--records N] [--keys K] [--body BYTES]
+        [--route M]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+import wakuwaku as wk
+from wakuwaku._records import H_ERROR, H_FAILED_AT, H_SRC, Source, encode_source, message_id
+from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.engine._retry import H_DUE, ms_text
+from wakuwaku.logs.sqlite import SQLiteLog
+
+TOPIC = "ticks"
+GROUP = "bench"
+
+
+@wk.event("bench.tick", key="key")
+class Tick(msgspec.Struct, frozen=True):
+    key: str
+    n: int
+    payload: str
+
+
+def status(field: str) -> int:
+    """A /proc/self/status figure in bytes (VmRSS, VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Poll ``condition`` every 10 ms until it holds."""
+    while True:
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+
+
+def mb(value: int) -> str:
+    return f"{value / 1e6:7.1f} MB"
+
+
+async def fill(path: Path, records: int, keys: int, body: int) -> None:
+    """Write the main topic (the originals, consumed) and a retry partition of ``records`` pending
+    work records over ``keys`` keys, as the consumer would have."""
+    log = SQLiteLog(path, fsync=False)
+    await log.create_topic(TOPIC, 1)
+    config = ConsumerConfig(topic=TOPIC, group=GROUP)
+    retry_topic = config.retry_topic(TOPIC)
+    await log.create_topic(retry_topic, 1)
+    # One real main-topic record gives the producer's headers.
+    probe = wk.MemoryLog()
+    await probe.create_topic(TOPIC, 1)
+    await wk.Producer(probe, TOPIC).publish(Tick("k", 0, ""))
+    [template] = await probe.read(TOPIC, 0, 0, 1)
+    now = time.time()
+    common = {H_FAILED_AT: ms_text(now), H_DUE: ms_text(now + 3600),
+              H_ERROR: b"row not there yet"}
+    payload = "x" * body
+    batch: list[tuple[dict[str, bytes], bytes]] = []
+    main: list[tuple[dict[str, bytes], bytes]] = []
+    for n in range(records):
+        key = f"key-{n % keys}"
+        headers = dict(template.headers)
+        headers["wk-key"] = key.encode()
+        body_bytes = msgspec.json.encode(Tick(key, n, payload))
+        main.append((dict(headers), body_bytes))
+        headers.update(common)
+        headers[H_SRC] = encode_source(Source(TOPIC, 0, (n,), (message_id(TOPIC, 0, n),)))
+        batch.append((headers, body_bytes))
+        if len(batch) == 10_000:
+            await log.append(TOPIC, 0, main)
+            await log.append(retry_topic, 0, batch)
+            batch, main = [], []
+    if batch:
+        await log.append(TOPIC, 0, main)
+        await log.append(retry_topic, 0, batch)
+    # The originals were consumed and routed: the group's main offset is past them.
+    await log.commit(GROUP, TOPIC, 0, records)
+    await log.commit(GROUP, retry_topic, 0, 0)
+    await log.close()
+
+
+async def measure(path: Path, records: int, keys: int, route: int, body: int) -> None:
+    logging.basicConfig(level=logging.ERROR)
+    log = SQLiteLog(path, fsync=False)
+    await log.read(TOPIC, 0, 0, 1)
+    baseline = status("VmRSS")
+    print(f"baseline RSS (imported, log open, no retry state): {mb(baseline)}")
+
+    async def handle(events: list[Tick]) -> None:
+        return None
+
+    config = ConsumerConfig(topic=TOPIC, group=GROUP, retry_delays=[3600.0],
+                            max_pending_retry=10_000_000, poll_interval=0.05)
+    consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
+    started = time.perf_counter()
+    task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+    await until(lambda: bool(consumer.workers)
+                and all(w.started for w in consumer.workers.values()))
+    restart = time.perf_counter() - started
+    [worker] = consumer.workers.values()
+    pending, quarantined = worker.retry.pending_count, len(worker.retry.keys)
+    rss, peak = status("VmRSS"), status("VmHWM")
+    print(f"restart: {restart:.2f} s to rebuild {pending} pending records of "
+          f"{quarantined} keys ({pending / restart:,.0f} records/s)")
+    print(f"RSS with the backlog pending:   {mb(rss)}  (+{mb(rss - baseline).strip()} "
+          f"over baseline; peak {mb(peak).strip()}); bodies in the log: "
+          f"{mb(pending * (body + 40)).strip()}")
+    if route:
+        producer = wk.Producer(log, TOPIC)
+        payload = "x" * body
+        for start in range(0, route, 5000):
+            await producer.publish_many([Tick(f"key-{n % keys}", n, payload)
+                                         for n in range(start, min(route, start + 5000))])
+        began = time.perf_counter()
+        await until(lambda: worker.position >= records + route)
+        took = time.perf_counter() - began
+        rss, peak = status("VmRSS"), status("VmHWM")
+        print(f"routed {route} more events in {took:.2f} s; pending "
+              f"{worker.retry.pending_count}")
+        print(f"RSS after routing:              {mb(rss)}  (+{mb(rss - baseline).strip()} "
+              f"over baseline; peak {mb(peak).strip()})")
+    consumer.stop()
+    await task
+    await log.close()
+    verdict = "meets" if peak < 100e6 else "MISSES"
+    print(f"peak RSS {mb(peak).strip()}: {verdict} the target (< 100 MB)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--body", type=int, default=200, help="payload bytes per event")
+    parser.add_argument("--route", type=int, default=50_000,
+                        help="main-topic events routed while the keys are quarantined")
+    parser.add_argument("--fill", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.fill is not None:
+        asyncio.run(fill(args.fill, args.records, args.keys, args.body))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "log.db"
+        began = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--fill", str(path), "--records",
+                        str(args.records), "--keys", str(args.keys), "--body",
+                        str(args.body)], check=True)
+        print(f"filled {args.records} pending retry records over {args.keys} keys "
+              f"({args.body}-byte payloads, SQLite, fsync off) in "
+              f"{time.perf_counter() - began:.1f} s (another process)")
+        asyncio.run(measure(path, args.records, args.keys, args.route, args.body))
+
+
+if __name__ == "__main__":
+    main()
