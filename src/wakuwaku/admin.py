@@ -770,15 +770,9 @@ async def _retry_state(log: Log, retry: str, group: str, partition: int,
     state.end_offset = start
     end = (await log.end_offsets(retry)).get(partition, 0)
     async for page in _scan(log, retry, partition, start, end):
-        for record in page:
-            try:
-                state.apply(record)
-            except Exception as exc:  # noqa: BLE001 - report the broken record, go on
-                problems.append(
-                    f"{retry} partition {partition} offset {record.offset} "
-                    f"(key {header_text(record.headers, H_KEY)!r}): broken retry record: "
-                    f"{sanitize(exc, 200)}"
-                )
+        state.apply_all(page)
+    problems.extend(f"{retry} partition {partition} offset {offset} (key {key!r}): broken "
+                    f"retry record: {what}" for offset, key, what in state.broken)
     return state, committed
 
 

@@ -192,3 +192,33 @@ async def test_12_on_a_log_that_stores_call_by_call_a_crash_gives_no_second_outc
     # Records handled before the crash (event 4, "ok") may be handled again:
     # that is at-least-once; none of them may also be dead-lettered.
     assert set(handled_before) <= set(applied)
+
+
+async def test_8_broken_retry_records_never_stop_the_partition(
+    log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12 item 8 (and issue 17 item 2): a retry record with a broken
+    wk-failed-at, or a marker with broken numbers, crash-looped the worker."""
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("b", 2)])
+    await log.create_topic("wk-retry.g.t", 1)
+    work = dict(wk._records.build_headers(wk.event_type(Item), "k"))
+    work["wk-failed-at"] = b"9" * 400
+    work["wk-src"] = wk._records.encode_source(wk._records.Source("t", 0, (0,), ("t/0/0",)))
+    await log.append("wk-retry.g.t", 0, [
+        (work, b'{"key":"k","n":9}'),
+        ({"wk-v": b"1", "wk-marker": b"resolved", "wk-key": b"k", "wk-through": b"x",
+          "wk-at": b"1"}, b""),
+        ({"wk-v": b"1", "wk-marker": b"attempt-failed", "wk-key": b"k",
+          "wk-failures": b"-1", "wk-at": b"zz"}, b""),
+    ])
+    script = Script(clock)
+    with caplog.at_level(logging.WARNING, "wakuwaku.consumer"):
+        stats = await asyncio.wait_for(
+            consumer(log, clock, [Handler(Item, script)]).drain(), 60)
+    assert script.handled_ns() == [1, 2]
+    assert [r.headers["wk-reason"] for r in await dead_letters(log)] == [b"malformed_header"]
+    broken = [r for r in caplog.records if r.getMessage().startswith("broken retry record")]
+    assert len(broken) == 3
+    assert "partition worker crashed" not in caplog.text
+    assert stats.dead_lettered() == 1

@@ -365,6 +365,10 @@ class PartitionWorker:
             self.stats.offset_gaps += start - position
             position = start
         self.position = position
+        for offset, key, what in self.retry.broken[:20]:
+            log.warning("broken retry record; going on without it", extra={
+                **self._fields, "retry_offset": offset, "key": key, "error": what})
+        self.retry.broken.clear()
         if not self.log.atomic_store:
             await self._recover_dead_letters(position)
         self.retry.forget_routed(position)

@@ -74,6 +74,7 @@ from .._records import (
     decode_source,
     encode_source,
     header_text,
+    parse_ms,
 )
 from ._plan import Item
 
@@ -253,6 +254,10 @@ class RetryState:
         # past it (forget_routed): a crash before that commit redelivers main
         # records whose retry work already ran (issue 12 item 12).
         self.routed: dict[str, int] = {}
+        # Retry records whose own headers could not be read: (offset, key,
+        # what is wrong). They never stop the state from being rebuilt
+        # (issue 12 item 8: the worker crash-looped on them).
+        self.broken: list[tuple[int, str, str]] = []
 
     def quarantined(self, key: str) -> bool:
         return key in self.keys
@@ -289,8 +294,12 @@ class RetryState:
         """
         self._at = (self._clock.now(), self._clock.monotonic()) if at is None else at
         self.end_offset = max(self.end_offset, record.offset + 1)
-        key = header_text(record.headers, H_KEY)
+        try:
+            key = header_text(record.headers, H_KEY)
+        except (UnicodeDecodeError, TypeError):
+            key = None
         if key is None:
+            self.broken.append((record.offset, "", "no usable wk-key"))
             return
         marker = record.headers.get(H_MARKER)
         if marker is None:
@@ -300,10 +309,18 @@ class RetryState:
         elif marker == MARKER_ATTEMPT_FAILED:
             state = self.keys.get(key)
             if state is not None:
-                state.failures = int(record.headers[H_FAILURES])
-                due = record.headers.get(H_DUE)
-                self._set_due(state, _seconds(due) if due is not None else
-                              _seconds(record.headers[H_AT]) + self._delay(state.failures))
+                failures = _int(record.headers.get(H_FAILURES))
+                due = _seconds(record.headers.get(H_DUE))
+                failed = _seconds(record.headers.get(H_AT))
+                if failures is None or failures < 0 or (due is None and failed is None):
+                    self._broken(record, key, "attempt-failed marker without a usable "
+                                 "wk-failures, wk-due-at or wk-at")
+                    return
+                state.failures = failures
+                self._set_due(state, due if due is not None else
+                              (failed or 0.0) + self._delay(failures))
+        else:
+            self._broken(record, key, f"unknown marker {bytes(marker)[:40]!r}")
 
     def apply_all(self, records: Iterable[Record]) -> None:
         for record in records:
@@ -313,11 +330,16 @@ class RetryState:
         state = self.keys.get(key)
         if state is None:
             raw = record.headers.get(H_FAILED_AT)
-            failed_at = _seconds(raw) if raw is not None else record.timestamp
-            due = record.headers.get(H_DUE)
+            failed_at = _seconds(raw)
+            if failed_at is None:
+                if raw is not None:  # its attempt dead-letters it as malformed_header
+                    self._broken(record, key, "work record with a broken wk-failed-at")
+                    failed_at = self._at[0]
+                else:
+                    failed_at = record.timestamp
+            due = _seconds(record.headers.get(H_DUE))
             state = KeyState(failures=1, first_failed_at=failed_at)
-            self._set_due(state, _seconds(due) if due is not None else
-                          failed_at + self._delay(1))
+            self._set_due(state, due if due is not None else failed_at + self._delay(1))
             self.keys[key] = state
         state.offsets.append(record.offset)
         self.pending_count += 1
@@ -326,6 +348,9 @@ class RetryState:
             top = max(source.offsets)
             state.max_main_offset = max(state.max_main_offset, top)
             self.routed[key] = max(self.routed.get(key, -1), top)
+
+    def _broken(self, record: Record, key: str, what: str) -> None:
+        self.broken.append((record.offset, key, what))
 
     def forget_routed(self, position: int) -> None:
         """Forget routed main offsets below ``position``, the main partition's
@@ -337,7 +362,10 @@ class RetryState:
         state = self.keys.get(key)
         if state is None:
             return
-        through = int(record.headers[H_THROUGH])
+        through = _int(record.headers.get(H_THROUGH))
+        if through is None:
+            self._broken(record, key, "resolved marker without a usable wk-through")
+            return
         offsets = state.offsets
         done = bisect_right(offsets, through)
         if done:
@@ -349,7 +377,8 @@ class RetryState:
             del self.keys[key]
         elif record.headers.get(H_RESET) == b"1":
             state.failures = 0
-            self._set_due(state, _seconds(record.headers[H_AT]))
+            at = _seconds(record.headers.get(H_AT))
+            self._set_due(state, at if at is not None else self._at[0])
 
     def _set_due(self, state: KeyState, wall: float) -> None:
         """Store a due time read from a record: as stored, and as a monotonic deadline."""
@@ -359,5 +388,16 @@ class RetryState:
         state.due = round(self._at[1] + (wall - self._at[0]), 6)
 
 
-def _seconds(raw: bytes) -> float:
-    return int(raw) / 1000.0
+def _seconds(raw: bytes | None) -> float | None:
+    """Seconds from a stored ms header, or None when it is absent or broken."""
+    return None if raw is None else parse_ms(bytes(raw))
+
+
+def _int(raw: bytes | None) -> int | None:
+    """A stored integer header, or None when it is absent or not a plain integer."""
+    if raw is None:
+        return None
+    text = bytes(raw)
+    if not 0 < len(text) <= 19 or not text.isdigit():
+        return None
+    return int(text)
