@@ -170,6 +170,11 @@ class Projection:
             applied and others not (it cannot be split: never guess).
         """
         chunk = current_chunk()
+        if len(chunk.message_ids) != count:
+            # Claiming ids of events this call does not apply would lose them.
+            raise Unrecoverable(
+                f"chunk of plane {chunk.key!r} has {len(chunk.message_ids)} events but the "
+                f"handler got {count}")
         claim = self.inbox.claim(conn, chunk.all_message_ids)
         unclaimed = set(claim.new)  # a repeated id is new at most once
         flags = []
