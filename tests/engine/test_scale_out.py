@@ -135,3 +135,35 @@ async def test_a_member_that_lost_its_partition_writes_no_retry_state_and_no_off
         assert await log.committed("g", "t", 0) is None
         assert await log.committed("g", "wk-retry.g.t", 0) is None
         await log.close()
+
+
+async def test_no_chunk_starts_after_a_pause_that_outlived_the_lease(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new user's run: a member SIGSTOPped past its lease kept starting chunks
+    after SIGCONT (its last renewal had been answered before the pause), and
+    applied records the new owner had handled. A handler that blocks the event
+    loop for longer than the lease stands for the pause here."""
+    import time
+
+    log = wk.MemoryLog()
+    await log.create_topic("t", 1)
+    await wk.Producer(log, "t").publish_many([Item("x", n) for n in range(4)])
+    seen: list[int] = []
+    workers: list[object] = []
+
+    async def handle(run: Sequence[Item]) -> None:
+        seen.extend(e.n for e in run)
+        workers.append(consumer.workers[("t", 0)])
+        if seen == [0]:
+            time.sleep(1.2)  # noqa: ASYNC251 - blocks the loop on purpose: the pause
+
+    config = ConsumerConfig(topic="t", group="g", member_id="a", lease_ttl=0.5,
+                            poll_interval=0.01, shutdown_timeout=5.0)
+    consumer = Consumer(config, [Handler(Item, handle, max_batch=1)], log)
+    await asyncio.wait_for(consumer.drain(), 20)
+    assert "partition lease ran out before it was renewed; stopping" in caplog.text
+    # Nothing after 0 ran in the paused worker: a new worker, after taking the
+    # lease again (nobody else had), went on from the offset stored for 0.
+    assert seen == [0, 1, 2, 3]
+    assert workers[1] is not workers[0]

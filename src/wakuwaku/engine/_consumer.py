@@ -14,7 +14,6 @@ import contextlib
 import logging
 import signal
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -255,6 +254,7 @@ class Consumer:
         ttl = self.config.lease_ttl
         waiting = False
         while not self._stop.is_set():
+            sent = clock.monotonic()
             lease = await self._acquire(topic, partition)
             if lease is None:
                 if not waiting:  # once per wait: a dead member's lease runs out by itself
@@ -271,6 +271,7 @@ class Consumer:
             worker = PartitionWorker(
                 log=self.log, config=self.config, topic=topic, partition=partition,
                 handlers=self.handlers, stats=self.stats, generation=lease.generation,
+                lease_deadline=sent + ttl,
                 on_caught_up=self._caught_up.set, executor=self._executor,
             )
             self.workers[(topic, partition)] = worker
@@ -320,15 +321,22 @@ class Consumer:
             return None
 
     async def _renew(self, lease: Lease, worker: PartitionWorker) -> None:
-        period = self.config.lease_ttl / 3
-        current = lease
+        """Renew ``lease`` every ``lease_ttl / 3``; stop ``worker`` once it is lost.
+
+        Each renewal moves the worker's lease deadline to the time the
+        renewal was *sent* plus ``lease_ttl`` (monotonic): a renewal that
+        was answered before a long pause (SIGSTOP, a blocked event loop)
+        cannot keep the worker starting chunks after the lease ran out.
+        """
+        clock, ttl = self.config.clock, self.config.lease_ttl
         while True:
-            await self.config.clock.sleep(period)
+            await clock.sleep(ttl / 3)
+            sent = clock.monotonic()
             renewed = await self._acquire(lease.topic, lease.partition)
             if renewed is not None and renewed.generation == lease.generation:
-                current = renewed
+                worker.lease_deadline = sent + ttl
                 continue
-            if renewed is None and time.time() < current.expires_at:
+            if renewed is None and clock.monotonic() < worker.lease_deadline:
                 continue  # the log is unreachable, but the lease still holds
             log.warning("partition lease lost; stopping its worker",
                         extra={"topic": lease.topic, "partition": lease.partition})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from array import array
 from bisect import bisect_left, bisect_right
@@ -137,6 +138,8 @@ class PartitionWorker:
     :param handlers: handler per type tag.
     :param stats: counters shared by the consumer's workers.
     :param generation: the partition lease's generation (fences commits).
+    :param lease_deadline: when the lease runs out unless renewed (the clock's
+        monotonic seconds); no chunk starts past it (the consumer renews it).
     :param on_caught_up: called each time a poll finds nothing new (the
         consumer's :meth:`~wakuwaku.Consumer.drain` listens).
     :param executor: the thread pool sync handlers run on (None: asyncio's
@@ -153,6 +156,7 @@ class PartitionWorker:
         handlers: Mapping[str, Handler[Any]],
         stats: ConsumerStats,
         generation: int | None = None,
+        lease_deadline: float = math.inf,
         on_caught_up: Callable[[], None] | None = None,
         executor: Executor | None = None,
     ) -> None:
@@ -169,6 +173,9 @@ class PartitionWorker:
         self._reduces = any(h.event_type.algebra is not Algebra.PLAIN for h in handlers.values())
         self.stats = stats
         self.generation = generation
+        # When the lease runs out unless renewed (the clock's monotonic time);
+        # no chunk starts past it (the consumer's renewer moves it).
+        self.lease_deadline = lease_deadline
         # Every write for this partition carries its lease (SPEC 15): the log
         # refuses it once another member owns the partition.
         self._fence = (None if generation is None else
@@ -227,6 +234,13 @@ class PartitionWorker:
 
     async def _through_gate(self) -> None:
         if self._stop.is_set():
+            raise Abandon
+        if self.clock.monotonic() >= self.lease_deadline:
+            # A pause (SIGSTOP, a blocked event loop) outlived the lease: another
+            # member may own the partition now; start nothing more (SPEC 15).
+            log.warning("partition lease ran out before it was renewed; stopping",
+                        extra=self._fields)
+            self.stop()
             raise Abandon
         if self._gate.is_open:
             return
@@ -649,6 +663,7 @@ class PartitionWorker:
         stats, handlers, gate = self.stats, self.handlers, self._gate
         topic, partition = self.topic, self.partition
         set_context, reset_context, perf_counter = _current.set, _current.reset, time.perf_counter
+        monotonic = self.clock.monotonic
         # Main-topic items stand for one record each unless reduction merged them.
         single = attempts is None and not self._reduces
         # Counted here and added to the shared stats when the worker ends.
@@ -671,7 +686,8 @@ class PartitionWorker:
                     count = len(run.events)  # not len(run): a Python-level __len__
                     for start in range(0, count, size):
                         chunk = run if count <= size else run[start : start + size]
-                        if self._stopping or not gate.is_open:
+                        if (self._stopping or not gate.is_open
+                                or monotonic() >= self.lease_deadline):
                             await self._through_gate()
                         # The handler call, as _call makes it, inline.
                         token = set_context(ChunkContext(topic, partition, key, tag, chunk,
