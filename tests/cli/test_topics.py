@@ -375,6 +375,9 @@ def test_topic_delete_asks_first(cli: CLI, monkeypatch: pytest.MonkeyPatch) -> N
     assert code == ExitCode.FAILURE and "nothing deleted" in err
     code, out, _ = cli("topic", "list", "--json")
     assert [json.loads(line)["topic"] for line in out.splitlines()] == ["orders"]
+    assert cli("topic", "create", "wk-dlq.g.orders")[0] == 0
+    code, out, _ = cli("topic", "delete", "wk-dlq.g.orders", "--yes")
+    assert (code, out) == (0, "topic wk-dlq.g.orders deleted\n")
     code, _, err = cli("group", "delete", "nosuchgroup", "--yes")
     assert code == ExitCode.FAILURE and "group nosuchgroup has no committed offset" in err
     code, _, err = cli("group", "delete", "bad.name", "--yes")

@@ -31,7 +31,7 @@ from .._events import Algebra, EventType, JsonCodec
 from .._json import DuplicateKeyError, decode_strict
 from .._partitioner import partition_for
 from .._records import Record, build_headers
-from ..engine._config import check_group_name
+from ..engine._config import check_group_name, split_internal_topic
 from ..logs import Log, OutgoingRecord
 from . import ExitCode
 from ._status import LOG_ENV, log_option, with_log
@@ -94,8 +94,11 @@ def delete_command(name: str, yes: bool, log_url: str) -> int:
     if not run_on_log(log_url, lambda log: log.delete_topic(name)):
         click.echo(f"no topic {name}", err=True)
         return ExitCode.FAILURE
-    click.echo(f"topic {name} deleted (its groups' wk-retry.*, wk-dlq.* and wk-replayed.* "
-               "topics are kept: delete them by name when they are no longer needed)")
+    if split_internal_topic(name) is not None:  # itself a group's retry/dead-letter topic
+        click.echo(f"topic {name} deleted")
+    else:
+        click.echo(f"topic {name} deleted (its groups' wk-retry.*, wk-dlq.* and wk-replayed.* "
+                   "topics are kept: delete them by name when they are no longer needed)")
     return ExitCode.OK
 
 
