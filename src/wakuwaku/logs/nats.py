@@ -686,7 +686,7 @@ class NatsLog(Log):
             records: list[Record] = []
             expected = None if reader.fresh else seq
             for msg in msgs:
-                record = await self._record(reader.stream, msg)
+                record = self._plain_record(msg) or await self._record(reader.stream, msg)
                 if expected is not None and record.offset + 1 != expected:
                     break  # a delivery was lost: read again from the gap
                 records.append(record)
@@ -703,38 +703,73 @@ class NatsLog(Log):
         raise LogUnavailableError(f"NATS log {self.url}: {reader.stream} keeps losing deliveries")
 
     async def _fetch(self, stream: str, consumer: str, count: int, wait: float) -> list[Msg]:
+        """One pull request for up to ``count`` messages of ``consumer``.
+
+        The messages are collected by a subscription callback, and the
+        caller waits once for the whole batch (not one timed wait per
+        message). Bounded as one call per message was: with ``wait``, the
+        first message may take ``wait + timeout``; after it, every
+        ``timeout`` that passes without a message raises
+        :class:`~wakuwaku.LogUnavailableError`.
+        """
         nc = await self._conn()
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
+        out: list[Msg] = []
+        arrived = asyncio.Event()  # a message or a status came
+        done = asyncio.Event()  # ``count`` messages, or the status that ends the batch
+
+        async def collect(msg: Msg) -> None:
+            if done.is_set():
+                return
+            arrived.set()
+            if msg.headers and msg.headers.get("Status"):
+                done.set()
+                return
+            out.append(msg)
+            if len(out) >= count:
+                done.set()
+
+        sub = await self._call(lambda: nc.subscribe(nc.new_inbox(), cb=collect))
         request: dict[str, Any] = {"batch": count}
         if wait > 0:
             request["expires"] = int(wait * 1e9)
         else:
             request["no_wait"] = True
-        out: list[Msg] = []
         try:
-            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
-                             json.dumps(request).encode(), reply=inbox)
-            while len(out) < count:
-                if wait > 0 and not out:
-                    msg = await self._wait_msg(sub, wait + self.timeout)
-                else:
-                    msg = await self._call(lambda: sub.next_msg(timeout=self.timeout))
-                if msg.headers and msg.headers.get("Status"):
-                    break
-                out.append(msg)
+            await self._call(lambda: nc.publish(
+                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+                json.dumps(request).encode(), reply=sub.subject))
+            if wait > 0:
+                await self._wait_first(arrived, wait + self.timeout)
+            while not done.is_set():
+                before = len(out)
+                try:
+                    with BLOCKING_CALLS.track():  # a fake clock waits for the network
+                        await asyncio.wait_for(done.wait(), self.timeout)
+                except TimeoutError:
+                    if len(out) == before:
+                        raise LogUnavailableError(
+                            f"NATS log {self.url} did not answer a read") from None
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
         return out
 
-    async def _wait_msg(self, sub: Any, limit: float) -> Msg:
+    async def _wait_first(self, arrived: asyncio.Event, limit: float) -> None:
         """The first message of a waiting pull: real waiting, not a blocking call."""
         try:
-            msg: Msg = await sub.next_msg(timeout=limit)
-        except (TimeoutError, nats.errors.Error) as exc:
+            await asyncio.wait_for(arrived.wait(), limit)
+        except TimeoutError as exc:
             raise LogUnavailableError(f"NATS log {self.url} did not answer a read") from exc
-        return msg
+
+    @staticmethod
+    def _plain_record(msg: Msg) -> Record | None:
+        """The record of a message that holds it whole; None when it names chunks."""
+        # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>
+        tokens = msg.reply.rsplit(".", 4)
+        envelope = _decode_envelope(msg.data)
+        if envelope.chunks is not None:
+            return None
+        return Record(int(tokens[1]) - 1, envelope.headers, envelope.body, int(tokens[3]) / 1e9)
 
     async def _record(self, stream: str, msg: Msg) -> Record:
         # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>
