@@ -10,11 +10,15 @@ Settings come from the environment (a subprocess test sets them):
   SIGKILLs itself inside ``handle`` (after the ids are on disk), mid-batch;
 - ``WK_TEST_HANDLE_SECONDS``: how long each ``handle`` call takes (real seconds),
   so a signal can arrive while a batch is being processed;
-- ``WK_TEST_FAIL``: comma-separated ids whose handling raises Unrecoverable.
+- ``WK_TEST_FAIL``: comma-separated ids whose handling raises Unrecoverable;
+- ``WK_TEST_MEMBER`` (default ``recorder``): the member id;
+- ``WK_TEST_LEASE_TTL`` (default the config's): the partition lease TTL, seconds;
+- ``WK_TEST_PARTITIONS``: comma-separated partitions to consume (default all).
 
-The member id is fixed (``recorder``), so a process restarted after a
-SIGKILL takes its partition lease back at once instead of waiting for the
-dead process's lease to expire (SPEC 15).
+The member id defaults to a fixed one (``recorder``), so a process restarted
+after a SIGKILL takes its partition lease back at once instead of waiting for
+the dead process's lease to expire (SPEC 15). Two processes of one group that
+must compete for partitions get distinct ids through ``WK_TEST_MEMBER``.
 
 ``build(log)`` is the ``wakuwaku run`` target; the log is the one ``--log`` names.
 """
@@ -51,6 +55,8 @@ def build(log: Log) -> Consumer:
     pause = float(os.environ.get("WK_TEST_HANDLE_SECONDS", "0"))
     failing = {int(x) for x in os.environ.get("WK_TEST_FAIL", "").split(",") if x}
     handled = 0
+    lease_ttl = float(os.environ.get("WK_TEST_LEASE_TTL") or 15.0)  # 15.0: the config's default
+    partitions = [int(x) for x in os.environ.get("WK_TEST_PARTITIONS", "").split(",") if x]
 
     def handle(events: Sequence[Tick]) -> None:
         nonlocal handled
@@ -75,7 +81,9 @@ def build(log: Log) -> Consumer:
         max_concurrency=1,
         poll_interval=0.01,
         retry_delays=(0.05,),
-        member_id="recorder",
+        member_id=os.environ.get("WK_TEST_MEMBER", "recorder"),
+        partitions=partitions or None,
+        lease_ttl=lease_ttl,
     )
     return Consumer(config, [Handler(Tick, handle)], log)
 
