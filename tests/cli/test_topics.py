@@ -375,7 +375,14 @@ def test_topic_delete_asks_first(cli: CLI, monkeypatch: pytest.MonkeyPatch) -> N
     assert code == ExitCode.FAILURE and "nothing deleted" in err
     code, out, _ = cli("topic", "list", "--json")
     assert [json.loads(line)["topic"] for line in out.splitlines()] == ["orders"]
-    assert cli("topic", "create", "wk-dlq.g.orders")[0] == 0
+    code, _, err = cli("topic", "create", "wk-dlq.g.orders")
+    assert code == ExitCode.ERROR and "the consumer creates it" in err
+
+    async def create_internal() -> None:
+        async with SQLiteLog(cli.path) as log:
+            await log.create_topic("wk-dlq.g.orders", 1)
+
+    asyncio.run(create_internal())
     code, out, _ = cli("topic", "delete", "wk-dlq.g.orders", "--yes")
     assert (code, out) == (0, "topic wk-dlq.g.orders deleted\n")
     code, _, err = cli("group", "delete", "nosuchgroup", "--yes")

@@ -67,8 +67,16 @@ def topic_group() -> None:
 def create_command(name: str, partitions: int, log_url: str) -> None:
     """Create topic NAME; nothing happens when it exists with the same count.
 
-    A different count fails with PartitionCountMismatch (exit 3).
+    A different count fails with PartitionCountMismatch (exit 3). A group's
+    retry, dead-letter or replay-ledger name (``wk-retry.G.T``...) is refused
+    (exit 3): the consumer creates those itself, with the main topic's count.
     """
+    internal = split_internal_topic(name)
+    if internal is not None:
+        kind, group, main = internal
+        raise ConfigError(f"{name!r} is the {kind} topic of group {group!r} for topic "
+                          f"{main!r}: the consumer creates it with {main!r}'s partition "
+                          "count; create the main topic instead")
 
     async def work(log: Log) -> bool:
         existed = name in {t.name for t in await log.list_topics()}
