@@ -33,3 +33,16 @@ def test_the_operations_doc_shows_the_formatter_with_basic_config() -> None:
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
+
+
+def test_a_huge_field_is_cut_with_its_length() -> None:
+    import logging
+
+    from wakuwaku import StructuredFormatter
+
+    record = logging.LogRecord("wakuwaku.consumer", logging.ERROR, __file__, 1,
+                               "record dead-lettered", None, None)
+    record.key = "k" * 1_048_576
+    line = StructuredFormatter("%(message)s").format(record)
+    assert len(line) < 700
+    assert line.endswith("more characters)") and "1048078 more characters" in line

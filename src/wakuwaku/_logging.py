@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import logging
 
+FIELD_LIMIT = 500
+"""The most characters of one field's value a line shows: a key may be 1 MiB
+(a record's header holds anything), and a log line is read by a person."""
+
 _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message", "asctime", "taskName"}
 
@@ -30,8 +34,7 @@ class StructuredFormatter(logging.Formatter):
         if self.usesTime():
             record.asctime = self.formatTime(record, self.datefmt)
         text = self.formatMessage(record)
-        fields = [f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
-                  for name, value in record.__dict__.items()
+        fields = [f"{name}={_shown(value)}" for name, value in record.__dict__.items()
                   if name not in _STANDARD_ATTRS and not name.startswith("_")]
         if fields:
             text = f"{text} {' '.join(fields)}"
@@ -42,3 +45,12 @@ class StructuredFormatter(logging.Formatter):
         if record.stack_info:
             text = f"{text}\n{self.formatStack(record.stack_info)}"
         return text
+
+
+def _shown(value: object) -> str:
+    """A field's value as shown: strings quoted, at most :data:`FIELD_LIMIT`
+    characters, with the length of what was cut."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    if len(text) <= FIELD_LIMIT:
+        return text
+    return f"{text[:FIELD_LIMIT]}...({len(text) - FIELD_LIMIT} more characters)"

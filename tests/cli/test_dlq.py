@@ -363,3 +363,13 @@ def test_a_group_that_never_consumed_the_topic_is_said_so(
     err = capsys.readouterr().err
     assert f"group 'nosuchgroup' has no dead-letter topic for {TOPIC!r}" in err
     assert f"groups that did: {GROUP!r}" in err
+
+
+def test_a_huge_key_is_cut_in_text_lines_and_whole_in_json() -> None:
+    from wakuwaku.cli._status import printable
+
+    key = "k\n" + "x" * 10_000
+    shown = printable(key, 200)
+    assert shown.startswith("k\\u000ax") and shown.endswith("(9802 more characters)")
+    assert len(shown) < 260
+    assert printable(key) == "k\\u000a" + "x" * 10_000

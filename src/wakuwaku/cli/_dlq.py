@@ -31,6 +31,9 @@ from ..logs import Log
 from . import ExitCode
 from ._status import log_option, namespace_option, printable, when, with_log
 
+KEY_LIMIT = 200
+"""The most characters of a key a text line shows (``--json`` shows it whole)."""
+
 _REASON = click.Choice([r.value for r in ReasonCode])
 
 
@@ -63,7 +66,7 @@ def _source(source: Source | None) -> str:
 
 
 def _line(letter: DeadLetter) -> str:
-    key = "-" if letter.key is None else repr(printable(letter.key))
+    key = "-" if letter.key is None else repr(printable(letter.key, KEY_LIMIT))
     fields = [
         f"{letter.partition}@{letter.offset}",
         f"reason={printable(letter.reason or '-')}",
@@ -165,13 +168,13 @@ def replay_command(topic: str, group: str, reason: str | None, key: str | None,
     if dry_run:
         for entry in report.replayed:
             click.echo(f"  {entry.dlq_partition}@{entry.dlq_offset}\tkey="
-                       f"{printable(entry.key)!r}\t-> partition {entry.partition}")
+                       f"{printable(entry.key, KEY_LIMIT)!r}\t-> partition {entry.partition}")
     if report.already_replayed:
         click.echo(f"{report.already_replayed} matching dead letters were replayed before "
                    "(use --all to replay them again)")
     dlq = _dlq_name(topic, group, namespace)
     for skip in report.skipped:
-        key_text = "-" if skip.key is None else repr(printable(skip.key))
+        key_text = "-" if skip.key is None else repr(printable(skip.key, KEY_LIMIT))
         click.echo(f"skipped {dlq!r} partition {skip.dlq_partition} offset "
                    f"{skip.dlq_offset} (key {key_text}): {skip.reason}", err=True)
     if report.skipped:

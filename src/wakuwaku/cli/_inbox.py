@@ -22,7 +22,7 @@ from ..inbox._base import DEFAULT_TABLE, Inbox
 from ..inbox.sqlite import SQLiteInbox
 from ..logs._url import parse_log_url
 from . import ExitCode
-from ._status import when
+from ._status import printable, when
 
 T = TypeVar("T")
 
@@ -85,11 +85,6 @@ async def _call(work: Callable[[], Awaitable[T]]) -> T:
     return await work()
 
 
-def _printable(text: str) -> str:
-    """``text`` with every non-printable character escaped (keys are shown exactly)."""
-    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
-
-
 def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--table", default=DEFAULT_TABLE, show_default=True,
                       help="Claims table (the dead letters are in <table>_dead).")(fn)
@@ -149,7 +144,7 @@ def dead_command(db: str, group: str, table: str, limit: int) -> int:
         source = (f"{item.source_topic}/{item.source_partition}@{item.source_offset}"
                   if item.source_topic is not None else "-")
         error = sanitize(item.last_error or "", 300)
-        click.echo(f"{_printable(item.message_key)}\tattempts={item.attempts}\t"
+        click.echo(f"{printable(item.message_key, 200)}\tattempts={item.attempts}\t"
                    f"dead_at={when(item.dead_at)}\tsource={source}\terror={error}")
     return ExitCode.OK
 

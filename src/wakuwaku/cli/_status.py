@@ -104,8 +104,12 @@ def when(seconds: float | None) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def printable(text: str) -> str:
-    """``text`` with every non-printable character escaped (keys are shown exactly)."""
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` with every non-printable character escaped (keys are shown
+    exactly), cut after ``limit`` characters with the count of what was cut
+    (a key may be 1 MiB; ``--json`` output keeps it whole)."""
+    if limit is not None and len(text) > limit:
+        return f"{printable(text[:limit])}...({len(text) - limit} more characters)"
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
 
 
