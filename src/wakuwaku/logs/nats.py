@@ -256,9 +256,11 @@ class NatsLog(Log):
         async def on_error(exc: Exception) -> None:
             _logger.debug("NATS client error on %s: %s", self.url, exc)
 
+        connected = False
+
         async def on_disconnect() -> None:
-            if self._closed:
-                return
+            if self._closed or not connected:
+                return  # a first connection that failed is reported by the raise below
             _logger.warning("NATS log %s: connection lost, reconnecting", self.url)
 
         async def on_reconnect() -> None:
@@ -282,6 +284,7 @@ class NatsLog(Log):
                 await asyncio.wait_for(nc.close(), self.timeout)
             raise LogUnavailableError(
                 f"cannot connect to the NATS log {self.url}: {type(exc).__name__}") from exc
+        connected = True
         return nc
 
     async def _call(self, op: Callable[[], Awaitable[_T]]) -> _T:
