@@ -29,7 +29,6 @@ import statistics
 import time
 import uuid
 from collections.abc import Sequence
-
 from typing import Any
 
 import msgspec
