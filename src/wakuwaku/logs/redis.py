@@ -141,6 +141,9 @@ class RedisLog(Log):
             socket_connect_timeout=self.timeout, retry=Retry(NoBackoff(), 0),
             decode_responses=False,
         )
+        # XRANGE replies stay the server's flat lists: :func:`_records` reads
+        # them directly instead of redis-py building a dict per entry first.
+        self._redis.set_response_callback("XRANGE", _raw_reply)
         self._write: AsyncScript = self._redis.register_script(_script("redis_write.lua"))
         self._lease: AsyncScript = self._redis.register_script(_script("redis_lease.lua"))
         self._retain: AsyncScript = self._redis.register_script(_script("redis_retain.lua"))
@@ -513,13 +516,42 @@ def _encode(headers: Mapping[str, bytes], body: bytes) -> list[bytes]:
     return fields
 
 
-def _records(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Record]:
+def _raw_reply(response: Any, **options: Any) -> Any:
+    return response
+
+
+def _records(entries: list[list[Any]]) -> list[Record]:
+    """Records of raw ``XRANGE`` entries ``[id, [t, ts, b, body, :name, value, ...]]``.
+
+    Records of one page whose header fields are equal share one headers dict
+    (as the SQLite log does): fewer objects to build, and the engine's
+    planner, which memoizes per headers dict, checks each distinct one once.
+    Records and their headers are read-only.
+    """
     out: list[Record] = []
+    append = out.append
+    shared: dict[tuple[bytes, ...], dict[str, bytes]] = {}
+    get = shared.get
     for ident, fields in entries:
-        headers = {name[1:].decode("utf-8", "surrogatepass"): value
-                   for name, value in fields.items() if name[:1] == b":"}
-        out.append(Record(int(ident[2:]) - 1, headers, fields[b"b"], float(fields[b"t"])))
+        if fields[0] != b"t" or fields[2] != b"b":  # not the write script's order
+            append(_record(ident, fields))
+            continue
+        extra = tuple(fields[4:])
+        headers = get(extra)
+        if headers is None:
+            headers = shared[extra] = {
+                extra[i][1:].decode("utf-8", "surrogatepass"): extra[i + 1]
+                for i in range(0, len(extra), 2) if extra[i][:1] == b":"}
+        append(Record(int(ident[2:]) - 1, headers, fields[3], float(fields[1])))
     return out
+
+
+def _record(ident: bytes, fields: list[bytes]) -> Record:
+    """One record of an entry whose fields are in any order."""
+    pairs = dict(zip(fields[0::2], fields[1::2], strict=True))
+    headers = {name[1:].decode("utf-8", "surrogatepass"): value
+               for name, value in pairs.items() if name[:1] == b":"}
+    return Record(int(ident[2:]) - 1, headers, pairs[b"b"], float(pairs[b"t"]))
 
 
 def _timeout(raw: str, url: str) -> float:
