@@ -212,3 +212,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("main", ["orders", "shop.orders", "a.wk-retry.b.c"])
+def test_a_partitions_retry_and_dead_letter_keys_share_its_cluster_slot(main: str) -> None:
+    """Issue 13 item 2: a store writes a group's retry and dead-letter
+    partitions under the main partition's lease in one script, so on a Redis
+    Cluster their keys must hash to one slot."""
+    from redis.crc import key_slot
+
+    from wakuwaku.engine import ConsumerConfig
+
+    log = RedisLog("redis://127.0.0.1:6379/15?prefix=slot-test")
+    config = ConsumerConfig(topic=main, group="billing")
+    family = [main, config.retry_topic(main), config.dead_letter_topic(main),
+              f"wk-replayed.billing.{main}"]
+    for partition in (0, 3):
+        keys = [f"{log._tag(topic, partition)}:lease" for topic in family]
+        assert len(set(keys)) == len(family)  # one key per topic, still
+        assert len({key_slot(key.encode()) for key in keys}) == 1, keys
+    assert log._tag(main, 0) != log._tag(main, 1)

@@ -4,9 +4,11 @@ Layout (``docs/logs.md``, "The Redis log"), under a key prefix (``wk`` by
 default) so that several logs share one Redis database:
 
 - ``<prefix>:topics``: a hash, topic name -> partition count (stored once);
-- per (topic, partition), keys that share one Redis Cluster hash tag
-  ``{<prefix>:<len(topic)>:<topic>:<partition>}`` (the length makes the
-  mapping from names to keys one-to-one whatever the topic holds):
+- per (topic, partition), keys that start with the Redis Cluster hash tag
+  ``{<prefix>:<len(S)>:<S>:<partition>}`` of its slot topic ``S`` (the topic,
+  or for a group's retry and dead-letter topics their main topic), then
+  ``<len(topic)>:<topic>`` (the lengths make the mapping from names to keys
+  one-to-one whatever the topic holds):
   ``:s`` the stream, ``:meta`` (``next``, ``start`` offsets), ``:off``
   (group -> committed offset), ``:lease`` (group -> generation, expiry,
   member), ``:tok:<token>`` (idempotency tokens of appends, 5 minutes).
@@ -156,7 +158,17 @@ class RedisLog(Log):
     # -- plumbing ---------------------------------------------------------
 
     def _tag(self, topic: str, partition: int) -> str:
-        return f"{{{self.prefix}:{len(topic)}:{topic}:{partition}}}"
+        """The keys of one (topic, partition): a Redis Cluster hash tag of its
+        *slot topic* and partition, then the topic itself.
+
+        A group's retry, dead-letter and replay-ledger topics have the slot
+        of their main topic (:func:`slot_topic`), so the scripts that write
+        them under the main partition's lease touch one slot only (issue 13
+        item 2); the topic's own length and name after the tag keep the
+        mapping from names to keys one-to-one.
+        """
+        slot = slot_topic(topic)
+        return f"{{{self.prefix}:{len(slot)}:{slot}:{partition}}}{len(topic)}:{topic}"
 
     @contextlib.asynccontextmanager
     async def _calls(self, what: str) -> AsyncIterator[None]:
@@ -603,3 +615,27 @@ def _parse_url(url: str) -> dict[str, Any]:
         password=unquote(parts.password) if parts.password else None,
     )
     return options
+
+
+_DERIVED = ("wk-retry.", "wk-dlq.", "wk-replayed.")
+
+
+def slot_topic(topic: str) -> str:
+    """The topic whose Redis Cluster slot ``topic`` shares: for a group's
+    retry, dead-letter or replay-ledger topic (``[ns.]wk-retry.<group>.<main>``)
+    its main topic (``[ns.]<main>``), found again until it is no derived name
+    itself (so every topic of one family maps to the same slot); any other
+    topic is its own."""
+    while True:
+        for marker in _DERIVED:
+            at = topic.find(marker)
+            while at > 0 and topic[at - 1] != ".":
+                at = topic.find(marker, at + 1)
+            if at < 0:
+                continue
+            group, dot, main = topic[at + len(marker):].partition(".")
+            if group and dot and main:
+                topic = topic[:at] + main
+                break
+        else:
+            return topic
