@@ -57,9 +57,11 @@ async def _leave_a_dead_letter_and_a_quarantined_key(url: str) -> None:
                                 poll_interval=0.01)
         consumer = Consumer(config, [Handler(Order, handle)], log)
         task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+        deadline = asyncio.get_running_loop().time() + 30
         while not (consumer.stats.quarantined_keys and consumer.stats.dead_lettered()
                    and consumer.workers
                    and all(w.caught_up for w in consumer.workers.values())):
+            assert asyncio.get_running_loop().time() < deadline, "the consumer got stuck"
             await asyncio.sleep(0.02)
         consumer.stop()
         await task
