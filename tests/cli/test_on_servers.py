@@ -21,7 +21,7 @@ from ..logs.test_redis import purge
 from ..nats_support import drop_prefix
 
 
-@wk.event("tests.cli.order", key="sku")
+@wk.event("tests.cli.server-order", key="sku")
 class Order(msgspec.Struct, frozen=True):
     sku: str
     n: int
