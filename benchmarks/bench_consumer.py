@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import random
 import statistics
 import tempfile
 import time
@@ -30,30 +29,14 @@ from pathlib import Path
 import msgspec
 
 import wakuwaku as wk
+from _ticks import Tick, fill
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs.sqlite import SQLiteLog
 
 
-@wk.event("bench.tick", key="key")
-class Tick(msgspec.Struct, frozen=True):
-    key: str
-    n: int
-    payload: str
-
-
-async def fill(path: Path, events: int, keys: int, partitions: int) -> None:
+async def fill_file(path: Path, events: int, keys: int, partitions: int) -> None:
     log = SQLiteLog(path)
-    await log.create_topic("ticks", partitions)
-    producer = wk.Producer(log, "ticks")
-    rng = random.Random(7)
-    batch: list[Tick] = []
-    for n in range(events):
-        batch.append(Tick(f"key-{rng.randrange(keys)}", n, "x" * 40))
-        if len(batch) == 5000:
-            await producer.publish_many(batch)
-            batch = []
-    if batch:
-        await producer.publish_many(batch)
+    await fill(log, events, keys, partitions, batch_size=5000)
     await log.close()
 
 
@@ -113,7 +96,7 @@ async def main(events: int, keys: int, partitions: int, polls: list[int], rounds
         (poll, mode): [] for poll in polls for mode in ("no-op", "failing")}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
-        await fill(path, events, keys, partitions)
+        await fill_file(path, events, keys, partitions)
         # The machine's speed drifts by tens of percent within seconds, so
         # every consumer run is paired with a bare read measured just before
         # it, and the shares of the pairs are compared.

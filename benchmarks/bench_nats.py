@@ -27,27 +27,17 @@ import argparse
 import asyncio
 import json
 import logging
-import random
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
 
 import msgspec
 import nats
 from nats.js.api import AckPolicy, DeliverPolicy
 from nats.js.api import ConsumerConfig as JsConsumerConfig
 
-import wakuwaku as wk
-from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from _ticks import Tick, consume, fill
 from wakuwaku.logs.nats import NatsLog
-
-
-@wk.event("bench.tick", key="key")
-class Tick(msgspec.Struct, frozen=True):
-    key: str
-    n: int
-    payload: str
 
 
 class Envelope(msgspec.Struct, array_like=True):
@@ -56,20 +46,6 @@ class Envelope(msgspec.Struct, array_like=True):
     headers: dict[str, bytes]
     body: bytes
     chunks: list[int] | None = None
-
-
-async def fill(log: NatsLog, events: int, keys: int, partitions: int) -> None:
-    await log.create_topic("ticks", partitions)
-    producer = wk.Producer(log, "ticks")
-    rng = random.Random(7)
-    batch: list[Tick] = []
-    for n in range(events):
-        batch.append(Tick(f"key-{rng.randrange(keys)}", n, "x" * 40))
-        if len(batch) == 2000:
-            await producer.publish_many(batch)
-            batch = []
-    if batch:
-        await producer.publish_many(batch)
 
 
 async def raw_read(url: str, log: NatsLog, partitions: int, page: int) -> tuple[float, int]:
@@ -96,18 +72,6 @@ async def raw_read(url: str, log: NatsLog, partitions: int, page: int) -> tuple[
     elapsed = time.perf_counter() - started
     await nc.close()
     return elapsed, count
-
-
-async def consume(log: NatsLog, group: str, max_poll: int) -> tuple[float, int]:
-    async def handle(run: Sequence[Tick]) -> None:
-        return None
-
-    config = ConsumerConfig(topic="ticks", group=group, poll_interval=0.01,
-                            max_poll_records=max_poll)
-    consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
-    started = time.perf_counter()
-    stats = await consumer.drain()
-    return time.perf_counter() - started, stats.handled
 
 
 async def purge(url: str, prefix: str) -> None:

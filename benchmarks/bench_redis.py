@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import random
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -40,30 +38,8 @@ try:
 except ImportError:  # the optional peer baseline
     RedisBroker = None
 
-import wakuwaku as wk
-from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from _ticks import Tick, consume, fill
 from wakuwaku.logs.redis import RedisLog
-
-
-@wk.event("bench.tick", key="key")
-class Tick(msgspec.Struct, frozen=True):
-    key: str
-    n: int
-    payload: str
-
-
-async def fill(log: RedisLog, events: int, keys: int, partitions: int) -> None:
-    await log.create_topic("ticks", partitions)
-    producer = wk.Producer(log, "ticks")
-    rng = random.Random(7)
-    batch: list[Tick] = []
-    for n in range(events):
-        batch.append(Tick(f"key-{rng.randrange(keys)}", n, "x" * 40))
-        if len(batch) == 2000:
-            await producer.publish_many(batch)
-            batch = []
-    if batch:
-        await producer.publish_many(batch)
 
 
 async def raw_read(url: str, log: RedisLog, partitions: int, page: int) -> tuple[float, int]:
@@ -135,18 +111,6 @@ async def faststream_read(url: str, prefix: str, partitions: int, events: int,
     await broker.stop()
     assert seen == events, seen
     return elapsed
-
-
-async def consume(log: RedisLog, group: str, max_poll: int) -> tuple[float, int]:
-    async def handle(run: Sequence[Tick]) -> None:
-        return None
-
-    config = ConsumerConfig(topic="ticks", group=group, poll_interval=0.01,
-                            max_poll_records=max_poll)
-    consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
-    started = time.perf_counter()
-    stats = await consumer.drain()
-    return time.perf_counter() - started, stats.handled
 
 
 async def purge(url: str, prefix: str) -> None:
