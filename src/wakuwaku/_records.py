@@ -300,6 +300,15 @@ def header_text(headers: Headers, name: str) -> str | None:
     return bytes(raw).decode("utf-8", "replace")
 
 
+def key_or_none(headers: Headers) -> str | None:
+    """A record's ``wk-key`` as text, or None when it is missing or is not
+    valid UTF-8 (for reports and recovery paths that must never raise)."""
+    try:
+        return header_text(headers, H_KEY)
+    except (UnicodeDecodeError, TypeError):
+        return None
+
+
 def offsets_of(records: Sequence[Record]) -> list[int]:
     """The offsets of ``records``, in order."""
     return [r.offset for r in records]

@@ -31,7 +31,15 @@ from typing import Any, TypeVar
 
 from .._errors import ErrorClass, FencedError, HandleError
 from .._events import Algebra
-from .._records import H_KEY, ReasonCode, Record, Source, header_text, message_id
+from .._records import (
+    H_KEY,
+    ReasonCode,
+    Record,
+    Source,
+    header_text,
+    key_or_none,
+    message_id,
+)
 from .._sanitize import sanitize
 from ..logs._base import BatchWrite, Lease, Log
 from ._config import ConsumerConfig, DeliveryMode
@@ -417,7 +425,7 @@ class PartitionWorker:
                 "read dead letters", partial(self.log.read, dlq, partition, offset, 1000)):
             for record in page:
                 source = retry_source(record)
-                key = _header_key(record)
+                key = key_or_none(record.headers)
                 if (source is None or key is None or source.topic != self.topic
                         or source.partition != partition or not source.offsets):
                     continue
@@ -1230,14 +1238,3 @@ class PartitionWorker:
             self._dead_counts[reject.reason.value] += 1
             if self._done is not None:
                 self._done.add(reject.record.offset)
-
-
-def _header_key(record: Record) -> str | None:
-    """A record's ``wk-key`` as text, or None when it is missing or broken."""
-    raw = record.headers.get(H_KEY)
-    if raw is None:
-        return None
-    try:
-        return bytes(raw).decode("utf-8")
-    except UnicodeDecodeError:
-        return None

@@ -30,7 +30,7 @@ from .._records import (
     Record,
     Source,
     ValidHeaders,
-    header_text,
+    key_or_none,
     message_id,
     validate_headers,
 )
@@ -356,7 +356,7 @@ def _decode_one(record: Record, where: Where, types: Mapping[str, EventType[Any]
         checked = InvalidHeaders(ReasonCode.MALFORMED_HEADER,
                                  f"headers cannot be parsed: {type(exc).__name__}: {exc}")
     if isinstance(checked, InvalidHeaders):
-        rejects.append(Reject(record, checked.reason, checked.detail, _safe_key(record)))
+        rejects.append(Reject(record, checked.reason, checked.detail, key_or_none(record.headers)))
         return None
     if not from_retry and checked.for_group is not None and checked.for_group != group:
         rejects.append(Reject(record, None, f"addressed to group {checked.for_group!r}",
@@ -435,13 +435,6 @@ def _fast_signatures(types: Mapping[str, EventType[Any]]) -> _Fast:
         _FAST.clear()
     _FAST[id(types)] = (types, table)
     return table
-
-
-def _safe_key(record: Record) -> str | None:
-    try:
-        return header_text(record.headers, H_KEY)
-    except Exception:  # noqa: BLE001 - a broken header value is reported elsewhere
-        return None
 
 
 def merge(first: Item, second: Item, event: Any) -> Item:

@@ -73,7 +73,7 @@ from .._records import (
     Source,
     decode_source,
     encode_source,
-    header_text,
+    key_or_none,
     parse_ms,
 )
 from ._plan import Item
@@ -294,10 +294,7 @@ class RetryState:
         """
         self._at = (self._clock.now(), self._clock.monotonic()) if at is None else at
         self.end_offset = max(self.end_offset, record.offset + 1)
-        try:
-            key = header_text(record.headers, H_KEY)
-        except (UnicodeDecodeError, TypeError):
-            key = None
+        key = key_or_none(record.headers)
         if key is None:
             self.broken.append((record.offset, "", "no usable wk-key"))
             return
