@@ -28,12 +28,12 @@ services:
 
 test: $(STAMP)
 	@bash ci/services.sh || { [ "$${CI:-}" != true ] && echo "services: not all are up; their tests skip here (with CI=true they fail)"; }
-	$(PY) -m ruff check src tests benchmarks examples
-	$(PY) -m mypy
+	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff format --check src tests benchmarks examples
 	$(PY) -m mypy
 
 bench: $(STAMP)

@@ -28,8 +28,7 @@ class Tick(msgspec.Struct, frozen=True):
     payload: str
 
 
-async def fill(log: Log, events: int, keys: int, partitions: int, batch_size: int = 2000
-               ) -> None:
+async def fill(log: Log, events: int, keys: int, partitions: int, batch_size: int = 2000) -> None:
     """Create ``ticks`` with ``partitions`` and publish ``events`` over ``keys`` keys."""
     await log.create_topic(TOPIC, partitions)
     producer = wk.Producer(log, TOPIC)
@@ -47,11 +46,11 @@ async def fill(log: Log, events: int, keys: int, partitions: int, batch_size: in
 async def consume(log: Log, group: str, max_poll: int) -> tuple[float, int]:
     """Drain ``ticks`` with a no-op handler (``max_batch=100``) as ``group``:
     (seconds, records handled)."""
+
     async def handle(run: Sequence[Tick]) -> None:
         return None
 
-    config = ConsumerConfig(topic=TOPIC, group=group, poll_interval=0.01,
-                            max_poll_records=max_poll)
+    config = ConsumerConfig(topic=TOPIC, group=group, poll_interval=0.01, max_poll_records=max_poll)
     consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
     started = time.perf_counter()
     stats = await consumer.drain()

@@ -77,8 +77,13 @@ async def consume(
             failed.add(key)
             raise wk.Retryable("once")
 
-    config = ConsumerConfig(topic="ticks", group=group, retry_delays=[0.05],
-                            poll_interval=0.01, max_poll_records=max_poll)
+    config = ConsumerConfig(
+        topic="ticks",
+        group=group,
+        retry_delays=[0.05],
+        poll_interval=0.01,
+        max_poll_records=max_poll,
+    )
     consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
     started = time.perf_counter()
     stats = await consumer.drain()
@@ -87,13 +92,15 @@ async def consume(
     return elapsed, stats
 
 
-async def main(events: int, keys: int, partitions: int, polls: list[int], rounds: int,
-               fsync: bool) -> None:
+async def main(
+    events: int, keys: int, partitions: int, polls: list[int], rounds: int, fsync: bool
+) -> None:
     logging.basicConfig(level=logging.ERROR)
     failing = {f"key-{k}" for k in range(0, keys, 100)}
     # (poll, mode) -> per round: (baseline seconds, consumer seconds)
     pairs: dict[tuple[int, str], list[tuple[float, float]]] = {
-        (poll, mode): [] for poll in polls for mode in ("no-op", "failing")}
+        (poll, mode): [] for poll in polls for mode in ("no-op", "failing")
+    }
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
         await fill_file(path, events, keys, partitions)
@@ -105,8 +112,9 @@ async def main(events: int, keys: int, partitions: int, polls: list[int], rounds
             for poll in polls:
                 for mode, keys_failing in (("no-op", set()), ("failing", failing)):
                     raw = await baseline(path, partitions, poll)
-                    elapsed, stats = await consume(path, keys_failing, f"{mode}-{poll}-{n}",
-                                                   poll, fsync)
+                    elapsed, stats = await consume(
+                        path, keys_failing, f"{mode}-{poll}-{n}", poll, fsync
+                    )
                     assert stats.handled == events, stats
                     assert stats.quarantined_keys == len(keys_failing), stats
                     pairs[(poll, mode)].append((raw, elapsed))
@@ -115,8 +123,9 @@ async def main(events: int, keys: int, partitions: int, polls: list[int], rounds
     print(f"\nevents: {events}, keys: {keys}, partitions: {partitions}, {rounds} rounds")
     for poll in polls:
         raw = min(r for mode in ("no-op", "failing") for r, _ in pairs[(poll, mode)])
-        print(f"bare read+decode in pages of {poll}, best: {events / raw:,.0f} events/s "
-              f"({raw:.2f} s)")
+        print(
+            f"bare read+decode in pages of {poll}, best: {events / raw:,.0f} events/s ({raw:.2f} s)"
+        )
     print("share = bare read time / consumer time of the same pair; the verdict uses the median")
     print("max_poll_records  handler  best events/s  share median (min-max)  target  verdict")
     for (poll, mode), runs in pairs.items():
@@ -124,9 +133,11 @@ async def main(events: int, keys: int, partitions: int, polls: list[int], rounds
         median = statistics.median(shares)
         target = 0.5 if mode == "no-op" else 0.4
         best = events / min(c for _, c in runs)
-        print(f"{poll:>16}  {mode:>7}  {best:>13,.0f}  {median:>12.0%} "
-              f"({shares[0]:.0%}-{shares[-1]:.0%})  {target:>6.0%}  "
-              f"{'met' if median >= target else 'MISSED'}")
+        print(
+            f"{poll:>16}  {mode:>7}  {best:>13,.0f}  {median:>12.0%} "
+            f"({shares[0]:.0%}-{shares[-1]:.0%})  {target:>6.0%}  "
+            f"{'met' if median >= target else 'MISSED'}"
+        )
 
 
 if __name__ == "__main__":
@@ -134,11 +145,22 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--max-poll-records", type=int, nargs="+", default=[500, 2000, 5000],
-                        help="one or more poll sizes to measure (default: 500 2000 5000)")
+    parser.add_argument(
+        "--max-poll-records",
+        type=int,
+        nargs="+",
+        default=[500, 2000, 5000],
+        help="one or more poll sizes to measure (default: 500 2000 5000)",
+    )
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--fsync", action="store_true",
-                        help="the consumer's log syncs its commits (SQLiteLog's default)")
+    parser.add_argument(
+        "--fsync",
+        action="store_true",
+        help="the consumer's log syncs its commits (SQLiteLog's default)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.events, args.keys, args.partitions, args.max_poll_records,
-                     args.rounds, args.fsync))
+    asyncio.run(
+        main(
+            args.events, args.keys, args.partitions, args.max_poll_records, args.rounds, args.fsync
+        )
+    )

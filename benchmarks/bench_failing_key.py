@@ -50,7 +50,7 @@ async def run(path: Path, events: int, failing: bool) -> tuple[float, float, int
     keys = [f"k{i}" for i in range(5 if failing else 4)]
     batch = [Tick(k, n) for n in range(events) for k in keys]
     for start in range(0, len(batch), 5000):
-        await producer.publish_many(batch[start:start + 5000])
+        await producer.publish_many(batch[start : start + 5000])
     good = 4 * events
     handled = 0
     done_at = 0.0
@@ -64,8 +64,9 @@ async def run(path: Path, events: int, failing: bool) -> tuple[float, float, int
         if handled == good:
             done_at = time.perf_counter()
 
-    config = ConsumerConfig(topic=TOPIC, group="bench", retry_delays=(0.01, 0.02),
-                            max_pending_retry=10 * events)
+    config = ConsumerConfig(
+        topic=TOPIC, group="bench", retry_delays=(0.01, 0.02), max_pending_retry=10 * events
+    )
     consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
     started = time.perf_counter()
     stats = await consumer.drain()
@@ -88,15 +89,21 @@ async def main(events: int, rounds: int) -> None:
         cost = per_failing / per_handled
         shares.append(share)
         costs.append(cost)
-        print(f"round {r + 1}: good keys {4 * events / base_good:,.0f}/s alone, "
-              f"{4 * events / mixed_good:,.0f}/s with k4 ({share:.0%}); "
-              f"handled record {per_handled * 1e6:.1f} us, k4 record "
-              f"{per_failing * 1e6:.1f} us ({cost:.1f}x); {dead} dead letters")
+        print(
+            f"round {r + 1}: good keys {4 * events / base_good:,.0f}/s alone, "
+            f"{4 * events / mixed_good:,.0f}/s with k4 ({share:.0%}); "
+            f"handled record {per_handled * 1e6:.1f} us, k4 record "
+            f"{per_failing * 1e6:.1f} us ({cost:.1f}x); {dead} dead letters"
+        )
     share, cost = statistics.median(shares), statistics.median(costs)
-    print(f"median: good keys keep {share:.0%} of their speed (target >= 80 %): "
-          f"{'meets' if share >= 0.8 else 'MISSES'}")
-    print(f"median: a failing record costs {cost:.1f}x a handled one (target <= 3x): "
-          f"{'meets' if cost <= 3 else 'MISSES'}")
+    print(
+        f"median: good keys keep {share:.0%} of their speed (target >= 80 %): "
+        f"{'meets' if share >= 0.8 else 'MISSES'}"
+    )
+    print(
+        f"median: a failing record costs {cost:.1f}x a handled one (target <= 3x): "
+        f"{'meets' if cost <= 3 else 'MISSES'}"
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,10 @@ def rate(count: int, seconds: float) -> str:
 
 def sqlite_baseline_sql(table: str, rows: int) -> str:
     values = ", ".join(["(?, ?, ?, ?, ?, ?, 'done', 0)"] * rows)
-    return (f"INSERT INTO {table} (consumer_group, message_key, claimed_at, source_topic, "
-            f"source_partition, source_offset, status, attempts) VALUES {values}")
+    return (
+        f"INSERT INTO {table} (consumer_group, message_key, claimed_at, source_topic, "
+        f"source_partition, source_offset, status, attempts) VALUES {values}"
+    )
 
 
 def bench_sqlite(keys: int, chunk: int) -> list[tuple[str, float, int]]:
@@ -68,8 +70,11 @@ def bench_sqlite(keys: int, chunk: int) -> list[tuple[str, float, int]]:
         asyncio.run(inbox.ensure_schema())
         asyncio.run(base.ensure_schema())
 
-        def transactions(path: Path, work: Callable[[sqlite3.Connection, Sequence[InboxKey]],
-                                                    Any], repeat: int = 1) -> list[float]:
+        def transactions(
+            path: Path,
+            work: Callable[[sqlite3.Connection, Sequence[InboxKey]], Any],
+            repeat: int = 1,
+        ) -> list[float]:
             conn = sqlite3.connect(path, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -127,13 +132,20 @@ async def bench_postgres(dsn: str, keys: int, chunk: int) -> list[tuple[str, flo
     chunks = chunked(make_keys(keys, f"c{chunk}"), chunk)
     conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     try:
+
         async def plain(part: Sequence[InboxKey]) -> None:
             part = sorted(part, key=lambda k: k.message_key)  # the claim's order
-            await conn.execute(plain_sql, {
-                "grp": GROUP, "now": time.time(), "keys": [k.message_key for k in part],
-                "topics": [k.topic for k in part], "parts": [k.partition for k in part],
-                "offs": [k.offset for k in part],
-            })
+            await conn.execute(
+                plain_sql,
+                {
+                    "grp": GROUP,
+                    "now": time.time(),
+                    "keys": [k.message_key for k in part],
+                    "topics": [k.topic for k in part],
+                    "parts": [k.partition for k in part],
+                    "offs": [k.offset for k in part],
+                },
+            )
 
         async def claim(part: Sequence[InboxKey]) -> None:
             await inbox.claim(conn, part)
@@ -151,8 +163,10 @@ async def bench_postgres(dsn: str, keys: int, chunk: int) -> list[tuple[str, flo
             ("claim (duplicate)", await transactions(claim), keys),
         ]
     finally:
-        await conn.execute(f"DROP TABLE IF EXISTS {inbox.table}, {inbox.dead_table}, "
-                           f"{base.table}, {base.dead_table}")
+        await conn.execute(
+            f"DROP TABLE IF EXISTS {inbox.table}, {inbox.dead_table}, "
+            f"{base.table}, {base.dead_table}"
+        )
         await conn.close()
 
 
@@ -160,8 +174,10 @@ def report(backend: str, chunk: int, results: list[tuple[str, float, int]]) -> N
     baseline = results[0][2] / results[0][1]
     for name, seconds, count in results:
         share = (count / seconds) / baseline
-        print(f"{backend:<10} chunk={chunk:<4} {name:<18} {rate(count, seconds)}"
-              f"   {share:6.0%} of plain INSERT")
+        print(
+            f"{backend:<10} chunk={chunk:<4} {name:<18} {rate(count, seconds)}"
+            f"   {share:6.0%} of plain INSERT"
+        )
 
 
 def main() -> None:
@@ -169,8 +185,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=20_000, help="keys per measurement")
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL DSN")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="runs per measurement; the fastest is reported")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per measurement; the fastest is reported"
+    )
     args = parser.parse_args()
     for chunk in (1, 100):
         # Chunks of 1 are one transaction per key: fewer keys keep the run short.
@@ -182,8 +199,7 @@ def main() -> None:
     try:
         for chunk in (1, 100):
             count = args.keys // 4 if chunk == 1 else args.keys
-            runs = [asyncio.run(bench_postgres(args.dsn, count, chunk))
-                    for _ in range(args.repeat)]
+            runs = [asyncio.run(bench_postgres(args.dsn, count, chunk)) for _ in range(args.repeat)]
             report("postgres", chunk, [min(r[i] for r in runs) for i in range(3)])
     except (ImportError, OSError) as exc:
         print(f"postgres   skipped: {exc}")

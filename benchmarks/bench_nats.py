@@ -59,8 +59,12 @@ async def raw_read(url: str, log: NatsLog, partitions: int, page: int) -> tuple[
     for p in range(partitions):
         stream = log.stream_name("ticks", p)
         total = (await js.stream_info(stream)).state.messages
-        config = JsConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
-                                  mem_storage=True, inactive_threshold=60.0)
+        config = JsConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.ALL,
+            mem_storage=True,
+            inactive_threshold=60.0,
+        )
         sub = await js.pull_subscribe(stream, stream=stream, config=config)
         read = 0
         while read < total:
@@ -80,8 +84,9 @@ async def purge(url: str, prefix: str) -> None:
     try:
         names: list[str] = []
         while True:
-            msg = await nc.request("$JS.API.STREAM.NAMES",
-                                   json.dumps({"offset": len(names)}).encode(), timeout=5)
+            msg = await nc.request(
+                "$JS.API.STREAM.NAMES", json.dumps({"offset": len(names)}).encode(), timeout=5
+            )
             answer = json.loads(msg.data)
             page = answer.get("streams") or []
             names += page
@@ -102,9 +107,11 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
         started = time.perf_counter()
         await fill(log, events, keys, partitions)
         elapsed = time.perf_counter() - started
-        print(f"produced {events:,} events over {keys:,} keys, {partitions} partitions in "
-              f"{elapsed:.1f} s ({events / elapsed:,.0f}/s); every run below reads all "
-              f"{events:,}")
+        print(
+            f"produced {events:,} events over {keys:,} keys, {partitions} partitions in "
+            f"{elapsed:.1f} s ({events / elapsed:,.0f}/s); every run below reads all "
+            f"{events:,}"
+        )
         for poll in (500, 2000):
             pairs: list[tuple[float, float]] = []
             for n in range(rounds):
@@ -113,15 +120,19 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
                 took, handled = await consume(log, f"g-{poll}-{n}", poll)
                 assert handled == events, handled
                 pairs.append((raw, took))
-                print(f"max_poll_records {poll}, round {n + 1}: consumer "
-                      f"{events / took:,.0f} events/s, nats-py fetch+decode "
-                      f"{events / raw:,.0f} events/s, share {raw / took:.0%}")
+                print(
+                    f"max_poll_records {poll}, round {n + 1}: consumer "
+                    f"{events / took:,.0f} events/s, nats-py fetch+decode "
+                    f"{events / raw:,.0f} events/s, share {raw / took:.0%}"
+                )
             raw = statistics.median(r for r, _ in pairs)
             took = statistics.median(t for _, t in pairs)
             share = statistics.median(r / t for r, t in pairs)
             target = " (target >= 80 %)" if poll == 2000 else ""
-            print(f"max_poll_records {poll}: median consumer {events / took:,.0f} events/s, "
-                  f"nats-py {events / raw:,.0f} events/s, median share {share:.0%}{target}")
+            print(
+                f"max_poll_records {poll}: median consumer {events / took:,.0f} events/s, "
+                f"nats-py {events / raw:,.0f} events/s, median share {share:.0%}{target}"
+            )
     finally:
         await log.close()
         await purge(url, prefix)
@@ -130,8 +141,12 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="nats://127.0.0.1:4222")
-    parser.add_argument("--events", type=int, default=50_000,
-                        help="events produced once and read by every run (default 50 000)")
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=50_000,
+        help="events produced once and read by every run (default 50 000)",
+    )
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)

@@ -82,28 +82,43 @@ async def fill_faststream(url: str, log: RedisLog, prefix: str, partitions: int)
         while entries := await client.xrange(stream, start, "+", 2000):
             async with broker._connection.pipeline() as pipe:
                 for _ident, fields in entries:
-                    await broker.publish(fields[b"b"], stream=fs_stream(prefix, p), pipeline=pipe,
-                                         headers={"content-type": "application/json"})
+                    await broker.publish(
+                        fields[b"b"],
+                        stream=fs_stream(prefix, p),
+                        pipeline=pipe,
+                        headers={"content-type": "application/json"},
+                    )
                 await pipe.execute()
             start = b"(" + entries[-1][0]
     await broker.stop()
     await client.aclose()
 
 
-async def faststream_read(url: str, prefix: str, partitions: int, events: int,
-                          group: str, page: int) -> float:
+async def faststream_read(
+    url: str, prefix: str, partitions: int, events: int, group: str, page: int
+) -> float:
     """FastStream's batch subscribers until every event was handled."""
     broker = RedisBroker(url, logger=None)
     done = asyncio.Event()
     seen = 0
     for p in range(partitions):
-        @broker.subscriber(stream=StreamSub(fs_stream(prefix, p), group=group, consumer="c1",
-                                            batch=True, max_records=page, last_id="0"))
+
+        @broker.subscriber(
+            stream=StreamSub(
+                fs_stream(prefix, p),
+                group=group,
+                consumer="c1",
+                batch=True,
+                max_records=page,
+                last_id="0",
+            )
+        )
         async def handle(batch: list[TickModel]) -> None:
             nonlocal seen
             seen += len(batch)
             if seen >= events:
                 done.set()
+
     started = time.perf_counter()
     await broker.start()
     await asyncio.wait_for(done.wait(), 600)
@@ -118,7 +133,7 @@ async def purge(url: str, prefix: str) -> None:
     for pattern in (f"{prefix}:*", f"{{{prefix}:*"):
         keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
         for i in range(0, len(keys), 1000):
-            await client.delete(*keys[i:i + 1000])
+            await client.delete(*keys[i : i + 1000])
     await client.aclose()
 
 
@@ -131,8 +146,9 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
         await fill(log, events, keys, partitions)
         print(f"filled {events} events in {time.perf_counter() - started:.1f} s")
         if RedisBroker is None:
-            print("FastStream is not installed (pip install 'wakuwaku[bench]'): "
-                  "its column is skipped")
+            print(
+                "FastStream is not installed (pip install 'wakuwaku[bench]'): its column is skipped"
+            )
         else:
             started = time.perf_counter()
             await fill_faststream(url, log, prefix, partitions)
@@ -145,22 +161,31 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
                 elapsed, handled = await consume(log, f"g-{poll}-{n}", poll)
                 assert handled == events, handled
                 shares.append(raw / elapsed)
-                line = (f"max_poll_records {poll}, round {n + 1}: consumer "
-                        f"{events / elapsed:,.0f} events/s, redis-py XRANGE+decode "
-                        f"{events / raw:,.0f} events/s, share {raw / elapsed:.0%}")
+                line = (
+                    f"max_poll_records {poll}, round {n + 1}: consumer "
+                    f"{events / elapsed:,.0f} events/s, redis-py XRANGE+decode "
+                    f"{events / raw:,.0f} events/s, share {raw / elapsed:.0%}"
+                )
                 if RedisBroker is not None:
-                    fs = await faststream_read(url, prefix, partitions, events,
-                                               f"fs-{poll}-{n}", poll)
+                    fs = await faststream_read(
+                        url, prefix, partitions, events, f"fs-{poll}-{n}", poll
+                    )
                     versus.append(fs / elapsed)
-                    line += (f", FastStream {events / fs:,.0f} events/s, "
-                             f"consumer/FastStream {fs / elapsed:.2f}x")
+                    line += (
+                        f", FastStream {events / fs:,.0f} events/s, "
+                        f"consumer/FastStream {fs / elapsed:.2f}x"
+                    )
                 print(line)
-            print(f"max_poll_records {poll}: median share {statistics.median(shares):.0%}, "
-                  f"best {max(shares):.0%} (target >= 50 %)")
+            print(
+                f"max_poll_records {poll}: median share {statistics.median(shares):.0%}, "
+                f"best {max(shares):.0%} (target >= 50 %)"
+            )
             if versus:
-                print(f"max_poll_records {poll}: median consumer/FastStream "
-                      f"{statistics.median(versus):.2f}x, best {max(versus):.2f}x "
-                      f"(target >= 1.5x)")
+                print(
+                    f"max_poll_records {poll}: median consumer/FastStream "
+                    f"{statistics.median(versus):.2f}x, best {max(versus):.2f}x "
+                    f"(target >= 1.5x)"
+                )
     finally:
         await log.close()
         await purge(url, prefix)

@@ -86,8 +86,7 @@ async def fill(url: str, records: int, keys: int, body: int) -> None:
     await wk.Producer(probe, TOPIC).publish(Tick("k", 0, ""))
     [template] = await probe.read(TOPIC, 0, 0, 1)
     now = time.time()
-    common = {H_FAILED_AT: ms_text(now), H_DUE: ms_text(now + 3600),
-              H_ERROR: b"row not there yet"}
+    common = {H_FAILED_AT: ms_text(now), H_DUE: ms_text(now + 3600), H_ERROR: b"row not there yet"}
     payload = "x" * body
     batch: list[tuple[dict[str, bytes], bytes]] = []
     main: list[tuple[dict[str, bytes], bytes]] = []
@@ -123,36 +122,51 @@ async def measure(url: str, records: int, keys: int, route: int, body: int) -> N
     async def handle(events: list[Tick]) -> None:
         return None
 
-    config = ConsumerConfig(topic=TOPIC, group=GROUP, retry_delays=[3600.0],
-                            max_pending_retry=10_000_000, poll_interval=0.05)
+    config = ConsumerConfig(
+        topic=TOPIC,
+        group=GROUP,
+        retry_delays=[3600.0],
+        max_pending_retry=10_000_000,
+        poll_interval=0.05,
+    )
     consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
     started = time.perf_counter()
     task = asyncio.create_task(consumer.run(install_signal_handlers=False))
-    await until(lambda: bool(consumer.workers)
-                and all(w.started for w in consumer.workers.values()))
+    await until(
+        lambda: bool(consumer.workers) and all(w.started for w in consumer.workers.values())
+    )
     restart = time.perf_counter() - started
     [worker] = consumer.workers.values()
     pending, quarantined = worker.retry.pending_count, len(worker.retry.keys)
     rss, peak = status("VmRSS"), status("VmHWM")
-    print(f"restart: {restart:.2f} s to rebuild {pending} pending records of "
-          f"{quarantined} keys ({pending / restart:,.0f} records/s)")
-    print(f"RSS with the backlog pending:   {mb(rss)}  (+{mb(rss - baseline).strip()} "
-          f"over baseline; peak {mb(peak).strip()}); bodies in the log: "
-          f"{mb(pending * (body + 40)).strip()}")
+    print(
+        f"restart: {restart:.2f} s to rebuild {pending} pending records of "
+        f"{quarantined} keys ({pending / restart:,.0f} records/s)"
+    )
+    print(
+        f"RSS with the backlog pending:   {mb(rss)}  (+{mb(rss - baseline).strip()} "
+        f"over baseline; peak {mb(peak).strip()}); bodies in the log: "
+        f"{mb(pending * (body + 40)).strip()}"
+    )
     if route:
         producer = wk.Producer(log, TOPIC)
         payload = "x" * body
         for start in range(0, route, 5000):
-            await producer.publish_many([Tick(f"key-{n % keys}", n, payload)
-                                         for n in range(start, min(route, start + 5000))])
+            await producer.publish_many(
+                [
+                    Tick(f"key-{n % keys}", n, payload)
+                    for n in range(start, min(route, start + 5000))
+                ]
+            )
         began = time.perf_counter()
         await until(lambda: worker.position >= records + route)
         took = time.perf_counter() - began
         rss, peak = status("VmRSS"), status("VmHWM")
-        print(f"routed {route} more events in {took:.2f} s; pending "
-              f"{worker.retry.pending_count}")
-        print(f"RSS after routing:              {mb(rss)}  (+{mb(rss - baseline).strip()} "
-              f"over baseline; peak {mb(peak).strip()})")
+        print(f"routed {route} more events in {took:.2f} s; pending {worker.retry.pending_count}")
+        print(
+            f"RSS after routing:              {mb(rss)}  (+{mb(rss - baseline).strip()} "
+            f"over baseline; peak {mb(peak).strip()})"
+        )
     consumer.stop()
     await task
     if not url.startswith("sqlite:"):  # a shared server: leave nothing behind
@@ -169,11 +183,19 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--body", type=int, default=200, help="payload bytes per event")
-    parser.add_argument("--route", type=int, default=50_000,
-                        help="main-topic events routed while the keys are quarantined")
-    parser.add_argument("--log", default=None, metavar="URL",
-                        help="a log URL with its own prefix (redis://...?prefix=..., "
-                             "nats://...?prefix=...); default: a new SQLite file, fsync off")
+    parser.add_argument(
+        "--route",
+        type=int,
+        default=50_000,
+        help="main-topic events routed while the keys are quarantined",
+    )
+    parser.add_argument(
+        "--log",
+        default=None,
+        metavar="URL",
+        help="a log URL with its own prefix (redis://...?prefix=..., "
+        "nats://...?prefix=...); default: a new SQLite file, fsync off",
+    )
     parser.add_argument("--fill", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.fill is not None:
@@ -182,12 +204,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = args.log or f"sqlite:///{Path(tmp) / 'log.db'}?fsync=0"
         began = time.perf_counter()
-        subprocess.run([sys.executable, __file__, "--fill", url, "--records",
-                        str(args.records), "--keys", str(args.keys), "--body",
-                        str(args.body)], check=True)
-        print(f"filled {args.records} pending retry records over {args.keys} keys "
-              f"({args.body}-byte payloads, {url.split(':', 1)[0]}) in "
-              f"{time.perf_counter() - began:.1f} s (another process)")
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--fill",
+                url,
+                "--records",
+                str(args.records),
+                "--keys",
+                str(args.keys),
+                "--body",
+                str(args.body),
+            ],
+            check=True,
+        )
+        print(
+            f"filled {args.records} pending retry records over {args.keys} keys "
+            f"({args.body}-byte payloads, {url.split(':', 1)[0]}) in "
+            f"{time.perf_counter() - began:.1f} s (another process)"
+        )
         asyncio.run(measure(url, args.records, args.keys, args.route, args.body))
 
 

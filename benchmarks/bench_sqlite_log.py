@@ -50,8 +50,13 @@ def make_rows(count: int) -> Rows:
             "wk-alg": b"associative",
         }
         body = msgspec.json.encode(
-            {"sku": key, "delta": i % 17 - 8, "warehouse": "tokyo-east-3", "seq": i,
-             "note": "restock after the weekly count"}
+            {
+                "sku": key,
+                "delta": i % 17 - 8,
+                "warehouse": "tokyo-east-3",
+                "seq": i,
+                "note": "restock after the weekly count",
+            }
         )
         rows.append((headers, body))
     return rows
@@ -140,8 +145,12 @@ def main() -> None:
     n, fsync = args.records, not args.no_fsync
     rows = make_rows(n)
     body = sum(len(b) for _, b in rows) / n
-    times: dict[str, list[float]] = {"lib append": [], "raw append": [],
-                                     "lib read": [], "raw read": []}
+    times: dict[str, list[float]] = {
+        "lib append": [],
+        "raw append": [],
+        "lib read": [],
+        "raw read": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         lib_db, raw_db = os.path.join(tmp, "lib.db"), os.path.join(tmp, "raw.db")
         for run in range(args.repeat):
@@ -158,9 +167,11 @@ def main() -> None:
             times["raw read"].append(raw_read(raw_db, n, args.page))
             times["lib read"].append(asyncio.run(lib_read(lib_db, n, args.page)))
     best = {name: min(values) for name, values in times.items()}
-    print(f"{n} records, body {body:.0f} bytes, 4 wk-* headers, append batch {args.batch}, "
-          f"read max_records {args.page}, synchronous={'FULL' if fsync else 'NORMAL'}, "
-          f"best of {args.repeat}")
+    print(
+        f"{n} records, body {body:.0f} bytes, 4 wk-* headers, append batch {args.batch}, "
+        f"read max_records {args.page}, synchronous={'FULL' if fsync else 'NORMAL'}, "
+        f"best of {args.repeat}"
+    )
     print(f"{'':8}{'SQLiteLog rec/s':>18}{'raw sqlite3 rec/s':>20}{'ratio':>8}")
     for what in ("append", "read"):
         lib, raw = best[f"lib {what}"], best[f"raw {what}"]

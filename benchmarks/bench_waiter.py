@@ -86,7 +86,13 @@ def waiter_round_trip(mode: ReadMode) -> Callable[[aioredis.Redis, str, int], Aw
         first_read = FirstRead()
         waiting = asyncio.create_task(
             wait_for_result(
-                redis, job, "bench", 30, mode=mode, poll_interval=60, prefix=prefix,
+                redis,
+                job,
+                "bench",
+                30,
+                mode=mode,
+                poll_interval=60,
+                prefix=prefix,
                 observer=first_read,
             )
         )

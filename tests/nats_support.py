@@ -28,8 +28,9 @@ async def drop_prefix(url: str, prefix: str) -> int:
         names: list[str] = []
         offset = 0
         while True:
-            msg = await nc.request("$JS.API.STREAM.NAMES", json.dumps({"offset": offset}).encode(),
-                                   timeout=5)
+            msg = await nc.request(
+                "$JS.API.STREAM.NAMES", json.dumps({"offset": offset}).encode(), timeout=5
+            )
             answer = json.loads(msg.data)
             page = answer.get("streams") or []
             names += page
@@ -45,5 +46,8 @@ async def drop_prefix(url: str, prefix: str) -> int:
 
 
 def nats_log(prefix: str, url: str = NATS_URL, **options: object) -> NatsLog:
-    return NatsLog.from_url(f"{url}?prefix={prefix}") if not options else NatsLog(
-        url, prefix=prefix, **options)  # type: ignore[arg-type]
+    return (
+        NatsLog.from_url(f"{url}?prefix={prefix}")
+        if not options
+        else NatsLog(url, prefix=prefix, **options)
+    )  # type: ignore[arg-type]

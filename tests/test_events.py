@@ -34,7 +34,11 @@ def test_msgspec_struct_event(registry: Registry) -> None:
 
     etype = event_type(Adjusted)
     assert (etype.tag, etype.cls, etype.key_name, etype.algebra) == (
-        "stock.adjusted", Adjusted, "sku", Algebra.PLAIN)
+        "stock.adjusted",
+        Adjusted,
+        "sku",
+        Algebra.PLAIN,
+    )
     assert registry.get("stock.adjusted") is etype
     assert event_type(Adjusted("a", 1)) is etype
     body = etype.encode(Adjusted("sku-1", -3))
@@ -107,15 +111,20 @@ def test_unusable_keys_raise_missing_key_naming_type_and_field(
     with pytest.raises(MissingKeyError) as caught:
         event_type(Maybe).key_of(Maybe(bad))
     assert (caught.value.type_tag, caught.value.field, caught.value.value) == (
-        "maybe.keyed", "k", bad)
+        "maybe.keyed",
+        "k",
+        bad,
+    )
     assert "'maybe.keyed'" in str(caught.value) and "'k'" in str(caught.value)
 
 
 def test_a_key_field_that_does_not_exist_is_refused(registry: Registry) -> None:
     with pytest.raises(ConfigError, match="no field 'skuu'"):
+
         @event("typo", key="skuu", registry=registry)
         class Typo(msgspec.Struct):
             sku: str
+
     assert "typo" not in registry
 
 
@@ -125,6 +134,7 @@ def test_duplicate_type_tag_is_refused_at_declaration(registry: Registry) -> Non
         k: str
 
     with pytest.raises(DuplicateTypeTag) as caught:
+
         @event("dup.tag", key="k", registry=registry)
         class Second(msgspec.Struct):
             k: str
@@ -171,9 +181,11 @@ def test_associative_type_with_a_combine_function(registry: Registry) -> None:
 
 def test_associative_without_combine_is_a_config_error(registry: Registry) -> None:
     with pytest.raises(ConfigError, match=r"associative.*combine"):
+
         @event("no.combine", key="k", algebra="associative", registry=registry)
         class NoCombine(msgspec.Struct):
             k: str
+
     assert "no.combine" not in registry
 
 

@@ -10,8 +10,12 @@ EXAMPLES = Path(__file__).parent.parent / "examples" / "engine"
 
 
 def test_quickstart_handles_combines_retries_and_dead_letters() -> None:
-    result = subprocess.run([sys.executable, str(EXAMPLES / "quickstart.py")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "stock: {'apple': 3, 'pear': 1}" in result.stdout
     assert "'unrecoverable': 1" in result.stdout and "'gave_up_retry': 1" in result.stdout

@@ -11,7 +11,8 @@ import wakuwaku
 
 def public_names() -> set[str]:
     return {
-        name for name, value in vars(wakuwaku).items()
+        name
+        for name, value in vars(wakuwaku).items()
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
 
@@ -25,8 +26,9 @@ def ruff_isort_key(name: str) -> tuple[int, list[tuple[int, int | str]]]:
         group = 1
     else:
         group = 2
-    natural = [(0, int(part)) if part.isdigit() else (1, part)
-               for part in re.split(r"(\d+)", name) if part]
+    natural = [
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
+    ]
     return group, natural
 
 
@@ -56,8 +58,11 @@ def test_the_root_package_imports_no_optional_dependency() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, wakuwaku; bad = {'redis', 'nats', 'psycopg', 'prometheus_client'} "
-            "& set(sys.modules); print(sorted(bad)); sys.exit(bool(bad))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=False)
+    code = (
+        "import sys, wakuwaku; bad = {'redis', 'nats', 'psycopg', 'prometheus_client'} "
+        "& set(sys.modules); print(sorted(bad)); sys.exit(bool(bad))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -12,12 +12,20 @@ DOCS = (Path(__file__).parents[1] / "docs" / "operations.md").read_text()
 
 def test_the_formatter_appends_the_extra_fields_after_the_message() -> None:
     formatter = wakuwaku.StructuredFormatter("%(levelname)s %(name)s: %(message)s")
-    record = logging.LogRecord("wakuwaku.consumer", logging.WARNING, __file__, 1,
-                               "key quarantined after retryable failure", None, None)
+    record = logging.LogRecord(
+        "wakuwaku.consumer",
+        logging.WARNING,
+        __file__,
+        1,
+        "key quarantined after retryable failure",
+        None,
+        None,
+    )
     record.__dict__.update({"topic": "t", "partition": 0, "key": "a", "offsets": [3, 4]})
     assert formatter.format(record) == (
         "WARNING wakuwaku.consumer: key quarantined after retryable failure "
-        "topic='t' partition=0 key='a' offsets=[3, 4]")
+        "topic='t' partition=0 key='a' offsets=[3, 4]"
+    )
 
 
 def test_the_operations_doc_shows_the_formatter_with_basic_config() -> None:
@@ -40,8 +48,9 @@ def test_a_huge_field_is_cut_with_its_length() -> None:
 
     from wakuwaku import StructuredFormatter
 
-    record = logging.LogRecord("wakuwaku.consumer", logging.ERROR, __file__, 1,
-                               "record dead-lettered", None, None)
+    record = logging.LogRecord(
+        "wakuwaku.consumer", logging.ERROR, __file__, 1, "record dead-lettered", None, None
+    )
     record.key = "k" * 1_048_576
     line = StructuredFormatter("%(message)s").format(record)
     assert len(line) < 700

@@ -56,8 +56,13 @@ async def test_publish_stamps_headers_and_picks_the_murmur2_partition(log: Memor
     partition = partition_for("o-17", 4)
     assert published == Published("orders", partition, 0, "o-17")
     (record,) = await log.read("orders", partition, 0)
-    assert record.headers == {"wk-v": b"1", "wk-type": b"shop.order-placed", "wk-key": b"o-17",
-                              "wk-alg": b"plain", "wk-props": b'{"tenant":"t1"}'}
+    assert record.headers == {
+        "wk-v": b"1",
+        "wk-type": b"shop.order-placed",
+        "wk-key": b"o-17",
+        "wk-alg": b"plain",
+        "wk-props": b'{"tenant":"t1"}',
+    }
     assert msgspec.json.decode(record.body) == {"order": "o-17", "total": 5}
 
 
@@ -79,7 +84,8 @@ async def test_publish_many_keeps_input_order_and_per_key_order(log: MemoryLog) 
         totals = [msgspec.json.decode(r.body)["total"] for r in records]
         assert totals == sorted(totals)  # one append per partition, in input order
         assert [r.offset for r in records] == sorted(
-            p.offset for p in published if p.partition == partition)
+            p.offset for p in published if p.partition == partition
+        )
 
 
 @pytest.mark.parametrize("bad_key", [None, "", "   ", "\t", "\n"])
@@ -133,12 +139,13 @@ class Reading(msgspec.Struct):
 
 @pytest.mark.parametrize(
     "reading",
-    [Reading("r-1", float("nan")), Reading("r-1", 1.0, [1.0, float("inf")]),
-     Reading("r-1", None, [], {"deep": [{"x": float("-inf")}]})],
+    [
+        Reading("r-1", float("nan")),
+        Reading("r-1", 1.0, [1.0, float("inf")]),
+        Reading("r-1", None, [], {"deep": [{"x": float("-inf")}]}),
+    ],
 )
-async def test_a_nan_where_null_is_allowed_is_refused_too(
-    log: MemoryLog, reading: Reading
-) -> None:
+async def test_a_nan_where_null_is_allowed_is_refused_too(log: MemoryLog, reading: Reading) -> None:
     with pytest.raises(ConfigError, match="NaN or infinite float"):
         await Producer(log, "orders").publish(reading)
     assert await log.end_offsets("orders") == {0: 0, 1: 0, 2: 0, 3: 0}
@@ -197,8 +204,11 @@ def test_sync_producer_from_plain_code_on_sqlite(tmp_path: Path) -> None:
 
     async def read() -> list[Any]:
         async with SQLiteLog(path) as log:
-            return [msgspec.json.decode(r.body)["total"]
-                    for p in (0, 1) for r in await log.read("orders", p, 0)]
+            return [
+                msgspec.json.decode(r.body)["total"]
+                for p in (0, 1)
+                for r in await log.read("orders", p, 0)
+            ]
 
     assert sorted(asyncio.run(read())) == [1, 2, 3]
 

@@ -33,8 +33,13 @@ class Placed(msgspec.Struct):
     order: str
 
 
-@event("shop.stock-added", key="sku", algebra="associative", registry=registry,
-       combine=lambda a, b: None)
+@event(
+    "shop.stock-added",
+    key="sku",
+    algebra="associative",
+    registry=registry,
+    combine=lambda a, b: None,
+)
 class StockAdded(msgspec.Struct):
     sku: str
 
@@ -62,9 +67,15 @@ def test_valid_headers_are_parsed() -> None:
 
 def test_props_failed_at_and_source_are_parsed() -> None:
     src = Source("orders", 2, (10, 11), ("orders/2/10", "orders/2/11"))
-    result = validate_headers({**GOOD, "wk-props": '{"tenant":"東京"}'.encode(),
-                               "wk-failed-at": b"1700000000123", "wk-src": encode_source(src)},
-                              TYPES)
+    result = validate_headers(
+        {
+            **GOOD,
+            "wk-props": '{"tenant":"東京"}'.encode(),
+            "wk-failed-at": b"1700000000123",
+            "wk-src": encode_source(src),
+        },
+        TYPES,
+    )
     assert isinstance(result, ValidHeaders)
     assert result.props == {"tenant": "東京"}
     assert result.failed_at == pytest.approx(1_700_000_000.123)
@@ -105,14 +116,18 @@ def test_unknown_type_tag() -> None:
 
 def test_a_malformed_header_wins_over_an_unknown_type() -> None:
     assert invalid({**GOOD, "wk-type": b"nobody", "wk-v": b"9"}).reason is (
-        ReasonCode.MALFORMED_HEADER)
+        ReasonCode.MALFORMED_HEADER
+    )
 
 
-@pytest.mark.parametrize(("tag", "marker"), [
-    (b"shop.order-placed", b"associative"),
-    (b"shop.order-placed", b"idempotent"),
-    (b"shop.stock-added", b"plain"),
-])
+@pytest.mark.parametrize(
+    ("tag", "marker"),
+    [
+        (b"shop.order-placed", b"associative"),
+        (b"shop.order-placed", b"idempotent"),
+        (b"shop.stock-added", b"plain"),
+    ],
+)
 def test_algebra_mismatch(tag: bytes, marker: bytes) -> None:
     result = invalid({**GOOD, "wk-type": tag, "wk-alg": marker})
     assert result.reason is ReasonCode.ALGEBRA_MISMATCH
@@ -133,9 +148,12 @@ def test_build_headers_refuses_non_string_props(props: dict[Any, Any]) -> None:
         build_headers(PLACED, "o-1", props)
 
 
-@given(key=st.text(st.characters(codec="utf-8"), min_size=1),
-       props=st.dictionaries(st.text(st.characters(codec="utf-8")),
-                             st.text(st.characters(codec="utf-8")), max_size=5))
+@given(
+    key=st.text(st.characters(codec="utf-8"), min_size=1),
+    props=st.dictionaries(
+        st.text(st.characters(codec="utf-8")), st.text(st.characters(codec="utf-8")), max_size=5
+    ),
+)
 def test_built_headers_validate_back_to_the_same_key_and_props(
     key: str, props: dict[str, str]
 ) -> None:
@@ -144,11 +162,13 @@ def test_built_headers_validate_back_to_the_same_key_and_props(
     assert (result.type_tag, result.key, result.props) == ("shop.order-placed", key, props)
 
 
-@given(topic=st.text(min_size=1), partition=st.integers(0, 10_000),
-       offsets=st.lists(st.integers(0, 2**62), max_size=5),
-       ids=st.lists(st.text(), max_size=5))
-def test_source_round_trips(topic: str, partition: int, offsets: list[int],
-                            ids: list[str]) -> None:
+@given(
+    topic=st.text(min_size=1),
+    partition=st.integers(0, 10_000),
+    offsets=st.lists(st.integers(0, 2**62), max_size=5),
+    ids=st.lists(st.text(), max_size=5),
+)
+def test_source_round_trips(topic: str, partition: int, offsets: list[int], ids: list[str]) -> None:
     src = Source(topic, partition, tuple(offsets), tuple(ids))
     assert decode_source(encode_source(src)) == src
 
@@ -156,7 +176,8 @@ def test_source_round_trips(topic: str, partition: int, offsets: list[int],
 def test_message_id_forms() -> None:
     assert message_id("orders", 3, 17) == "orders/3/17"
     assert message_id("orders", 3, 17, own_id="e-9", type_tag="shop.order-placed") == (
-        "id:shop.order-placed:e-9")
+        "id:shop.order-placed:e-9"
+    )
 
 
 def test_header_text_replaces_invalid_utf8() -> None:

@@ -91,7 +91,8 @@ def test_every_format_and_control_character_of_this_python_is_covered() -> None:
     leftovers = [
         hex(code)
         for code in range(sys.maxunicode + 1)
-        if unicodedata.category(chr(code)) in {"Cc", "Cf"} and sanitize(f"a{chr(code)}b") != "ab"
+        if unicodedata.category(chr(code)) in {"Cc", "Cf"}
+        and sanitize(f"a{chr(code)}b") != "ab"
         and chr(code) not in "\t\n\v\f\r\x85"
     ]
     assert leftovers == []
@@ -291,8 +292,12 @@ def test_a_huge_message_keeps_its_head(make: Any) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["\x1b[/home/alice/.ssh/id_rsa", "see \x1b[0 /home/alice/x", "open \x1b[ C:\\Users\\alice\\key",
-     "\x1b[31mhttps://alice:pw@db/x\x1b[0m"],
+    [
+        "\x1b[/home/alice/.ssh/id_rsa",
+        "see \x1b[0 /home/alice/x",
+        "open \x1b[ C:\\Users\\alice\\key",
+        "\x1b[31mhttps://alice:pw@db/x\x1b[0m",
+    ],
 )
 def test_an_escape_sequence_that_swallows_the_start_of_a_path_hides_nothing(text: str) -> None:
     out = sanitize(text)
@@ -318,14 +323,20 @@ def test_an_integral_float_limit_is_accepted_and_other_limits_are_refused() -> N
     ("text", "expected"),
     [
         # The issue's input: a libpq connection string in a driver's message.
-        ("connection to 'host=db user=app password=Hunter2Secret dbname=x' failed",
-         f"connection to 'host=db user=app password={SECRET_MARKER} dbname=x' failed"),
+        (
+            "connection to 'host=db user=app password=Hunter2Secret dbname=x' failed",
+            f"connection to 'host=db user=app password={SECRET_MARKER} dbname=x' failed",
+        ),
         ("Authorization: Bearer eyJabc.def-ghi_jkl", f"Authorization: Bearer {SECRET_MARKER}"),
         ("authorization: basic dXNlcjpwYXNz", f"authorization: basic {SECRET_MARKER}"),
-        ("Proxy-Authorization: Token 0123456789abcdef ok",
-         f"Proxy-Authorization: Token {SECRET_MARKER} ok"),
-        ('Authorization: Digest username="a", response="6629fae49393a0" ok',
-         f'Authorization: Digest {SECRET_MARKER}" ok'),
+        (
+            "Proxy-Authorization: Token 0123456789abcdef ok",
+            f"Proxy-Authorization: Token {SECRET_MARKER} ok",
+        ),
+        (
+            'Authorization: Digest username="a", response="6629fae49393a0" ok',
+            f'Authorization: Digest {SECRET_MARKER}" ok',
+        ),
         ("Authorization: sk-live-key1234 refused", f"Authorization: {SECRET_MARKER}"),
         ("sent bearer abcdefgh12345678 to the api", f"sent bearer {SECRET_MARKER} to the api"),
         ("PASSWORD=Hunter2 USER=bob", f"PASSWORD={SECRET_MARKER} USER=bob"),
@@ -336,11 +347,15 @@ def test_an_integral_float_limit_is_accepted_and_other_limits_are_refused() -> N
         ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG", f"AWS_SECRET_ACCESS_KEY={SECRET_MARKER}"),
         ("X-Api-Key: 9f8e7d6c", f"X-Api-Key: {SECRET_MARKER}"),
         ("apikey=9f8e7d6c ApiKey=zz99", f"apikey={SECRET_MARKER} ApiKey={SECRET_MARKER}"),
-        ("access_token=ya29.a0AfH6 refresh_token=1//0gabc",
-         f"access_token={SECRET_MARKER} refresh_token={SECRET_MARKER}"),
+        (
+            "access_token=ya29.a0AfH6 refresh_token=1//0gabc",
+            f"access_token={SECRET_MARKER} refresh_token={SECRET_MARKER}",
+        ),
         ("private_key: MIIEvQIBADAN", f"private_key: {SECRET_MARKER}"),
-        ('{"password": "my pass phrase", "user": "x"}',
-         f'{{"password": "{SECRET_MARKER}", "user": "x"}}'),
+        (
+            '{"password": "my pass phrase", "user": "x"}',
+            f'{{"password": "{SECRET_MARKER}", "user": "x"}}',
+        ),
         ("{'api_key': 'abc def', 'n': 1}", f"{{'api_key': '{SECRET_MARKER}', 'n': 1}}"),
         ("secret=“quoted value”", f"secret=“{SECRET_MARKER}”"),
         ("pass\u200bword=Hunter2 ok", f"password={SECRET_MARKER} ok"),
@@ -351,8 +366,10 @@ def test_an_integral_float_limit_is_accepted_and_other_limits_are_refused() -> N
         ("slack xoxb-1234567890-abcdef", f"slack {SECRET_MARKER}"),
         ("stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc", f"stripe {SECRET_MARKER}"),
         ("google AIzaSyA-1234567890abcdefghijklmnopqrstu", f"google {SECRET_MARKER}"),
-        ("-----BEGIN RSA PRIVATE KEY----- MIIEpAIB qsd -----END RSA PRIVATE KEY----- after",
-         f"{SECRET_MARKER} after"),
+        (
+            "-----BEGIN RSA PRIVATE KEY----- MIIEpAIB qsd -----END RSA PRIVATE KEY----- after",
+            f"{SECRET_MARKER} after",
+        ),
         ("-----BEGIN PRIVATE KEY----- MIIEpAIB cut", SECRET_MARKER),
     ],
 )
@@ -362,16 +379,25 @@ def test_credentials_are_redacted(text: str, expected: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["wrong password for user bob", "token expired", "author: bob", "a design: plain",
-     "password authentication failed for user \"app\"", "KeyError: 'token'", "bypass: yes"],
+    [
+        "wrong password for user bob",
+        "token expired",
+        "author: bob",
+        "a design: plain",
+        'password authentication failed for user "app"',
+        "KeyError: 'token'",
+        "bypass: yes",
+    ],
 )
 def test_text_that_names_a_secret_without_giving_one_is_kept(text: str) -> None:
     assert sanitize(text) == text
 
 
 def test_a_credential_in_a_handler_error_never_reaches_the_stored_text() -> None:
-    error = RuntimeError("connection to 'host=db user=app password=Hunter2Secret dbname=x' "
-                         "failed; Authorization: Bearer abc.def.ghi")
+    error = RuntimeError(
+        "connection to 'host=db user=app password=Hunter2Secret dbname=x' "
+        "failed; Authorization: Bearer abc.def.ghi"
+    )
     out = sanitize(error)
     assert "Hunter2" not in out and "abc.def" not in out
     assert out.startswith("RuntimeError: connection to 'host=db user=app password=")
@@ -407,17 +433,51 @@ def test_paths_are_redacted_wherever_they_start(text: str, expected: str) -> Non
 
 # Characters a secret can follow or be followed by in real text; the issue's
 # leaks came from the ones the old patterns did not expect.
-_BEFORE = [" ", "'", '"', "`", "‘", "“", "<", "@", "#", "*", "(", "[", "{", "=", ":", ",", "|",
-           "\n", "\t", ">"]
+_BEFORE = [
+    " ",
+    "'",
+    '"',
+    "`",
+    "‘",
+    "“",
+    "<",
+    "@",
+    "#",
+    "*",
+    "(",
+    "[",
+    "{",
+    "=",
+    ":",
+    ",",
+    "|",
+    "\n",
+    "\t",
+    ">",
+]
 _AFTER = [" ", "\n", "\t", ", ", "; ", ". ", ""]
-_FILLER = st.text(st.sampled_from(list("abcdefghijkl mnopqrstuvwxyz ,.;!?()-_=:'\"<>\u200b\n")),
-                  max_size=25)
+_FILLER = st.text(
+    st.sampled_from(list("abcdefghijkl mnopqrstuvwxyz ,.;!?()-_=:'\"<>\u200b\n")), max_size=25
+)
 _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 _WORD = st.text(st.sampled_from(list(_ALNUM)), min_size=4, max_size=12)
 _VALUE_CHARS = list(_ALNUM + "+/_!@$%^&*.-~")
-_KEYS = ["password", "passwd", "pwd", "secret", "token", "api_key", "apikey", "api-key",
-         "access_key", "private_key", "client_secret", "credentials", "session_id",
-         "passphrase"]
+_KEYS = [
+    "password",
+    "passwd",
+    "pwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "api-key",
+    "access_key",
+    "private_key",
+    "client_secret",
+    "credentials",
+    "session_id",
+    "passphrase",
+]
 
 
 def _case(draw: Any, word: str) -> str:
@@ -445,7 +505,8 @@ def _windows_quoted(draw: Any, words: list[str]) -> Shape:
 
 def _key_value(draw: Any, words: list[str]) -> Shape:
     key = draw(st.sampled_from(["", "db_", "X-", "AWS_", "my."])) + _case(
-        draw, draw(st.sampled_from(_KEYS)))
+        draw, draw(st.sampled_from(_KEYS))
+    )
     if draw(st.booleans()):  # quoted, as JSON or a Python repr prints it
         quote = draw(st.sampled_from(["'", '"']))
         sep = draw(st.sampled_from([": ", ":", "=", " = "]))
@@ -485,7 +546,10 @@ _SHAPES: dict[str, Any] = {
     "aws": _aws,
     "github": lambda draw, words: ("", "ghp_" + "".join(words) * 4, ""),
     "pem": lambda draw, words: (
-        "", f"-----BEGIN PRIVATE KEY----- {' '.join(words)} -----END PRIVATE KEY-----", ""),
+        "",
+        f"-----BEGIN PRIVATE KEY----- {' '.join(words)} -----END PRIVATE KEY-----",
+        "",
+    ),
 }
 
 
@@ -505,10 +569,20 @@ run (issue 16); 6 000 examples (about 300 000 calls) passed once by hand."""
 
 
 @settings(max_examples=PROPERTY_EXAMPLES, deadline=None)
-@given(before=_FILLER, opener=st.sampled_from(_BEFORE), shape=_secret_shapes(),
-       closer=st.sampled_from(_AFTER), after=_FILLER, zero_width=st.integers(min_value=-1))
+@given(
+    before=_FILLER,
+    opener=st.sampled_from(_BEFORE),
+    shape=_secret_shapes(),
+    closer=st.sampled_from(_AFTER),
+    after=_FILLER,
+    zero_width=st.integers(min_value=-1),
+)
 def test_no_piece_of_a_secret_survives_in_random_text_at_any_cut(
-    before: str, opener: str, shape: tuple[str, str, str], closer: str, after: str,
+    before: str,
+    opener: str,
+    shape: tuple[str, str, str],
+    closer: str,
+    after: str,
     zero_width: int,
 ) -> None:
     visible, secret, visible_end = shape

@@ -21,9 +21,9 @@ def test_kafka_broker_stores_and_returns_one_record_with_headers() -> None:
 
     topic = f"wk-smoke-{uuid.uuid4().hex[:12]}"
     admin = AdminClient({"bootstrap.servers": KAFKA_BOOTSTRAP})
-    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[
-        topic
-    ].result(timeout=30)
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(
+        timeout=30
+    )
     try:
         delivered: list[tuple[int, int]] = []
         producer = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "enable.idempotence": True})

@@ -44,8 +44,13 @@ async def main() -> None:
     await log.create_topic("inventory", 2)
     producer = wakuwaku.Producer(log, "inventory")
     await producer.publish_many(
-        [StockAdjusted("apple", 5), StockAdjusted("apple", -2), StockAdjusted("plum", 7),
-         StockAdjusted("poison", 1), StockAdjusted("pear", 1)]
+        [
+            StockAdjusted("apple", 5),
+            StockAdjusted("apple", -2),
+            StockAdjusted("plum", 7),
+            StockAdjusted("poison", 1),
+            StockAdjusted("pear", 1),
+        ]
     )
     config = wakuwaku.ConsumerConfig(topic="inventory", group="stock", retry_delays=[0.05, 0.1])
     consumer = wakuwaku.Consumer(config, [apply_stock], log)

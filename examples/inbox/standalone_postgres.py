@@ -28,8 +28,15 @@ MESSAGES = [
 ]
 
 
-async def handle(conn: psycopg.AsyncConnection, inbox: PostgresInbox, balance: str,
-                 topic: str, partition: int, offset: int, payload: bytes) -> bool:
+async def handle(
+    conn: psycopg.AsyncConnection,
+    inbox: PostgresInbox,
+    balance: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    payload: bytes,
+) -> bool:
     """Apply one message exactly once; returns whether it was applied now."""
     key = InboxKey.for_message(topic, partition, offset)
     try:
@@ -55,8 +62,10 @@ async def main(dsn: str, suffix: str = "") -> None:
     inbox = PostgresInbox(dsn, group="balances", table=f"wk_inbox{suffix}")
     await inbox.ensure_schema()
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute(f"CREATE TABLE IF NOT EXISTS {balance} "
-                           "(account text PRIMARY KEY, cents bigint NOT NULL)")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {balance} "
+            "(account text PRIMARY KEY, cents bigint NOT NULL)"
+        )
         for topic, partition, offset, payload in MESSAGES:
             applied = await handle(conn, inbox, balance, topic, partition, offset, payload)
             print(f"{'applied' if applied else 'skipped duplicate'} {topic}/{partition}/{offset}")

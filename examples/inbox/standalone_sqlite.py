@@ -58,8 +58,10 @@ async def consume(database: Path) -> None:
         except (ValueError, KeyError) as exc:  # what this handler can fail with
             conn.execute("ROLLBACK")  # the claim rolls back with the effect
             outcome = await inbox.record_failure(key, exc)  # its own transaction
-            print(f"failed {key.message_key}: attempt {outcome.attempts}, "
-                  f"dead-lettered={outcome.dead_lettered}")
+            print(
+                f"failed {key.message_key}: attempt {outcome.attempts}, "
+                f"dead-lettered={outcome.dead_lettered}"
+            )
             continue
         print(f"{'applied' if claim.new else 'skipped duplicate'} {key.message_key}")
 

@@ -31,11 +31,14 @@ from wakuwaku.reliability import (
 
 async def worker(redis: aioredis.Redis, prefix: str) -> None:
     """The other side: runs jobs and publishes results (key + nudge, one round trip)."""
+    await publish_result(redis, "job-1", "thumbnail", "done", content={"width": 320}, prefix=prefix)
     await publish_result(
-        redis, "job-1", "thumbnail", "done", content={"width": 320}, prefix=prefix
-    )
-    await publish_result(
-        redis, "job-2", "thumbnail", "error", message="GPU out of memory", retryable=True,
+        redis,
+        "job-2",
+        "thumbnail",
+        "error",
+        message="GPU out of memory",
+        retryable=True,
         prefix=prefix,
     )
     # A broken producer writes something that is not the contract at all.
@@ -62,7 +65,11 @@ async def main(url: str = "redis://127.0.0.1:6379/15") -> None:
         # Destructive: the read consumes the payload, so a bad one fails at once.
         try:
             await wait_for_result(
-                redis, "job-3", "thumbnail", timeout=10, mode=ReadMode.DESTRUCTIVE,
+                redis,
+                "job-3",
+                "thumbnail",
+                timeout=10,
+                mode=ReadMode.DESTRUCTIVE,
                 prefix=prefix,
             )
         except ProtocolError as error:

@@ -218,9 +218,7 @@ class ResultError(WakuwakuError):
 class StepError(ResultError):
     """The job reported that its step failed; ``message`` is sanitized (SPEC 10, 13)."""
 
-    def __init__(
-        self, job_id: str, step: str, message: str, retryable: bool | None = None
-    ) -> None:
+    def __init__(self, job_id: str, step: str, message: str, retryable: bool | None = None) -> None:
         self.job_id = job_id
         self.step = step
         self.message = message

@@ -220,11 +220,14 @@ def event(
     :raises DuplicateTypeTag: when another class already holds ``tag``.
     """
     if not isinstance(tag, str) or not tag or any(c.isspace() or ord(c) < 32 for c in tag):
-        raise ConfigError(f"an event type tag must be a non-empty string without whitespace "
-                          f"or control characters, got {tag!r}")
+        raise ConfigError(
+            f"an event type tag must be a non-empty string without whitespace "
+            f"or control characters, got {tag!r}"
+        )
     if not isinstance(key, str) and not callable(key):
-        raise ConfigError(f"event type {tag!r}: key must be a field or method name or a "
-                          f"function, got {key!r}")
+        raise ConfigError(
+            f"event type {tag!r}: key must be a field or method name or a function, got {key!r}"
+        )
     if combine is not None and not callable(combine):
         raise ConfigError(f"event type {tag!r}: combine must be callable, got {combine!r}")
     try:
@@ -245,8 +248,7 @@ def event(
                     "combine(self, other) method and no combine= was given"
                 )
             if not callable(method):
-                raise ConfigError(f"event type {tag!r}: {cls.__qualname__}.combine is not "
-                                  "callable")
+                raise ConfigError(f"event type {tag!r}: {cls.__qualname__}.combine is not callable")
             combine_fn = method
         if id is not None and not _has_member(cls, id):
             raise ConfigError(f"event type {tag!r}: {cls.__qualname__} has no id field {id!r}")

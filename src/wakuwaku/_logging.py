@@ -14,7 +14,10 @@ FIELD_LIMIT = 500
 (a record's header holds anything), and a log line is read by a person."""
 
 _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
-    "message", "asctime", "taskName"}
+    "message",
+    "asctime",
+    "taskName",
+}
 
 
 class StructuredFormatter(logging.Formatter):
@@ -34,8 +37,11 @@ class StructuredFormatter(logging.Formatter):
         if self.usesTime():
             record.asctime = self.formatTime(record, self.datefmt)
         text = self.formatMessage(record)
-        fields = [f"{name}={_shown(value)}" for name, value in record.__dict__.items()
-                  if name not in _STANDARD_ATTRS and not name.startswith("_")]
+        fields = [
+            f"{name}={_shown(value)}"
+            for name, value in record.__dict__.items()
+            if name not in _STANDARD_ATTRS and not name.startswith("_")
+        ]
         if fields:
             text = f"{text} {' '.join(fields)}"
         if record.exc_info and not record.exc_text:

@@ -120,9 +120,7 @@ class Producer:
             key, record = self.encode(event, properties)
             if limit:
                 _check_size(key, record, limit, self.log)
-            by_partition.setdefault(partition_for(key, partitions), []).append(
-                (index, key, record)
-            )
+            by_partition.setdefault(partition_for(key, partitions), []).append((index, key, record))
             count = index + 1
         results: list[Published | None] = [None] * count
         for partition, items in by_partition.items():
@@ -156,8 +154,9 @@ class SyncProducer:
     def __init__(self, log: Log, topic: str) -> None:
         self._producer = Producer(log, topic)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="wakuwaku-sync-producer")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="wakuwaku-sync-producer"
+        )
         self._thread.start()
 
     def _run(self, coro: Any) -> Any:
@@ -193,8 +192,9 @@ class SyncProducer:
         self.close()
 
 
-def _check_json_body(tag: str, key: str, event: Any, decode: Callable[[bytes], Any],
-                     body: bytes) -> None:
+def _check_json_body(
+    tag: str, key: str, event: Any, decode: Callable[[bytes], Any], body: bytes
+) -> None:
     """Refuse a JSON body that would not carry ``event`` to a consumer (see
     :meth:`Producer.encode`)."""
     if b"null" in body and _has_non_finite(_builtins(event)):
@@ -229,4 +229,3 @@ def _has_non_finite(value: Any) -> bool:
     if isinstance(value, list | tuple | set | frozenset):
         return any(_has_non_finite(v) for v in value)
     return False
-

@@ -32,8 +32,9 @@ H_REASON = "wk-reason"
 H_SRC = "wk-src"
 H_FOR_GROUP = "wk-for-group"
 
-RETRY_ONLY_HEADERS = frozenset({H_FAILED_AT, "wk-marker", "wk-through", "wk-reset",
-                                "wk-failures", "wk-at"})
+RETRY_ONLY_HEADERS = frozenset(
+    {H_FAILED_AT, "wk-marker", "wk-through", "wk-reset", "wk-failures", "wk-at"}
+)
 """Headers the engine writes on its retry topic only (SPEC 8): on a main-topic
 record they make it ``malformed_header``, so that nobody can forge a marker or
 a failure time through the main topic."""
@@ -45,8 +46,11 @@ MAX_GROUP_LENGTH = 100
 def valid_group_name(name: object) -> bool:
     """True for a consumer group name: 1 to 100 characters of ``A-Z a-z 0-9 _ -``
     (it is part of the group's retry and dead-letter topic names, SPEC 6)."""
-    return (isinstance(name, str) and 0 < len(name) <= MAX_GROUP_LENGTH
-            and _GROUP_CHARS.issuperset(name))
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_GROUP_LENGTH
+        and _GROUP_CHARS.issuperset(name)
+    )
 
 
 MAX_STORED_MS = 2**53
@@ -128,8 +132,9 @@ def decode_source(raw: bytes) -> Source:
     return _src_decoder.decode(raw)
 
 
-def message_id(topic: str, partition: int, offset: int, own_id: str | None = None,
-               type_tag: str = "") -> str:
+def message_id(
+    topic: str, partition: int, offset: int, own_id: str | None = None, type_tag: str = ""
+) -> str:
     """The message identity of one main-topic record (SPEC 9).
 
     The one function every identity comes from: the inbox's claim, lookup,
@@ -224,11 +229,14 @@ def validate_headers(  # noqa: C901 - one flat check per header, each with its o
     if failed_raw is not None:
         failed_at = parse_ms(failed_raw)
         if failed_at is None:
-            return InvalidHeaders(malformed, "header wk-failed-at is not ms since the epoch "
-                                  f"in [0, 2**53): {failed_raw[:40]!r}")
+            return InvalidHeaders(
+                malformed,
+                f"header wk-failed-at is not ms since the epoch in [0, 2**53): {failed_raw[:40]!r}",
+            )
     if for_group is not None and not valid_group_name(for_group):
-        return InvalidHeaders(malformed, "header wk-for-group is not a consumer group name: "
-                              f"{for_group[:120]!r}")
+        return InvalidHeaders(
+            malformed, f"header wk-for-group is not a consumer group name: {for_group[:120]!r}"
+        )
     source: Source | None = None
     src_raw = headers.get(H_SRC)
     if src_raw is not None:
@@ -236,10 +244,18 @@ def validate_headers(  # noqa: C901 - one flat check per header, each with its o
             source = decode_source(src_raw)
         except msgspec.DecodeError as exc:
             return InvalidHeaders(malformed, f"header wk-src is broken: {exc}")
-        if (not source.ids or not source.offsets or source.partition < 0
-                or any(o < 0 for o in source.offsets) or not all(source.ids)):
-            return InvalidHeaders(malformed, "header wk-src needs message ids, offsets >= 0 "
-                                  f"and a partition >= 0, got {src_raw!r}")
+        if (
+            not source.ids
+            or not source.offsets
+            or source.partition < 0
+            or any(o < 0 for o in source.offsets)
+            or not all(source.ids)
+        ):
+            return InvalidHeaders(
+                malformed,
+                "header wk-src needs message ids, offsets >= 0 "
+                f"and a partition >= 0, got {src_raw!r}",
+            )
     event_type = types.get(tag)
     if event_type is None:
         return InvalidHeaders(ReasonCode.UNKNOWN_TYPE, f"no handler for type tag {tag!r}")
@@ -286,8 +302,9 @@ def build_headers(
                     f"properties must map str to str; got {name!r}: {value!r} "
                     f"on an event of type {event_type.tag!r}"
                 )
-        headers[H_PROPS] = json.dumps(dict(properties), ensure_ascii=False,
-                                      separators=(",", ":")).encode()
+        headers[H_PROPS] = json.dumps(
+            dict(properties), ensure_ascii=False, separators=(",", ":")
+        ).encode()
     headers.update(extra)
     return headers
 

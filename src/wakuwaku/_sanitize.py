@@ -53,8 +53,14 @@ from typing import Any
 
 from ._errors import ConfigError
 
-__all__ = ("DEFAULT_LIMIT", "PATH_MARKER", "SECRET_MARKER", "TRUNCATION_MARKER", "URL_MARKER",
-           "sanitize")
+__all__ = (
+    "DEFAULT_LIMIT",
+    "PATH_MARKER",
+    "SECRET_MARKER",
+    "TRUNCATION_MARKER",
+    "URL_MARKER",
+    "sanitize",
+)
 
 DEFAULT_LIMIT = 1024
 """Default maximum length of sanitized text, in characters (code points)."""
@@ -194,7 +200,7 @@ def _redact_values(pattern: re.Pattern[str], marker: str, text: str) -> str:
         core = core if len(value) - len(core) <= _GIVE_BACK_VALUE else value[:-_GIVE_BACK_VALUE]
         if not core:
             return whole
-        return whole[:start] + marker + value[len(core):]
+        return whole[:start] + marker + value[len(core) :]
 
     return pattern.sub(replace, text)
 
@@ -346,8 +352,11 @@ def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> s
     value = _redact(_SECRET_AGAIN, SECRET_MARKER, value)
     value = _redact_secrets(SECRET_MARKER, value)
     value = _redact(_PATH, PATH_MARKER, value)
-    for hold, marker in ((_URL_HOLD, URL_MARKER), (_PATH_HOLD, PATH_MARKER),
-                         (_SECRET_HOLD, SECRET_MARKER)):
+    for hold, marker in (
+        (_URL_HOLD, URL_MARKER),
+        (_PATH_HOLD, PATH_MARKER),
+        (_SECRET_HOLD, SECRET_MARKER),
+    ):
         value = value.replace(hold, marker)
     value = value.strip()
     return _truncate(value, limit, cut)

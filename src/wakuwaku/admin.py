@@ -162,15 +162,19 @@ class DeadLetter:
             "error": self.error,
             "key": self.key,
             "type": self.type_tag,
-            "source": None if self.source is None else {
+            "source": None
+            if self.source is None
+            else {
                 "topic": self.source.topic,
                 "partition": self.source.partition,
                 "offsets": list(self.source.offsets),
                 "ids": list(self.source.ids),
             },
             "timestamp": self.timestamp,
-            "headers": {name: bytes(value).decode("utf-8", "replace")
-                        for name, value in sorted(self.headers.items())},
+            "headers": {
+                name: bytes(value).decode("utf-8", "replace")
+                for name, value in sorted(self.headers.items())
+            },
             "problems": list(self.problems),
         }
         try:
@@ -253,7 +257,7 @@ def derived_topic_owner(topic: str, namespace: str = "") -> tuple[str, str, str]
     :param namespace: the consumer's namespace prefix, if it had one.
     """
     prefix = f"{namespace}." if namespace else ""
-    bare = topic[len(prefix):] if prefix and topic.startswith(prefix) else topic
+    bare = topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic
     split = split_internal_topic(bare)
     if split is None:
         return None
@@ -271,7 +275,7 @@ async def dead_letter_groups(log: Log, topic: str, namespace: str = "") -> list[
     prefix = f"{namespace}." if namespace else ""
     found = []
     for info in await log.list_topics():
-        name = info.name[len(prefix):] if prefix and info.name.startswith(prefix) else info.name
+        name = info.name[len(prefix) :] if prefix and info.name.startswith(prefix) else info.name
         split = split_internal_topic(name)
         if split is not None and split[0] == "dlq" and split[2] == topic:
             found.append(split[1])
@@ -284,8 +288,10 @@ def _check_main_topic(topic: str, namespace: str) -> None:
     owner = derived_topic_owner(topic, namespace)
     if owner is not None:
         kind, group, main = owner
-        raise ConfigError(f"{topic!r} is the {kind} topic of group {group!r} for topic "
-                          f"{main!r}: give the main topic {main!r} with --group {group}")
+        raise ConfigError(
+            f"{topic!r} is the {kind} topic of group {group!r} for topic "
+            f"{main!r}: give the main topic {main!r} with --group {group}"
+        )
 
 
 def _names(topic: str, group: str, namespace: str) -> ConsumerConfig:
@@ -305,8 +311,13 @@ async def _partitions_or_none(log: Log, topic: str) -> int | None:
         return None
 
 
-async def _scan(log: Log, topic: str, partition: int, start: int, end: int,
-                ) -> AsyncGenerator[list[Record], None]:
+async def _scan(
+    log: Log,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+) -> AsyncGenerator[list[Record], None]:
     """Pages of ``topic``/``partition`` from ``start`` up to (not including) ``end``."""
     offset = start
     while offset < end:
@@ -441,8 +452,11 @@ class ReplayReport:
 
 
 def _replay_copy(letter: DeadLetter, group: str) -> OutgoingRecord:
-    headers = {name: bytes(value) for name, value in letter.headers.items()
-               if name in _KEPT_ON_REPLAY or not name.startswith("wk-")}
+    headers = {
+        name: bytes(value)
+        for name, value in letter.headers.items()
+        if name in _KEPT_ON_REPLAY or not name.startswith("wk-")
+    }
     headers[H_FOR_GROUP] = group.encode()  # only the group whose dead letter it is
     return headers, letter.body
 
@@ -490,8 +504,10 @@ async def _read_ledger(log: Log, ledger: str) -> dict[int, set[int]]:
 
 
 def _warn_ledger(ledger: str, partition: int, offset: int, raw: str) -> None:
-    logger.warning("broken replay ledger record ignored", extra={
-        "topic": ledger, "partition": partition, "offset": offset, "value": raw})
+    logger.warning(
+        "broken replay ledger record ignored",
+        extra={"topic": ledger, "partition": partition, "offset": offset, "value": raw},
+    )
 
 
 async def replay_dead_letters(
@@ -580,9 +596,16 @@ async def replay_dead_letters(
                 if why is not None or letter.key is None:
                     why = why or "no usable wk-key"
                     report.skipped.append(SkippedDeadLetter(p, letter.offset, letter.key, why))
-                    logger.warning("dead letter not replayed", extra={
-                        "topic": dlq, "partition": p, "offset": letter.offset,
-                        "key": letter.key, "reason": why})
+                    logger.warning(
+                        "dead letter not replayed",
+                        extra={
+                            "topic": dlq,
+                            "partition": p,
+                            "offset": letter.offset,
+                            "key": letter.key,
+                            "reason": why,
+                        },
+                    )
                     continue
                 batch.append((letter, letter.key))
             await _replay_page(log, main, main_partitions, ledger, p, batch, report, group)
@@ -591,9 +614,16 @@ async def replay_dead_letters(
     return report
 
 
-async def _replay_page(log: Log, main: str, partitions: int, ledger: str, dlq_partition: int,
-                       letters: Sequence[tuple[DeadLetter, str]], report: ReplayReport,
-                       group: str) -> None:
+async def _replay_page(
+    log: Log,
+    main: str,
+    partitions: int,
+    ledger: str,
+    dlq_partition: int,
+    letters: Sequence[tuple[DeadLetter, str]],
+    report: ReplayReport,
+    group: str,
+) -> None:
     """Write one page's copies (one append per main partition, in dlq order), then
     their ledger records."""
     targets: dict[int, list[DeadLetter]] = {}
@@ -604,8 +634,7 @@ async def _replay_page(log: Log, main: str, partitions: int, ledger: str, dlq_pa
         if report.dry_run:
             offsets: Iterable[int | None] = [None] * len(copies)
         else:
-            offsets = await log.append(main, partition,
-                                       [_replay_copy(x, group) for x in copies])
+            offsets = await log.append(main, partition, [_replay_copy(x, group) for x in copies])
         for letter, offset in zip(copies, offsets, strict=True):
             written[letter.offset] = (partition, offset)
     entries = [
@@ -613,10 +642,14 @@ async def _replay_page(log: Log, main: str, partitions: int, ledger: str, dlq_pa
         for letter, key in letters
     ]
     if not report.dry_run and entries:
-        await log.append(ledger, dlq_partition, [
-            _ledger_record(letter, entry.partition, entry.offset or 0)
-            for (letter, _), entry in zip(letters, entries, strict=True)
-        ])
+        await log.append(
+            ledger,
+            dlq_partition,
+            [
+                _ledger_record(letter, entry.partition, entry.offset or 0)
+                for (letter, _), entry in zip(letters, entries, strict=True)
+            ],
+        )
     report.replayed.extend(entries)
 
 
@@ -710,8 +743,10 @@ class Status:
     @property
     def not_replayed(self) -> dict[str, int]:
         """Dead letters per reason that ``dlq replay`` has not replayed yet."""
-        left = {reason: count - self.replayed.get(reason, 0)
-                for reason, count in self.dead_letters.items()}
+        left = {
+            reason: count - self.replayed.get(reason, 0)
+            for reason, count in self.dead_letters.items()
+        }
         return {reason: count for reason, count in left.items() if count}
 
     @property
@@ -737,16 +772,27 @@ class Status:
             "lag": self.lag,
             "backlog": self.backlog,
             "partitions": [
-                {"partition": p.partition, "start_offset": p.start_offset,
-                 "end_offset": p.end_offset, "committed": p.committed, "lag": p.lag,
-                 "retry_pending": p.retry_pending, "quarantined": p.quarantined,
-                 "retry_committed": p.retry_committed}
+                {
+                    "partition": p.partition,
+                    "start_offset": p.start_offset,
+                    "end_offset": p.end_offset,
+                    "committed": p.committed,
+                    "lag": p.lag,
+                    "retry_pending": p.retry_pending,
+                    "quarantined": p.quarantined,
+                    "retry_committed": p.retry_committed,
+                }
                 for p in self.partitions
             ],
             "quarantined": [
-                {"partition": q.partition, "key": q.key, "pending": q.pending,
-                 "failures": q.failures, "next_attempt_at": q.next_attempt_at,
-                 "first_failed_at": q.first_failed_at}
+                {
+                    "partition": q.partition,
+                    "key": q.key,
+                    "pending": q.pending,
+                    "failures": q.failures,
+                    "next_attempt_at": q.next_attempt_at,
+                    "first_failed_at": q.first_failed_at,
+                }
                 for q in self.quarantined
             ],
             "dead_letters": dict(self.dead_letters),
@@ -758,9 +804,14 @@ class Status:
         }
 
 
-async def _retry_state(log: Log, retry: str, group: str, partition: int,
-                       config: ConsumerConfig, problems: list[str],
-                       ) -> tuple[RetryState, int | None]:
+async def _retry_state(
+    log: Log,
+    retry: str,
+    group: str,
+    partition: int,
+    config: ConsumerConfig,
+    problems: list[str],
+) -> tuple[RetryState, int | None]:
     """Rebuild one retry partition's state exactly as the worker's ``_restore`` does."""
     state = RetryState(config.delay)
     committed = await log.committed(group, retry, partition)
@@ -771,8 +822,10 @@ async def _retry_state(log: Log, retry: str, group: str, partition: int,
     end = (await log.end_offsets(retry)).get(partition, 0)
     async for page in _scan(log, retry, partition, start, end):
         state.apply_all(page)
-    problems.extend(f"{retry} partition {partition} offset {offset} (key {key!r}): broken "
-                    f"retry record: {what}" for offset, key, what in state.broken)
+    problems.extend(
+        f"{retry} partition {partition} offset {offset} (key {key!r}): broken retry record: {what}"
+        for offset, key, what in state.broken
+    )
     return state, committed
 
 
@@ -804,8 +857,9 @@ async def consumer_status(
         when ``topic`` is a dead-letter, retry or ledger topic.
     """
     _check_main_topic(topic, namespace)
-    config = ConsumerConfig(topic=topic, group=group, namespace=namespace,
-                            retry_delays=retry_delays)
+    config = ConsumerConfig(
+        topic=topic, group=group, namespace=namespace, retry_delays=retry_delays
+    )
     main = config.topics[0]
     partitions = (await log.describe_topic(main)).partitions
     starts = await log.start_offsets(main)
@@ -825,20 +879,30 @@ async def consumer_status(
             state, retry_committed = await _retry_state(log, retry, group, p, config, problems)
             pending, keys = state.pending_count, len(state.keys)
             quarantined.extend(
-                QuarantinedKey(p, key, len(s.offsets), s.failures, s.due_wall,
-                               s.first_failed_at)
+                QuarantinedKey(p, key, len(s.offsets), s.failures, s.due_wall, s.first_failed_at)
                 for key, s in state.keys.items()
             )
-        rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys,
-                                    retry_committed))
+        rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))
     quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
     dead, replayed = await _dead_letter_counts(log, config, topic, main)
-    return Status(main, group, tuple(rows), tuple(quarantined), dead, tuple(problems),
-                  replayed, await committed_groups(log, main))
+    return Status(
+        main,
+        group,
+        tuple(rows),
+        tuple(quarantined),
+        dead,
+        tuple(problems),
+        replayed,
+        await committed_groups(log, main),
+    )
 
 
-async def _dead_letter_counts(log: Log, config: ConsumerConfig, topic: str, main: str,
-                              ) -> tuple[dict[str, int], dict[str, int]]:
+async def _dead_letter_counts(
+    log: Log,
+    config: ConsumerConfig,
+    topic: str,
+    main: str,
+) -> tuple[dict[str, int], dict[str, int]]:
     """Dead letters per reason, and of those the ones the replay ledger holds."""
     dead: Counter[str] = Counter()
     replayed: Counter[str] = Counter()

@@ -87,26 +87,44 @@ T = TypeVar("T")
 # (ConsumerStats field, metric name without _total, help)
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("polled", "polled_records", "Main-topic records read."),
-    ("handled", "handled_records",
-     "Main-topic records whose events a handler completed (a reduced event counts "
-     "every record it stands for)."),
+    (
+        "handled",
+        "handled_records",
+        "Main-topic records whose events a handler completed (a reduced event counts "
+        "every record it stands for).",
+    ),
     ("handler_calls", "handler_calls", "Successful handle() calls."),
     ("reduced_away", "reduced_away_records", "Records merged into another event by reduction."),
     ("inbox_skipped", "inbox_skipped_records", "Records dropped because the inbox held their id."),
-    ("other_group_skipped", "other_group_skipped_records",
-     "Main-topic records addressed to another group (its replayed dead letters)."),
-    ("offset_gaps", "offset_gap_records",
-     "Records deleted by retention before this group read them."),
-    ("routed", "routed_records",
-     "Records routed to the retry topic because their key was quarantined."),
-    ("retry_written", "retry_written_records",
-     "Work records written to the retry topic after a Retryable failure."),
+    (
+        "other_group_skipped",
+        "other_group_skipped_records",
+        "Main-topic records addressed to another group (its replayed dead letters).",
+    ),
+    (
+        "offset_gaps",
+        "offset_gap_records",
+        "Records deleted by retention before this group read them.",
+    ),
+    (
+        "routed",
+        "routed_records",
+        "Records routed to the retry topic because their key was quarantined.",
+    ),
+    (
+        "retry_written",
+        "retry_written_records",
+        "Work records written to the retry topic after a Retryable failure.",
+    ),
     ("quarantined_keys", "quarantines", "Keys that entered quarantine."),
     ("attempts", "retry_attempts", "Retry attempts run (one per due key)."),
     ("attempts_failed", "retry_attempts_failed", "Retry attempts that failed Retryable."),
     ("gave_up_keys", "retry_give_ups", "Keys whose last retry attempt failed (give-ups)."),
-    ("transient_pauses", "transient_pauses",
-     "Transient handler failures that paused a partition (each in-place retry counts)."),
+    (
+        "transient_pauses",
+        "transient_pauses",
+        "Transient handler failures that paused a partition (each in-place retry counts).",
+    ),
     ("log_call_retries", "log_call_retries", "Failed log calls of the consumer that were retried."),
 )
 
@@ -149,13 +167,13 @@ class ConsumerCollector(Collector):
     registry raises prometheus_client's ``ValueError: Duplicated timeseries``.
     """
 
-    def __init__(self, consumer: Consumer, *more: Consumer,
-                 namespace: str = "wakuwaku") -> None:
+    def __init__(self, consumer: Consumer, *more: Consumer, namespace: str = "wakuwaku") -> None:
         self.consumers: tuple[Consumer, ...] = (consumer, *more)
         groups = [c.config.group for c in self.consumers]
         if len(set(groups)) != len(groups):
             raise ConfigError(
-                f"ConsumerCollector: two consumers of one group would share samples: {groups!r}")
+                f"ConsumerCollector: two consumers of one group would share samples: {groups!r}"
+            )
         self.namespace = namespace
         self._ends: dict[tuple[int, str, int], int] = {}
 
@@ -182,8 +200,10 @@ class ConsumerCollector(Collector):
             try:
                 await self.refresh_lag()
             except Exception as exc:  # noqa: BLE001 - metrics must never stop the consumer
-                log.warning("cannot read end offsets for the lag metric", extra={
-                    "error": f"{type(exc).__name__}: {exc}"})
+                log.warning(
+                    "cannot read end offsets for the lag metric",
+                    extra={"error": f"{type(exc).__name__}: {exc}"},
+                )
             await clock.sleep(interval)
 
     def describe(self) -> Iterator[Metric]:
@@ -193,8 +213,12 @@ class ConsumerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Build every metric family from the consumers' counters and workers."""
         snapshots: list[tuple[str, ConsumerStats, dict[str, int], dict[str, int]]] = [
-            (c.config.group, c.stats, _stable(partial(dict, c.stats.failed_by_class)),
-             _stable(partial(dict, c.stats.dead_letters)))
+            (
+                c.config.group,
+                c.stats,
+                _stable(partial(dict, c.stats.failed_by_class)),
+                _stable(partial(dict, c.stats.dead_letters)),
+            )
             for c in self.consumers
         ]
         for field_name, name, doc in _COUNTERS:
@@ -202,22 +226,31 @@ class ConsumerCollector(Collector):
             for group, stats, _, _ in snapshots:
                 counter.add_metric([group], float(getattr(stats, field_name)))
             yield counter
-        failures = CounterMetricFamily(self._name("handler_failures"),
-                                       "Handler failures by error class.",
-                                       labels=["group", "class"])
-        dead = CounterMetricFamily(self._name("dead_letters"),
-                                   "Dead-lettered records by reason code.",
-                                   labels=["group", "reason"])
+        failures = CounterMetricFamily(
+            self._name("handler_failures"),
+            "Handler failures by error class.",
+            labels=["group", "class"],
+        )
+        dead = CounterMetricFamily(
+            self._name("dead_letters"),
+            "Dead-lettered records by reason code.",
+            labels=["group", "reason"],
+        )
         summary = SummaryMetricFamily(
             self._name("handler_seconds"),
-            "Time spent in handle() calls, successful or not (seconds).", labels=["group"])
+            "Time spent in handle() calls, successful or not (seconds).",
+            labels=["group"],
+        )
         for group, stats, by_class, by_reason in snapshots:
             for error_class, count in sorted(by_class.items()):
                 failures.add_metric([group, error_class], float(count))
             for reason, count in sorted(by_reason.items()):
                 dead.add_metric([group, reason], float(count))
-            summary.add_metric([group], count_value=stats.handler_calls + sum(by_class.values()),
-                               sum_value=stats.handler_seconds)
+            summary.add_metric(
+                [group],
+                count_value=stats.handler_calls + sum(by_class.values()),
+                sum_value=stats.handler_seconds,
+            )
         yield failures
         yield dead
         yield summary
@@ -225,18 +258,25 @@ class ConsumerCollector(Collector):
 
     def _partition_gauges(self) -> Iterator[Metric]:
         labels = ["group", "topic", "partition"]
-        backlog = GaugeMetricFamily(self._name("retry_backlog_records"),
-                                    "Pending work records in the retry partition.", labels=labels)
-        keys = GaugeMetricFamily(self._name("quarantined_keys"),
-                                 "Keys quarantined in the partition now.", labels=labels)
+        backlog = GaugeMetricFamily(
+            self._name("retry_backlog_records"),
+            "Pending work records in the retry partition.",
+            labels=labels,
+        )
+        keys = GaugeMetricFamily(
+            self._name("quarantined_keys"), "Keys quarantined in the partition now.", labels=labels
+        )
         due = GaugeMetricFamily(
             self._name("next_retry_attempt_timestamp_seconds"),
             "When the partition's earliest retry attempt is due, as stored "
             "(seconds since the epoch).",
-            labels=labels)
-        lag = GaugeMetricFamily(self._name("lag_records"),
-                                "Records after the worker's position (end offset - position).",
-                                labels=labels)
+            labels=labels,
+        )
+        lag = GaugeMetricFamily(
+            self._name("lag_records"),
+            "Records after the worker's position (end offset - position).",
+            labels=labels,
+        )
         for index, consumer in enumerate(self.consumers):
             group = consumer.config.group
             workers = _stable(partial(_workers, consumer))

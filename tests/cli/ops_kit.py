@@ -56,11 +56,16 @@ class Recorder:
         self.ids.extend(current_chunk().message_ids)
 
 
-def make_consumer(log: Log, recorder: Recorder, clock: FakeClock | None = None,
-                  **overrides: object) -> Consumer:
+def make_consumer(
+    log: Log, recorder: Recorder, clock: FakeClock | None = None, **overrides: object
+) -> Consumer:
     options: dict[str, object] = {
-        "topic": TOPIC, "group": GROUP, "clock": clock or FakeClock(T0),
-        "retry_delays": (10.0, 20.0), "lease_ttl": 3600.0}
+        "topic": TOPIC,
+        "group": GROUP,
+        "clock": clock or FakeClock(T0),
+        "retry_delays": (10.0, 20.0),
+        "lease_ttl": 3600.0,
+    }
     options.update(overrides)
     return Consumer(ConsumerConfig(**options), [Handler(Order, recorder)], log)  # type: ignore[arg-type]
 

@@ -65,16 +65,25 @@ def reasons(letters: list[DeadLetter]) -> list[str | None]:
 
 def test_list_returns_every_dead_letter_including_corrupt_ones(dead_log: DeadLog) -> None:
     letters = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP))
-    assert reasons(letters) == [None, "gave_up_retry", "gave_up_retry", "malformed_header",
-                                "unknown_type", "unrecoverable", "unrecoverable"]
+    assert reasons(letters) == [
+        None,
+        "gave_up_retry",
+        "gave_up_retry",
+        "malformed_header",
+        "unknown_type",
+        "unrecoverable",
+        "unrecoverable",
+    ]
     corrupt = next(x for x in letters if x.reason is None)
     assert (corrupt.partition, corrupt.offset) == (0, dead_log.corrupt_offset)
     assert corrupt.key is None and corrupt.source is None and corrupt.body == b"\xff\x00"
     assert any("no wk-reason" in p for p in corrupt.problems)
     assert any("not valid UTF-8" in p for p in corrupt.problems)
     assert any("wk-src is broken" in p for p in corrupt.problems)
-    poison = sorted((x for x in letters if x.reason == "unrecoverable"),
-                    key=lambda x: x.source.offsets if x.source else ())
+    poison = sorted(
+        (x for x in letters if x.reason == "unrecoverable"),
+        key=lambda x: x.source.offsets if x.source else (),
+    )
     decoded = [msgspec.json.decode(x.body, type=Order).n for x in poison]
     assert sorted(decoded) == sorted(POISON)
     for letter in poison:
@@ -85,20 +94,26 @@ def test_list_returns_every_dead_letter_including_corrupt_ones(dead_log: DeadLog
         # A dead letter lives in the partition of the record it stands for.
         assert letter.source.partition == letter.partition
         assert letter.source.ids == (
-            wk.message_id(TOPIC, letter.partition, letter.source.offsets[0]),)
+            wk.message_id(TOPIC, letter.partition, letter.source.offsets[0]),
+        )
 
 
 def test_list_filters_by_reason_key_and_limit(dead_log: DeadLog) -> None:
-    by_reason = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP,
-                                                               reason="gave_up_retry"))
+    by_reason = on_log(
+        dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP, reason="gave_up_retry")
+    )
     assert [x.key for x in by_reason] == [STUCK, STUCK]
     by_key = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP, key=STUCK))
     assert by_key == by_reason
     limited = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP, limit=2))
     everything = on_log(dead_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP))
     assert limited == everything[:2]
-    both = on_log(dead_log, lambda log: list_dead_letters(
-        log, TOPIC, group=GROUP, reason=wk.ReasonCode.UNRECOVERABLE, key=STUCK))
+    both = on_log(
+        dead_log,
+        lambda log: list_dead_letters(
+            log, TOPIC, group=GROUP, reason=wk.ReasonCode.UNRECOVERABLE, key=STUCK
+        ),
+    )
     assert both == []
 
 
@@ -134,10 +149,21 @@ def test_cli_list_prints_one_line_per_dead_letter_and_names_broken_ones(
     assert sum("reason=gave_up_retry\tkey='stuck'" in line for line in lines) == 2
 
 
-def test_cli_list_json_and_filters(dead_log: DeadLog, capsys: pytest.CaptureFixture[str]
-                                   ) -> None:
-    code = main(["dlq", "list", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--json",
-                 "--log", dead_log.url])
+def test_cli_list_json_and_filters(dead_log: DeadLog, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "dlq",
+            "list",
+            TOPIC,
+            "-g",
+            GROUP,
+            "--reason",
+            "unrecoverable",
+            "--json",
+            "--log",
+            dead_log.url,
+        ]
+    )
     assert code == ExitCode.OK
     rows = json.loads(capsys.readouterr().out)
     assert sorted(json.loads(r["body"])["n"] for r in rows) == sorted(POISON)
@@ -148,17 +174,20 @@ def test_cli_list_json_and_filters(dead_log: DeadLog, capsys: pytest.CaptureFixt
     assert corrupt["body_hex"] == "ff00" and "body" not in corrupt
 
 
-def test_cli_errors_name_what_was_wrong(dead_log: DeadLog, tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_errors_name_what_was_wrong(
+    dead_log: DeadLog, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["dlq", "list", "nope", "-g", GROUP, "--log", dead_log.url]) == ExitCode.ERROR
     assert "topic 'nope' does not exist" in capsys.readouterr().err
-    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--reason", "bogus",
-                 "--log", dead_log.url]) == \
-        ExitCode.USAGE
+    assert (
+        main(["dlq", "list", TOPIC, "-g", GROUP, "--reason", "bogus", "--log", dead_log.url])
+        == ExitCode.USAGE
+    )
     assert "bogus" in capsys.readouterr().err
     missing = tmp_path / "missing.db"
-    assert main(["dlq", "list", TOPIC, "-g", GROUP,
-                 "--log", f"sqlite:///{missing}"]) == ExitCode.ERROR
+    assert (
+        main(["dlq", "list", TOPIC, "-g", GROUP, "--log", f"sqlite:///{missing}"]) == ExitCode.ERROR
+    )
     assert "no log at" in capsys.readouterr().err
     assert not missing.exists(), "an inspection must not create a log file"
     assert main(["dlq", "list", TOPIC, "-g", GROUP, "--log", "kafka://x"]) == ExitCode.ERROR
@@ -186,8 +215,9 @@ async def main_topic(log: Log, partitions: int = 2) -> list[tuple[int, wk.Record
 def test_dry_run_writes_nothing_and_reports_what_would_be_replayed(dead_log: DeadLog) -> None:
     async def work(log: Log) -> tuple[ReplayReport, dict[int, int], list[str]]:
         before = await log.end_offsets(TOPIC)
-        report = await replay_dead_letters(log, TOPIC, group=GROUP,
-                                           reason="unrecoverable", dry_run=True)
+        report = await replay_dead_letters(
+            log, TOPIC, group=GROUP, reason="unrecoverable", dry_run=True
+        )
         assert await log.end_offsets(TOPIC) == before
         return report, before, [t.name for t in await log.list_topics()]
 
@@ -204,15 +234,18 @@ def test_replay_writes_copies_keeping_identity_and_dropping_failure_headers(
     dead_log: DeadLog,
 ) -> None:
     async def work(log: Log) -> None:
-        letters = {(x.partition, x.offset): x
-                   for x in await list_dead_letters(log, TOPIC, group=GROUP, key=STUCK)}
+        letters = {
+            (x.partition, x.offset): x
+            for x in await list_dead_letters(log, TOPIC, group=GROUP, key=STUCK)
+        }
         before = await log.end_offsets(TOPIC)
         report = await replay_dead_letters(log, TOPIC, group=GROUP, key=STUCK)
         assert report.matched == 2 and not report.skipped
         assert report.by_partition == {wk.partition_for(STUCK, 2): 2}
         copies = [(p, r) for p, r in await main_topic(log) if r.offset >= before[p]]
         assert [(p, r.offset) for p, r in copies] == [
-            (e.partition, e.offset) for e in report.replayed]
+            (e.partition, e.offset) for e in report.replayed
+        ]
         for (_, copy), entry in zip(copies, report.replayed, strict=True):
             letter = letters[(entry.dlq_partition, entry.dlq_offset)]
             assert H_FAILED_AT in letter.headers
@@ -221,9 +254,10 @@ def test_replay_writes_copies_keeping_identity_and_dropping_failure_headers(
             assert copy.headers[H_SRC] == letter.headers[H_SRC]
             assert decode_source(copy.headers[H_SRC]).ids == letter.source.ids  # type: ignore[union-attr]
             assert copy.body == letter.body
-            assert copy.headers == {**{k: v for k, v in letter.headers.items()
-                                       if k in KEPT or not k.startswith("wk-")},
-                                    "wk-for-group": GROUP.encode()}
+            assert copy.headers == {
+                **{k: v for k, v in letter.headers.items() if k in KEPT or not k.startswith("wk-")},
+                "wk-for-group": GROUP.encode(),
+            }
 
     on_log(dead_log, work)
 
@@ -238,11 +272,13 @@ def test_replay_remembers_what_it_replayed_and_all_starts_over(dead_log: DeadLog
         third = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")
         assert third.replayed == [] and third.already_replayed == 2
         # The ledger is per dead letter: another filter is not affected by the first.
-        other = await replay_dead_letters(log, TOPIC, group=GROUP, reason="gave_up_retry",
-                                          dry_run=True)
+        other = await replay_dead_letters(
+            log, TOPIC, group=GROUP, reason="gave_up_retry", dry_run=True
+        )
         assert len(other.replayed) == 2
-        again = await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable",
-                                          everything=True)
+        again = await replay_dead_letters(
+            log, TOPIC, group=GROUP, reason="unrecoverable", everything=True
+        )
         assert len(again.replayed) == 2 and again.already_replayed == 0
         ledger = replay_ledger_topic_name(TOPIC, GROUP)
         assert (await log.describe_topic(ledger)).partitions == 2
@@ -267,9 +303,10 @@ def test_replayed_events_are_handled_under_their_original_message_ids(
     dead_log: DeadLog,
 ) -> None:
     async def work(log: Log) -> None:
-        originals = {msgspec.json.decode(x.body, type=Order).n: x.source.ids  # type: ignore[union-attr]
-                     for x in await list_dead_letters(log, TOPIC, group=GROUP,
-                                                     reason="unrecoverable")}
+        originals = {
+            msgspec.json.decode(x.body, type=Order).n: x.source.ids  # type: ignore[union-attr]
+            for x in await list_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")
+        }
         await replay_dead_letters(log, TOPIC, group=GROUP, reason="unrecoverable")
         fixed = Recorder(broken=False)
         await make_consumer(log, fixed).drain()
@@ -283,13 +320,26 @@ def test_replayed_events_are_handled_under_their_original_message_ids(
 def test_cli_replay_prints_counts_and_fails_on_skipped(
     dead_log: DeadLog, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--dry-run",
-                 "--log", dead_log.url])
+    code = main(
+        [
+            "dlq",
+            "replay",
+            TOPIC,
+            "-g",
+            GROUP,
+            "--reason",
+            "unrecoverable",
+            "--dry-run",
+            "--log",
+            dead_log.url,
+        ]
+    )
     out = capsys.readouterr().out
     assert code == ExitCode.OK
     assert out.splitlines()[0].startswith("would replay 2 dead letters into 'orders' (")
-    code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable",
-                 "--log", dead_log.url])
+    code = main(
+        ["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--log", dead_log.url]
+    )
     assert code == ExitCode.OK
     assert capsys.readouterr().out.startswith("replayed 2 dead letters into 'orders' (")
     code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--log", dead_log.url])
@@ -297,17 +347,30 @@ def test_cli_replay_prints_counts_and_fails_on_skipped(
     assert code == ExitCode.FAILURE
     assert captured.out.startswith("replayed 3 dead letters")
     assert "2 matching dead letters were replayed before (use --all" in captured.out
-    assert (f"skipped 'wk-dlq.billing.orders' partition 0 offset "
-            f"{dead_log.corrupt_offset} (key -)") in \
-        captured.err
-    code = main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--all",
-                 "--log", dead_log.url])
+    assert (
+        f"skipped 'wk-dlq.billing.orders' partition 0 offset {dead_log.corrupt_offset} (key -)"
+    ) in captured.err
+    code = main(
+        [
+            "dlq",
+            "replay",
+            TOPIC,
+            "-g",
+            GROUP,
+            "--reason",
+            "unrecoverable",
+            "--all",
+            "--log",
+            dead_log.url,
+        ]
+    )
     assert code == ExitCode.OK
     assert capsys.readouterr().out.startswith("replayed 2 dead letters")
 
 
-def test_cli_replay_unknown_topic_exits_3(dead_log: DeadLog,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_replay_unknown_topic_exits_3(
+    dead_log: DeadLog, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["dlq", "replay", "nope", "-g", GROUP, "--log", dead_log.url]) == ExitCode.ERROR
     assert "'nope'" in capsys.readouterr().err
 
@@ -316,8 +379,11 @@ def test_admin_exports_are_complete() -> None:
     """Every public name defined in wakuwaku.admin is in __all__ (ruff RUF022 sorts it)."""
     import wakuwaku.admin as admin
 
-    public = {name for name, value in vars(admin).items()
-              if not name.startswith("_") and getattr(value, "__module__", None) == admin.__name__}
+    public = {
+        name
+        for name, value in vars(admin).items()
+        if not name.startswith("_") and getattr(value, "__module__", None) == admin.__name__
+    }
     assert set(admin.__all__) >= public
     assert all(hasattr(admin, name) for name in admin.__all__)
 
@@ -345,8 +411,13 @@ def test_the_same_log_url_is_read_the_same_way_by_every_command(
     assert main(["topic", "describe", TOPIC, "--log", url]) == ExitCode.OK
     capsys.readouterr()
     bad = dead_log.url + "?fsycn=0"
-    for args in (["dlq", "list", TOPIC, "-g", GROUP], ["status", TOPIC, "-g", "x"],
-                 ["topic", "list"], ["topic", "create", "new"], ["tail", TOPIC]):
+    for args in (
+        ["dlq", "list", TOPIC, "-g", GROUP],
+        ["status", TOPIC, "-g", "x"],
+        ["topic", "list"],
+        ["topic", "create", "new"],
+        ["tail", TOPIC],
+    ):
         assert main([*args, "--log", bad]) == ExitCode.ERROR, args
         err = capsys.readouterr().err
         assert "unknown option 'fsycn' for sqlite:// (it takes: fsync, busy_timeout)" in err
@@ -358,8 +429,10 @@ def test_a_group_that_never_consumed_the_topic_is_said_so(
 ) -> None:
     # A new user's run: `dlq replay payments -g nosuchgroup` printed
     # "replayed 0 dead letters" and exited 0.
-    assert main(["dlq", command, TOPIC, "-g", "nosuchgroup", "--log", dead_log.url]) == \
-        ExitCode.FAILURE
+    assert (
+        main(["dlq", command, TOPIC, "-g", "nosuchgroup", "--log", dead_log.url])
+        == ExitCode.FAILURE
+    )
     err = capsys.readouterr().err
     assert f"group 'nosuchgroup' has no dead-letter topic for {TOPIC!r}" in err
     assert f"groups that did: {GROUP!r}" in err

@@ -27,8 +27,12 @@ class Order(msgspec.Struct, frozen=True):
     n: int
 
 
-@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis),
-                        pytest.param("nats", marks=pytest.mark.nats)])
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("nats", marks=pytest.mark.nats),
+    ]
+)
 def server_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "redis":
         prefix = f"wkcli-{uuid.uuid4().hex[:12]}"
@@ -45,7 +49,8 @@ async def _leave_a_dead_letter_and_a_quarantined_key(url: str) -> None:
     try:
         await log.create_topic("orders", 2)
         await wk.Producer(log, "orders").publish_many(
-            [Order("bad", 1), Order("late", 2), Order("ok", 3)])
+            [Order("bad", 1), Order("late", 2), Order("ok", 3)]
+        )
 
         async def handle(run: Sequence[Order]) -> None:
             if run[0].sku == "bad":
@@ -53,14 +58,18 @@ async def _leave_a_dead_letter_and_a_quarantined_key(url: str) -> None:
             if run[0].sku == "late":
                 raise wk.Retryable("stock row not there yet")
 
-        config = ConsumerConfig(topic="orders", group="billing", retry_delays=(3600.0,),
-                                poll_interval=0.01)
+        config = ConsumerConfig(
+            topic="orders", group="billing", retry_delays=(3600.0,), poll_interval=0.01
+        )
         consumer = Consumer(config, [Handler(Order, handle)], log)
         task = asyncio.create_task(consumer.run(install_signal_handlers=False))
         deadline = asyncio.get_running_loop().time() + 30
-        while not (consumer.stats.quarantined_keys and consumer.stats.dead_lettered()
-                   and consumer.workers
-                   and all(w.caught_up for w in consumer.workers.values())):
+        while not (
+            consumer.stats.quarantined_keys
+            and consumer.stats.dead_lettered()
+            and consumer.workers
+            and all(w.caught_up for w in consumer.workers.values())
+        ):
             assert asyncio.get_running_loop().time() < deadline, "the consumer got stuck"
             await asyncio.sleep(0.02)
         consumer.stop()
@@ -75,13 +84,14 @@ def test_status_dlq_and_tail_read_a_server_log(
     asyncio.run(_leave_a_dead_letter_and_a_quarantined_key(server_url))
     capsys.readouterr()
 
-    assert main(["status", "orders", "-g", "billing", "--json", "--log", server_url]) == \
-        ExitCode.OK
+    assert main(["status", "orders", "-g", "billing", "--json", "--log", server_url]) == ExitCode.OK
     status = json.loads(capsys.readouterr().out)
     assert [q["key"] for q in status["quarantined"]] == ["late"]
 
-    assert main(["dlq", "list", "orders", "-g", "billing", "--json",
-                 "--log", server_url]) == ExitCode.OK
+    assert (
+        main(["dlq", "list", "orders", "-g", "billing", "--json", "--log", server_url])
+        == ExitCode.OK
+    )
     [letter] = json.loads(capsys.readouterr().out)
     assert (letter["key"], letter["reason"]) == ("bad", "unrecoverable")
 
@@ -89,6 +99,8 @@ def test_status_dlq_and_tail_read_a_server_log(
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted(line["body"]["n"] for line in lines) == [1, 2, 3]
 
-    assert main(["dlq", "replay", "orders", "-g", "billing", "--dry-run",
-                 "--log", server_url]) == ExitCode.OK
+    assert (
+        main(["dlq", "replay", "orders", "-g", "billing", "--dry-run", "--log", server_url])
+        == ExitCode.OK
+    )
     assert "would replay 1 dead letters" in capsys.readouterr().out

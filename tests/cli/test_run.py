@@ -81,13 +81,16 @@ def test_run_exports_the_log_url_and_accepts_a_zero_arg_factory(
     assert sorted(recorder.handled_ids(str(out))) == list(range(20))
 
 
-@pytest.mark.parametrize(("target", "message"), [
-    ("no_colon", "is not module:attr"),
-    ("tests.engine.consumers.no_such_module:build", "no module named"),
-    ("tests.engine.consumers.recorder:no_such_attr", "has no attribute 'no_such_attr'"),
-    ("tests.engine.consumers.recorder:NOT_CALLABLE", "is a str, not a wakuwaku Consumer"),
-    ("tests.engine.consumers.recorder:not_a_consumer", "returned a int, not a wakuwaku"),
-])
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("no_colon", "is not module:attr"),
+        ("tests.engine.consumers.no_such_module:build", "no module named"),
+        ("tests.engine.consumers.recorder:no_such_attr", "has no attribute 'no_such_attr'"),
+        ("tests.engine.consumers.recorder:NOT_CALLABLE", "is a str, not a wakuwaku Consumer"),
+        ("tests.engine.consumers.recorder:not_a_consumer", "returned a int, not a wakuwaku"),
+    ],
+)
 def test_run_refuses_a_target_that_is_not_a_consumer_with_exit_2(
     ticks: tuple[str, Path], target: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -98,12 +101,13 @@ def test_run_refuses_a_target_that_is_not_a_consumer_with_exit_2(
 
 
 def test_run_reports_a_failing_factory_or_module_with_exit_3(
-    ticks: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    ticks: tuple[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     url, _ = ticks
-    assert main(["run", "tests.engine.consumers.recorder:broken", "--log", url]) == \
-        ExitCode.ERROR
+    assert main(["run", "tests.engine.consumers.recorder:broken", "--log", url]) == ExitCode.ERROR
     assert "raised RuntimeError: the factory is broken" in capsys.readouterr().err
     (tmp_path / "wk_run_broken_mod.py").write_text("import wk_missing_dependency_xyz\n")
     (tmp_path / "wk_run_raising_mod.py").write_text("raise ValueError('bad config')\n")
@@ -119,7 +123,9 @@ def test_run_reports_a_failing_factory_or_module_with_exit_3(
 
 
 def test_run_on_an_unknown_topic_or_a_missing_log_exits_3(
-    ticks: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    ticks: tuple[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     url, _ = ticks
@@ -162,7 +168,11 @@ def test_a_signal_stops_the_process_gracefully_and_a_restart_goes_on(
     env.pop("WAKUWAKU_LOG", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "wakuwaku", "run", TARGET, "--log", url],
-        cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for(lambda: len(recorder.handled_ids(str(out))) >= 3, "3 handled events")
         process.send_signal(sig)
@@ -178,8 +188,13 @@ def test_a_signal_stops_the_process_gracefully_and_a_restart_goes_on(
     assert len(before) < 20, "the signal came too late to test anything"
     drained = subprocess.run(
         [sys.executable, "-m", "wakuwaku", "run", TARGET, "--drain", "--log", url],
-        cwd=ROOT, env={**env, "WK_TEST_HANDLE_SECONDS": "0"}, capture_output=True, text=True,
-        timeout=60, check=False)
+        cwd=ROOT,
+        env={**env, "WK_TEST_HANDLE_SECONDS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert drained.returncode == ExitCode.OK, drained.stderr
     assert set(recorder.handled_ids(str(out))) == set(range(20)), "an event was lost"
 
@@ -192,9 +207,24 @@ def test_run_serves_prometheus_metrics(ticks: tuple[str, Path]) -> None:
     env = {**os.environ, "WK_TEST_FAIL": "7"}
     env.pop("WAKUWAKU_LOG", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "wakuwaku", "run", TARGET, "--log", url,
-         "--metrics-port", str(port), "--metrics-addr", "127.0.0.1"],
-        cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "wakuwaku",
+            "run",
+            TARGET,
+            "--log",
+            url,
+            "--metrics-port",
+            str(port),
+            "--metrics-addr",
+            "127.0.0.1",
+        ],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     scraped = ""
 
     def done() -> bool:
@@ -216,8 +246,7 @@ def test_run_serves_prometheus_metrics(ticks: tuple[str, Path]) -> None:
             process.wait()
     assert process.returncode == ExitCode.OK
     assert 'wakuwaku_dead_letters_total{group="recorder",reason="unrecoverable"} 1.0' in scraped
-    assert 'wakuwaku_handler_failures_total{class="unrecoverable",group="recorder"} 1.0' in \
-        scraped
+    assert 'wakuwaku_handler_failures_total{class="unrecoverable",group="recorder"} 1.0' in scraped
     assert len(recorder.handled_ids(str(out))) == 19
 
 
@@ -244,13 +273,16 @@ def test_the_consumer_module_of_docs_operations_runs(
                 await log.create_topic("payments", 2)
                 await wk.Producer(log, "payments").publish_many(
                     doc.PaymentReceived(account, cents)
-                    for account, cents in [("a", 5), ("b", 7), ("a", 10)])
+                    for account, cents in [("a", 5), ("b", 7), ("a", 10)]
+                )
             finally:
                 await log.close()
 
         asyncio.run(seed())
-        assert main(["run", "billing.consumer:build", "--drain", "--log", f"sqlite:///{db}"]) \
+        assert (
+            main(["run", "billing.consumer:build", "--drain", "--log", f"sqlite:///{db}"])
             == ExitCode.OK
+        )
         assert doc.totals == {"a": 15, "b": 7}
     finally:
         for name in ("billing", "billing.consumer"):

@@ -48,13 +48,17 @@ async def quarantine(log: Log, *, attempts: int = 0) -> Consumer:
     """
     await log.create_topic(TOPIC, 2)
     producer = wk.Producer(log, TOPIC)
-    await producer.publish_many([Order("k1", 1), Order(STUCK, 2), Order(STUCK, 3),
-                                 Order("k2", 4)])
+    await producer.publish_many([Order("k1", 1), Order(STUCK, 2), Order(STUCK, 3), Order("k2", 4)])
     clock = FakeClock(T0, autojump=False)
     consumer = make_consumer(log, Recorder(), clock, retry_delays=DELAYS)
     task = asyncio.create_task(consumer.run(install_signal_handlers=False))
-    await until(lambda: consumer.stats.quarantined_keys == 1 and all(
-        w.caught_up for w in consumer.workers.values()) and len(consumer.workers) == 2)
+    await until(
+        lambda: (
+            consumer.stats.quarantined_keys == 1
+            and all(w.caught_up for w in consumer.workers.values())
+            and len(consumer.workers) == 2
+        )
+    )
     worker = consumer.workers[(TOPIC, wk.partition_for(STUCK, 2))]
     for n in range(attempts):
         # Exactly to the due time: the attempt runs then, and its marker says so.
@@ -80,7 +84,10 @@ async def test_status_reports_the_quarantined_key_exactly_as_the_consumer_holds_
     assert key.next_attempt_at == T0 + DELAYS[0]
     live = consumer.workers[(TOPIC, p)].retry.keys[STUCK]
     assert (len(live.offsets), live.failures, live.due_wall) == (
-        key.pending, key.failures, key.next_attempt_at)
+        key.pending,
+        key.failures,
+        key.next_attempt_at,
+    )
     assert status.backlog == 3
     assert status.partitions[p].retry_pending == 3 and status.partitions[p].quarantined == 1
     assert status.lag == 0
@@ -99,7 +106,8 @@ async def test_status_follows_failed_attempts_and_lag() -> None:
     assert key.next_attempt_at == T0 + DELAYS[0] + DELAYS[1] + DELAYS[2]
     assert status.lag == 2
     assert [p.lag for p in status.partitions] == [
-        sum(wk.partition_for(k, 2) == p for k in ("k1", "k2")) for p in range(2)]
+        sum(wk.partition_for(k, 2) == p for k in ("k1", "k2")) for p in range(2)
+    ]
     # Issue 16 item 7: the times are the ones the consumer stored, whatever
     # schedule the status is told (it used to derive them from that).
     for delays in ((1.0,), (2.0, 4.0, 8.0, 16.0)):
@@ -113,8 +121,13 @@ async def test_a_retry_record_without_a_stored_due_time_is_read_with_the_schedul
     log = wk.MemoryLog()
     await quarantine(log)
     p = wk.partition_for(STUCK, 2)
-    marker = {"wk-v": b"1", H_MARKER: MARKER_ATTEMPT_FAILED, "wk-key": STUCK.encode(),
-              "wk-failures": b"2", H_AT: str(int((T0 + 100) * 1000)).encode()}
+    marker = {
+        "wk-v": b"1",
+        H_MARKER: MARKER_ATTEMPT_FAILED,
+        "wk-key": STUCK.encode(),
+        "wk-failures": b"2",
+        H_AT: str(int((T0 + 100) * 1000)).encode(),
+    }
     await log.append(f"wk-retry.{GROUP}.{TOPIC}", p, [(marker, b"")])
     status = await consumer_status(log, TOPIC, GROUP, retry_delays=(1.0, 7.0))
     assert status.quarantined[0].next_attempt_at == T0 + 100 + 7.0
@@ -138,8 +151,12 @@ async def test_status_names_a_broken_retry_record_and_goes_on() -> None:
     log = wk.MemoryLog()
     await quarantine(log)
     p = wk.partition_for(STUCK, 2)
-    broken = {"wk-v": b"1", H_MARKER: MARKER_ATTEMPT_FAILED, "wk-key": STUCK.encode(),
-              H_AT: b"0"}  # no wk-failures
+    broken = {
+        "wk-v": b"1",
+        H_MARKER: MARKER_ATTEMPT_FAILED,
+        "wk-key": STUCK.encode(),
+        H_AT: b"0",
+    }  # no wk-failures
     [offset] = await log.append(f"wk-retry.{GROUP}.{TOPIC}", p, [(broken, b"")])
     status = await consumer_status(log, TOPIC, GROUP, retry_delays=DELAYS)
     [problem] = status.problems
@@ -159,8 +176,13 @@ def test_status_counts_dead_letters_per_reason(tmp_path: Path) -> None:
             await log.close()
 
     status = asyncio.run(work())
-    assert status.dead_letters == {"<missing>": 1, "gave_up_retry": 2, "malformed_header": 1,
-                                   "unknown_type": 1, "unrecoverable": 2}
+    assert status.dead_letters == {
+        "<missing>": 1,
+        "gave_up_retry": 2,
+        "malformed_header": 1,
+        "unknown_type": 1,
+        "unrecoverable": 2,
+    }
     assert status.dead_lettered == 7
     assert status.lag == 0 and status.quarantined == ()
 
@@ -189,8 +211,10 @@ def test_cli_status_prints_lag_quarantined_keys_backlog_and_dead_letters(
     assert code == ExitCode.OK
     p = wk.partition_for(STUCK, 2)
     # T0 + 10 s = 2023-11-14T22:13:30Z
-    assert (f"  partition {p}  key 'stuck'  pending 3  failures 1  "
-            "next attempt (stored) 2023-11-14T22:13:30Z (due now)") in out.splitlines()
+    assert (
+        f"  partition {p}  key 'stuck'  pending 3  failures 1  "
+        "next attempt (stored) 2023-11-14T22:13:30Z (due now)"
+    ) in out.splitlines()
     assert "retry backlog: 3 records pending" in out
     assert "lag: 0 records" in out
     assert "dead letters: none" in out
@@ -209,11 +233,17 @@ def test_cli_status_prints_a_stored_time_beyond_year_9999(
     async def write() -> None:
         log = SQLiteLog(quarantined_log.removeprefix("sqlite:///"))
         try:
-            marker = {"wk-v": b"1", H_MARKER: MARKER_ATTEMPT_FAILED, "wk-key": STUCK.encode(),
-                      "wk-failures": b"2", H_AT: str(int(T0 * 1000)).encode(),
-                      H_DUE: str(10**15).encode()}
-            await log.append(f"wk-retry.{GROUP}.{TOPIC}", wk.partition_for(STUCK, 2),
-                             [(marker, b"")])
+            marker = {
+                "wk-v": b"1",
+                H_MARKER: MARKER_ATTEMPT_FAILED,
+                "wk-key": STUCK.encode(),
+                "wk-failures": b"2",
+                H_AT: str(int(T0 * 1000)).encode(),
+                H_DUE: str(10**15).encode(),
+            }
+            await log.append(
+                f"wk-retry.{GROUP}.{TOPIC}", wk.partition_for(STUCK, 2), [(marker, b"")]
+            )
         finally:
             await log.close()
 
@@ -230,18 +260,20 @@ def test_when_prints_any_time() -> None:
     assert when(2.0**53 / 1000) == "9007199254741 s since the epoch"
 
 
-def test_cli_status_errors(quarantined_log: str, tmp_path: Path,
-                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_status_errors(
+    quarantined_log: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["status", "nope", "-g", GROUP, "--log", quarantined_log]) == ExitCode.ERROR
     assert "topic 'nope' does not exist" in capsys.readouterr().err
     assert main(["status", TOPIC, "--log", quarantined_log]) == ExitCode.USAGE
     assert "--group" in capsys.readouterr().err
-    assert main(["status", TOPIC, "-g", GROUP, "--retry-delays", "2,x",
-                 "--log", quarantined_log]) == ExitCode.USAGE
+    assert (
+        main(["status", TOPIC, "-g", GROUP, "--retry-delays", "2,x", "--log", quarantined_log])
+        == ExitCode.USAGE
+    )
     assert "--retry-delays" in capsys.readouterr().err
     missing = tmp_path / "nothing.db"
-    assert main(["status", TOPIC, "-g", GROUP, "--log", f"sqlite:///{missing}"]) == \
-        ExitCode.ERROR
+    assert main(["status", TOPIC, "-g", GROUP, "--log", f"sqlite:///{missing}"]) == ExitCode.ERROR
     assert not missing.exists()
 
 
@@ -253,8 +285,11 @@ def test_the_fixture_routed_the_new_record_behind_the_pending_ones(quarantined_l
         try:
             p = wk.partition_for(STUCK, 2)
             records = await log.read(f"wk-retry.{GROUP}.{TOPIC}", p, 0, 100)
-            return [msgspec.json.decode(r.body, type=Order).n for r in records
-                    if H_MARKER not in r.headers]
+            return [
+                msgspec.json.decode(r.body, type=Order).n
+                for r in records
+                if H_MARKER not in r.headers
+            ]
         finally:
             await log.close()
 
@@ -282,9 +317,10 @@ def test_status_shows_replayed_and_not_replayed_dead_letters_apart(
     # Issue 16 item 7: replayed dead letters were counted as if still waiting.
     dead = asyncio.run(build_dead_log(tmp_path / "wk.db"))
     url = f"sqlite:///{dead.path}"
-    assert main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable",
-                 "--log", url]) == \
-        ExitCode.OK
+    assert (
+        main(["dlq", "replay", TOPIC, "-g", GROUP, "--reason", "unrecoverable", "--log", url])
+        == ExitCode.OK
+    )
     capsys.readouterr()
 
     async def work() -> Status:
@@ -293,17 +329,25 @@ def test_status_shows_replayed_and_not_replayed_dead_letters_apart(
 
     status = asyncio.run(work())
     assert status.replayed == {"unrecoverable": 2}
-    assert status.not_replayed == {"<missing>": 1, "gave_up_retry": 2, "malformed_header": 1,
-                                   "unknown_type": 1}
+    assert status.not_replayed == {
+        "<missing>": 1,
+        "gave_up_retry": 2,
+        "malformed_header": 1,
+        "unknown_type": 1,
+    }
     assert main(["status", TOPIC, "-g", GROUP, "--log", url]) == ExitCode.OK
     out = capsys.readouterr().out.splitlines()
-    assert ("dead letters not replayed: 5 (<missing> 1, gave_up_retry 2, malformed_header 1, "
-            "unknown_type 1)") in out
+    assert (
+        "dead letters not replayed: 5 (<missing> 1, gave_up_retry 2, malformed_header 1, "
+        "unknown_type 1)"
+    ) in out
     assert "dead letters replayed: 2 (unrecoverable 2)" in out
 
 
-@pytest.mark.parametrize("given", [f"wk-dlq.{GROUP}.{TOPIC}", f"wk-retry.{GROUP}.{TOPIC}",
-                                   f"wk-replayed.{GROUP}.{TOPIC}"])
+@pytest.mark.parametrize(
+    "given",
+    [f"wk-dlq.{GROUP}.{TOPIC}", f"wk-retry.{GROUP}.{TOPIC}", f"wk-replayed.{GROUP}.{TOPIC}"],
+)
 def test_status_given_a_derived_topic_names_the_main_topic(
     quarantined_log: str, capsys: pytest.CaptureFixture[str], given: str
 ) -> None:

@@ -71,7 +71,10 @@ def lines_file(tmp_path: Path, *lines: str) -> str:
 
 def test_create_is_idempotent_and_refuses_another_count(cli: CLI) -> None:
     assert cli("topic", "create", "orders", "--partitions", "3") == (
-        ExitCode.OK, "topic orders created with 3 partitions\n", "")
+        ExitCode.OK,
+        "topic orders created with 3 partitions\n",
+        "",
+    )
     again = cli("topic", "create", "orders", "-p", "3")
     assert again == (ExitCode.OK, "topic orders exists with 3 partitions\n", "")
     code, out, err = cli("topic", "create", "orders", "-p", "5")
@@ -91,9 +94,12 @@ def test_list_and_describe(cli: CLI) -> None:
     cli("topic", "create", "audit", "-p", "1")
     assert cli("topic", "list")[1] == "audit\t1\norders\t2\n"
     assert [json.loads(line) for line in cli("topic", "list", "--json")[1].splitlines()] == [
-        {"topic": "audit", "partitions": 1}, {"topic": "orders", "partitions": 2}]
-    file = lines_file(cli.path.parent, *(json.dumps({"type": "t", "key": "k", "body": i})
-                                          for i in range(4)))
+        {"topic": "audit", "partitions": 1},
+        {"topic": "orders", "partitions": 2},
+    ]
+    file = lines_file(
+        cli.path.parent, *(json.dumps({"type": "t", "key": "k", "body": i}) for i in range(4))
+    )
     cli("produce", "orders", file)
     partition = partition_for("k", 2)
     cli.commit("billing", "orders", partition, 1)
@@ -110,8 +116,12 @@ def test_list_and_describe(cli: CLI) -> None:
 
 
 def test_commands_other_than_create_refuse_a_missing_file(cli: CLI) -> None:
-    for args in (("topic", "list"), ("topic", "describe", "x"), ("tail", "x"),
-                 ("produce", "x", lines_file(cli.path.parent, "{}"))):
+    for args in (
+        ("topic", "list"),
+        ("topic", "describe", "x"),
+        ("tail", "x"),
+        ("produce", "x", lines_file(cli.path.parent, "{}")),
+    ):
         code, _, err = cli(*args)
         assert code == ExitCode.ERROR
         assert "no log at" in err and str(cli.path) in err
@@ -120,8 +130,11 @@ def test_commands_other_than_create_refuse_a_missing_file(cli: CLI) -> None:
 
 def test_unknown_topic_is_an_error(cli: CLI) -> None:
     cli("topic", "create", "orders")
-    for args in (("topic", "describe", "nope"), ("tail", "nope"),
-                 ("produce", "nope", lines_file(cli.path.parent, "{}"))):
+    for args in (
+        ("topic", "describe", "nope"),
+        ("tail", "nope"),
+        ("produce", "nope", lines_file(cli.path.parent, "{}")),
+    ):
         code, _, err = cli(*args)
         assert code == ExitCode.ERROR and "topic 'nope' does not exist" in err
 
@@ -146,8 +159,13 @@ def test_log_url_from_the_environment(
 
 def test_produce_envelopes_writes_what_the_python_producer_writes(cli: CLI) -> None:
     cli("topic", "create", "orders", "-p", "4")
-    envelope = {"type": "shop.order-placed", "key": "o-17", "alg": "idempotent",
-                "body": {"order": "o-17", "total": 5}, "props": {"tenant": "東京"}}
+    envelope = {
+        "type": "shop.order-placed",
+        "key": "o-17",
+        "alg": "idempotent",
+        "body": {"order": "o-17", "total": 5},
+        "props": {"tenant": "東京"},
+    }
     code, out, err = cli("produce", "orders", lines_file(cli.path.parent, json.dumps(envelope)))
     assert (code, out) == (ExitCode.OK, "")
     assert "produced 1 record to orders" in err
@@ -155,7 +173,8 @@ def test_produce_envelopes_writes_what_the_python_producer_writes(cli: CLI) -> N
     async def python_producer() -> Any:
         async with SQLiteLog(cli.path) as log:
             published = await Producer(log, "orders").publish(
-                Placed("o-17", 5), properties={"tenant": "東京"})
+                Placed("o-17", 5), properties={"tenant": "東京"}
+            )
             return published, await log.read("orders", published.partition, 0)
 
     published, (from_cli, from_python) = asyncio.run(python_producer())
@@ -167,15 +186,28 @@ def test_produce_envelopes_writes_what_the_python_producer_writes(cli: CLI) -> N
 def test_produce_plain_bodies_with_type_and_key_field(cli: CLI) -> None:
     cli("topic", "create", "stock", "-p", "3")
     file = lines_file(cli.path.parent, '{"sku": "a-1", "n": 2}', '{"sku": 42, "n": 1}')
-    code, _, err = cli("produce", "stock", file, "--type", "stock.added", "--key-field", "sku",
-                       "--algebra", "associative")
+    code, _, err = cli(
+        "produce",
+        "stock",
+        file,
+        "--type",
+        "stock.added",
+        "--key-field",
+        "sku",
+        "--algebra",
+        "associative",
+    )
     assert code == ExitCode.OK and "produced 2 records" in err
     for key, body in (("a-1", {"sku": "a-1", "n": 2}), ("42", {"sku": 42, "n": 1})):
         records = cli.records("stock", partition_for(key, 3))
         match = [r for r in records if r.headers["wk-key"] == key.encode()]
         assert len(match) == 1
-        assert match[0].headers == {"wk-v": b"1", "wk-type": b"stock.added",
-                                    "wk-key": key.encode(), "wk-alg": b"associative"}
+        assert match[0].headers == {
+            "wk-v": b"1",
+            "wk-type": b"stock.added",
+            "wk-key": key.encode(),
+            "wk-alg": b"associative",
+        }
         assert msgspec.json.decode(match[0].body) == body
 
 
@@ -184,26 +216,29 @@ def test_produce_reports_each_refused_line_and_writes_only_the_good_ones(cli: CL
     good = json.dumps({"type": "t", "key": "k", "body": {"n": 1}})
     file = lines_file(
         cli.path.parent,
-        good,                                                      # 1
-        "not json",                                                # 2
-        json.dumps({"type": "t", "body": {}}),                     # 3 no key
-        json.dumps({"type": "t", "key": None, "body": {}}),        # 4
-        json.dumps({"type": "t", "key": "", "body": {}}),          # 5
-        json.dumps({"type": "t", "key": True, "body": {}}),        # 6
-        json.dumps({"key": "k", "body": {}}),                      # 7 no type
-        json.dumps({"type": "t", "key": "k"}),                     # 8 no body
+        good,  # 1
+        "not json",  # 2
+        json.dumps({"type": "t", "body": {}}),  # 3 no key
+        json.dumps({"type": "t", "key": None, "body": {}}),  # 4
+        json.dumps({"type": "t", "key": "", "body": {}}),  # 5
+        json.dumps({"type": "t", "key": True, "body": {}}),  # 6
+        json.dumps({"key": "k", "body": {}}),  # 7 no type
+        json.dumps({"type": "t", "key": "k"}),  # 8 no body
         json.dumps({"type": "t", "key": "k", "body": 1, "alg": "x"}),  # 9
         json.dumps({"type": "t", "key": "k", "body": 1, "props": {"n": 1}}),  # 10
-        "[1, 2]",                                                  # 11
-        "",                                                        # 12 blank: skipped
-        good,                                                      # 13
-        '{"type": "t", "key": "a", "key": "b", "body": 1}',        # 14 which key?
-        json.dumps({"type": "t", "key": " \t", "body": 1}),       # 15 whitespace key
+        "[1, 2]",  # 11
+        "",  # 12 blank: skipped
+        good,  # 13
+        '{"type": "t", "key": "a", "key": "b", "body": 1}',  # 14 which key?
+        json.dumps({"type": "t", "key": " \t", "body": 1}),  # 15 whitespace key
     )
     code, out, err = cli("produce", "orders", file)
     assert code == ExitCode.FAILURE and out == ""
-    reported = [int(line.split(":")[0].removeprefix("line ")) for line in err.splitlines()
-                if line.startswith("line ")]
+    reported = [
+        int(line.split(":")[0].removeprefix("line "))
+        for line in err.splitlines()
+        if line.startswith("line ")
+    ]
     assert reported == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15]
     assert "line 2: not JSON" in err
     # Issue 16 item 10: a missing key is not a null one.
@@ -235,8 +270,15 @@ def test_produce_plain_body_without_the_key_field_is_refused(cli: CLI) -> None:
     assert len(cli.records("stock", 0)) == 1
 
 
-@pytest.mark.parametrize("args", [("--type", "t"), ("--key-field", "k"),
-                                  ("--type", " ", "--key-field", "k"), ("--algebra", "nope")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--type", "t"),
+        ("--key-field", "k"),
+        ("--type", " ", "--key-field", "k"),
+        ("--algebra", "nope"),
+    ],
+)
 def test_produce_usage_errors(cli: CLI, args: tuple[str, ...]) -> None:
     cli("topic", "create", "orders")
     code, _, _ = cli("produce", "orders", lines_file(cli.path.parent, "{}"), *args)
@@ -247,11 +289,17 @@ def test_produce_usage_errors(cli: CLI, args: tuple[str, ...]) -> None:
 def test_produce_reads_stdin(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'log.db'}"
     wakuwaku = [sys.executable, "-m", "wakuwaku"]
-    subprocess.run([*wakuwaku, "topic", "create", "orders", "--log", url], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*wakuwaku, "topic", "create", "orders", "--log", url], check=True, capture_output=True
+    )
     lines = "".join(json.dumps({"type": "t", "key": f"k{i}", "body": i}) + "\n" for i in range(3))
-    done = subprocess.run([*wakuwaku, "produce", "orders", "--log", url], input=lines,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [*wakuwaku, "produce", "orders", "--log", url],
+        input=lines,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "produced 3 records to orders" in done.stderr
 
@@ -260,8 +308,14 @@ def test_produce_reads_stdin(tmp_path: Path) -> None:
 
 
 def produce_numbers(cli: CLI, topic: str, count: int, key: str = "k") -> None:
-    cli("produce", topic, lines_file(cli.path.parent, *(
-        json.dumps({"type": "t", "key": key, "body": i}) for i in range(count))))
+    cli(
+        "produce",
+        topic,
+        lines_file(
+            cli.path.parent,
+            *(json.dumps({"type": "t", "key": key, "body": i}) for i in range(count)),
+        ),
+    )
 
 
 def tailed(out: str) -> list[dict[str, Any]]:
@@ -288,7 +342,8 @@ def test_tail_from_beginning_offset_partition_and_max(cli: CLI) -> None:
     assert pa != pb
     everything = tailed(cli("tail", "orders", "--from-beginning")[1])
     assert sorted((r["partition"], r["offset"]) for r in everything) == sorted(
-        [(pa, o) for o in range(5)] + [(pb, o) for o in range(3)])
+        [(pa, o) for o in range(5)] + [(pb, o) for o in range(3)]
+    )
     only_a = tailed(cli("tail", "orders", "--partition", str(pa), "--offset", "3")[1])
     assert [(r["partition"], r["body"]) for r in only_a] == [(pa, 3), (pa, 4)]
     capped = tailed(cli("tail", "orders", "--from-beginning", "--max", "6")[1])
@@ -304,12 +359,16 @@ def test_tail_shows_bodies_and_headers_that_are_not_json_or_utf8(cli: CLI) -> No
 
     async def append() -> None:
         async with SQLiteLog(cli.path) as log:
-            await log.append("raw", 0, [
-                ({"bin": b"\xff\x00", "text": "é".encode()}, b"\xff\xfe\x00"),
-                ({}, "plain words, ü".encode()),
-                ({}, b""),
-                ({}, b'{"a": [1, null]}'),
-            ])
+            await log.append(
+                "raw",
+                0,
+                [
+                    ({"bin": b"\xff\x00", "text": "é".encode()}, b"\xff\xfe\x00"),
+                    ({}, "plain words, ü".encode()),
+                    ({}, b""),
+                    ({}, b'{"a": [1, null]}'),
+                ],
+            )
 
     asyncio.run(append())
     records = tailed(cli("tail", "raw", "--from-beginning")[1])
@@ -323,9 +382,21 @@ def test_tail_shows_bodies_and_headers_that_are_not_json_or_utf8(cli: CLI) -> No
 def test_tail_follow_prints_records_as_they_arrive(cli: CLI) -> None:
     cli("topic", "create", "orders")
     follower = subprocess.Popen(
-        [sys.executable, "-m", "wakuwaku", "tail", "orders", "--follow", "--max", "3",
-         "--log", cli.url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "wakuwaku",
+            "tail",
+            "orders",
+            "--follow",
+            "--max",
+            "3",
+            "--log",
+            cli.url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
@@ -350,8 +421,11 @@ def test_topic_delete_and_group_delete_clean_up(cli: CLI) -> None:
     cli.commit("g", "orders", 1, 0)
     cli.commit("g", "other", 0, 0)
     code, out, _ = cli("group", "delete", "g", "--topic", "orders", "--yes")
-    assert (code, out) == (0, "group g: 2 committed offsets deleted on topic orders (its "
-                           "wk-retry.g.* and wk-dlq.g.* topics are kept)\n")
+    assert (code, out) == (
+        0,
+        "group g: 2 committed offsets deleted on topic orders (its "
+        "wk-retry.g.* and wk-dlq.g.* topics are kept)\n",
+    )
     code, out, _ = cli("topic", "delete", "orders", "--yes")
     assert code == 0 and out.startswith("topic orders deleted (its groups' wk-retry.*")
     code, _, err = cli("topic", "delete", "orders", "--yes")
@@ -359,8 +433,10 @@ def test_topic_delete_and_group_delete_clean_up(cli: CLI) -> None:
     code, out, _ = cli("topic", "list", "--json")
     assert [json.loads(line)["topic"] for line in out.splitlines()] == ["other"]
     code, out, _ = cli("group", "delete", "g", "--yes")
-    assert (code, out) == (0, "group g: 1 committed offset deleted (its wk-retry.g.* and "
-                           "wk-dlq.g.* topics are kept)\n")
+    assert (code, out) == (
+        0,
+        "group g: 1 committed offset deleted (its wk-retry.g.* and wk-dlq.g.* topics are kept)\n",
+    )
     code, _, err = cli("group", "delete", "g", "--topic", "nope", "--yes")
     assert code == ExitCode.ERROR and "nope" in err
 

@@ -25,9 +25,24 @@ def test_the_data_is_as_messy_as_the_issue_says() -> None:
 @pytest.mark.slow
 def test_the_demo_verifies_itself_on_a_slice_with_chaos_and_replay(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "wakuwaku", "demo", "flights", "--limit", "30000", "--chaos",
-         "--replay-dead-letters", "--workdir", str(tmp_path / "demo"), "--lock-seconds", "1"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "wakuwaku",
+            "demo",
+            "flights",
+            "--limit",
+            "30000",
+            "--chaos",
+            "--replay-dead-letters",
+            "--workdir",
+            str(tmp_path / "demo"),
+            "--lock-seconds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -39,9 +54,20 @@ def test_the_demo_verifies_itself_on_a_slice_with_chaos_and_replay(tmp_path: Pat
 
 def test_a_memory_log_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "wakuwaku", "demo", "flights", "--log", "memory://",
-         "--workdir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "wakuwaku",
+            "demo",
+            "flights",
+            "--log",
+            "memory://",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 3
     assert "another process" in result.stderr

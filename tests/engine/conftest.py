@@ -110,8 +110,14 @@ def clock() -> FakeClock:
     return FakeClock(T0)
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis),
-                        pytest.param("nats", marks=pytest.mark.nats)])
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("nats", marks=pytest.mark.nats),
+    ]
+)
 async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Log]:
     prefix = None
     if request.param == "memory":
@@ -165,8 +171,9 @@ async def setup_topic(log: Log, partitions: int = 1, topic: str = "t") -> wk.Pro
     return wk.Producer(log, topic)
 
 
-def consumer(log: Log, clock: FakeClock, handlers: Sequence[Handler[Any]],
-             **overrides: Any) -> Consumer:
+def consumer(
+    log: Log, clock: FakeClock, handlers: Sequence[Handler[Any]], **overrides: Any
+) -> Consumer:
     return Consumer(config(clock, **overrides), handlers, log)
 
 
@@ -194,8 +201,7 @@ def reason(record: wk.Record) -> str:
     return record.headers["wk-reason"].decode()
 
 
-async def wait_until(clock: FakeClock, condition: Callable[[], bool],
-                     limit: float = 600.0) -> None:
+async def wait_until(clock: FakeClock, condition: Callable[[], bool], limit: float = 600.0) -> None:
     """Wait on the fake clock (so time can move) until ``condition()`` holds."""
     start = clock.now()
     while not condition():

@@ -43,7 +43,8 @@ def test_postgres_sqlstates(sqlstate: str, expected: ErrorClass) -> None:
 
 def test_postgres_driver_errors_without_sqlstate_are_transient() -> None:
     assert classify_postgres(OperationalError("server closed the connection")) is (
-        ErrorClass.TRANSIENT)
+        ErrorClass.TRANSIENT
+    )
     assert classify_postgres(ValueError("bug")) is ErrorClass.UNRECOVERABLE
 
 

@@ -29,8 +29,12 @@ class Timed:
     """A handler that fails event ``n`` with Retryable as scripted and notes
     the (monotonic, wall) time of every call."""
 
-    def __init__(self, clock: FakeClock, fails: dict[int, int] | None = None,
-                 on_first: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        clock: FakeClock,
+        fails: dict[int, int] | None = None,
+        on_first: Callable[[], None] | None = None,
+    ) -> None:
         self.clock = clock
         self.fails = dict(fails or {})
         self.calls: list[tuple[str, float, float]] = []
@@ -144,8 +148,11 @@ async def test_a_restart_converts_stored_times_once_and_ignores_later_steps(
     second = Timed(clock, {1: 0})
     c2 = consumer(log, clock, [Handler(Item, second)], retry_delays=[10.0], member_id="m1")
     async with Running(c2):
-        await until(clock, lambda: bool(c2.workers) and all(
-            w.started for w in c2.workers.values()), limit=5.0)
+        await until(
+            clock,
+            lambda: bool(c2.workers) and all(w.started for w in c2.workers.values()),
+            limit=5.0,
+        )
         await clock.sleep(1.0)
         clock.step_wall(-HOUR)  # after the restart read T0 + 10: no effect
         await until(clock, lambda: len(second.mono()) == 1, limit=20.0)
@@ -221,8 +228,7 @@ def test_a_retry_delay_above_30_days_is_refused(delays: list[float]) -> None:
 
 
 def test_a_retry_delay_of_30_days_is_accepted() -> None:
-    assert config(FakeClock(T0), retry_delays=[MAX_RETRY_DELAY]).retry_delays == (
-        MAX_RETRY_DELAY,)
+    assert config(FakeClock(T0), retry_delays=[MAX_RETRY_DELAY]).retry_delays == (MAX_RETRY_DELAY,)
 
 
 # ----------------------------------------------------------- item 13: jitter
@@ -239,8 +245,9 @@ def test_jitter_source_must_be_callable() -> None:
         config(FakeClock(T0), jitter_source=0.5)
 
 
-@pytest.mark.parametrize(("u", "expected"), [(0.0, 2.0), (0.5, 2.5), (0.999, 2.999),
-                                             (-3.0, 2.0), (7.0, 3.0)])
+@pytest.mark.parametrize(
+    ("u", "expected"), [(0.0, 2.0), (0.5, 2.5), (0.999, 2.999), (-3.0, 2.0), (7.0, 3.0)]
+)
 def test_jitter_only_adds_delay(u: float, expected: float) -> None:
     cfg = config(FakeClock(T0), retry_delays=[2.0], retry_jitter=0.5, jitter_source=lambda: u)
     assert cfg.retry_delay(1) == pytest.approx(expected)
@@ -257,8 +264,14 @@ async def test_keys_failing_together_retry_spread_by_jitter_never_earlier(
     keys = [f"k{i}" for i in range(30)]
     await producer.publish_many([Item(k, i) for i, k in enumerate(keys)])
     handler = Timed(clock, {i: 1 for i in range(len(keys))})
-    c = consumer(log, clock, [Handler(Item, handler)], retry_delays=[2.0], retry_jitter=0.5,
-                 jitter_source=random.Random(12).random)
+    c = consumer(
+        log,
+        clock,
+        [Handler(Item, handler)],
+        retry_delays=[2.0],
+        retry_jitter=0.5,
+        jitter_source=random.Random(12).random,
+    )
     await c.drain()
     firsts = [handler.mono(k)[1] for k in keys]
     assert all(2.0 <= t <= 3.0 for t in firsts)
@@ -271,8 +284,15 @@ async def test_the_stored_due_time_includes_the_jitter_and_a_restart_keeps_it(
     producer = await setup_topic(log)
     await producer.publish(Item("a", 1))
     first = Timed(clock, {1: 100})
-    c1 = consumer(log, clock, [Handler(Item, first)], retry_delays=[2.0, 4.0], member_id="m1",
-                  retry_jitter=0.5, jitter_source=lambda: 0.5)
+    c1 = consumer(
+        log,
+        clock,
+        [Handler(Item, first)],
+        retry_delays=[2.0, 4.0],
+        member_id="m1",
+        retry_jitter=0.5,
+        jitter_source=lambda: 0.5,
+    )
     task = asyncio.create_task(c1.run(install_signal_handlers=False))
     await until(clock, lambda: c1.stats.attempts_failed == 1, limit=10.0)
     task.cancel()  # attempt 1 at 2.5 failed; attempt 2 due at 2.5 + 5
@@ -283,8 +303,9 @@ async def test_the_stored_due_time_includes_the_jitter_and_a_restart_keeps_it(
     assert retry[-1].headers["wk-due-at"] == ms_text(T0 + 7.5)
 
     second = Timed(clock)
-    c2 = consumer(log, clock, [Handler(Item, second)], retry_delays=[2.0, 4.0],
-                  member_id="m1")  # no jitter now: the stored time still holds
+    c2 = consumer(
+        log, clock, [Handler(Item, second)], retry_delays=[2.0, 4.0], member_id="m1"
+    )  # no jitter now: the stored time still holds
     await c2.drain()
     assert second.mono() == [7.5]
 
@@ -302,8 +323,14 @@ async def test_transient_retries_in_place_are_jittered_too(
         if len(calls) < 3:
             raise wk.Transient("down")
 
-    c = consumer(log, clock, [Handler(Item, body)], retry_delays=[2.0, 4.0],
-                 retry_jitter=0.25, jitter_source=lambda: 1.0)
+    c = consumer(
+        log,
+        clock,
+        [Handler(Item, body)],
+        retry_delays=[2.0, 4.0],
+        retry_jitter=0.25,
+        jitter_source=lambda: 1.0,
+    )
     await c.drain()
     assert calls == [0.0, 2.5, 7.5]
 

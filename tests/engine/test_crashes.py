@@ -46,8 +46,9 @@ class CrashAfterRetryWrite(Wrapped):
         self._crash([topic for topic, _, _ in write.appends])
         return result
 
-    async def append(self, topic: str, partition: int, records: Any, *,
-                     fence: Lease | None = None) -> list[int]:
+    async def append(
+        self, topic: str, partition: int, records: Any, *, fence: Lease | None = None
+    ) -> list[int]:
         result = await self.inner.append(topic, partition, records, fence=fence)
         self._crash([topic])
         return result
@@ -67,13 +68,19 @@ async def test_12_a_crash_after_the_retry_write_never_gives_a_message_two_outcom
     crashing = CrashAfterRetryWrite(log)
     # The restarted process has the same member id (a pod name), so it takes
     # its own unexpired lease back at once.
-    first = consumer(crashing, clock, [Handler(Item, script)],  # type: ignore[arg-type]
-                     retry_delays=(0.0, 0.0, 0.0, 0.0), member_id="m1")
+    first = consumer(
+        crashing,
+        clock,
+        [Handler(Item, script)],  # type: ignore[arg-type]
+        retry_delays=(0.0, 0.0, 0.0, 0.0),
+        member_id="m1",
+    )
     with pytest.raises(Crash):
         await first.drain()
     assert crashing.crashed
-    second = consumer(log, clock, [Handler(Item, script)], retry_delays=(0.0, 0.0, 0.0, 0.0),
-                      member_id="m1")
+    second = consumer(
+        log, clock, [Handler(Item, script)], retry_delays=(0.0, 0.0, 0.0, 0.0), member_id="m1"
+    )
     await second.drain()
     applied = script.handled_ns()
     dead = [event_n(r) for r in await dead_letters(log)]
@@ -121,8 +128,11 @@ async def test_9_a_base_exception_in_a_partition_fails_the_consumer_loudly(
     memory_log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     await setup_topic(memory_log, partitions=2)
-    c = consumer(Exploding(memory_log), clock,  # type: ignore[arg-type]
-                 [Handler(Item, Script(clock))])
+    c = consumer(
+        Exploding(memory_log),
+        clock,  # type: ignore[arg-type]
+        [Handler(Item, Script(clock))],
+    )
     with caplog.at_level(logging.CRITICAL, "wakuwaku.consumer"), pytest.raises(Crash):
         await asyncio.wait_for(c.drain(), 60)
     assert "partition worker ended by Crash; stopping the consumer" in caplog.text
@@ -144,7 +154,11 @@ async def test_10_a_gap_left_by_retention_is_logged_and_counted(
     assert stats.offset_gaps == 4
     gap = next(r for r in caplog.records if "retention floor" in r.getMessage())
     assert (gap.partition, gap.committed, gap.start, gap.skipped) == (  # type: ignore[attr-defined]
-        0, 1, 5, 4)
+        0,
+        1,
+        5,
+        4,
+    )
 
 
 class CrashAfterDeadLetterWrite(CrashAfterRetryWrite):
@@ -174,15 +188,25 @@ async def test_12_on_a_log_that_stores_call_by_call_a_crash_gives_no_second_outc
     script.fail[3] = [wk.Retryable("never there")] * 100
     crashing = wrapper(log)
     crashing.atomic_store = False  # type: ignore[misc]
-    first = consumer(crashing, clock, [Handler(Item, script)],  # type: ignore[arg-type]
-                     retry_delays=(0.0, 0.0, 0.0, 0.0), member_id="m1")
+    first = consumer(
+        crashing,
+        clock,
+        [Handler(Item, script)],  # type: ignore[arg-type]
+        retry_delays=(0.0, 0.0, 0.0, 0.0),
+        member_id="m1",
+    )
     with pytest.raises(Crash):
         await first.drain()
     handled_before = script.handled_ns()
     again = Wrapped(log)
     again.atomic_store = False  # type: ignore[attr-defined]
-    second = consumer(again, clock, [Handler(Item, script)],  # type: ignore[arg-type]
-                      retry_delays=(0.0, 0.0, 0.0, 0.0), member_id="m1")
+    second = consumer(
+        again,
+        clock,
+        [Handler(Item, script)],  # type: ignore[arg-type]
+        retry_delays=(0.0, 0.0, 0.0, 0.0),
+        member_id="m1",
+    )
     await second.drain()
     applied = script.handled_ns()
     dead = [event_n(r) for r in await dead_letters(log)]
@@ -205,17 +229,36 @@ async def test_8_broken_retry_records_never_stop_the_partition(
     work = dict(wk._records.build_headers(wk.event_type(Item), "k"))
     work["wk-failed-at"] = b"9" * 400
     work["wk-src"] = wk._records.encode_source(wk._records.Source("t", 0, (0,), ("t/0/0",)))
-    await log.append("wk-retry.g.t", 0, [
-        (work, b'{"key":"k","n":9}'),
-        ({"wk-v": b"1", "wk-marker": b"resolved", "wk-key": b"k", "wk-through": b"x",
-          "wk-at": b"1"}, b""),
-        ({"wk-v": b"1", "wk-marker": b"attempt-failed", "wk-key": b"k",
-          "wk-failures": b"-1", "wk-at": b"zz"}, b""),
-    ])
+    await log.append(
+        "wk-retry.g.t",
+        0,
+        [
+            (work, b'{"key":"k","n":9}'),
+            (
+                {
+                    "wk-v": b"1",
+                    "wk-marker": b"resolved",
+                    "wk-key": b"k",
+                    "wk-through": b"x",
+                    "wk-at": b"1",
+                },
+                b"",
+            ),
+            (
+                {
+                    "wk-v": b"1",
+                    "wk-marker": b"attempt-failed",
+                    "wk-key": b"k",
+                    "wk-failures": b"-1",
+                    "wk-at": b"zz",
+                },
+                b"",
+            ),
+        ],
+    )
     script = Script(clock)
     with caplog.at_level(logging.WARNING, "wakuwaku.consumer"):
-        stats = await asyncio.wait_for(
-            consumer(log, clock, [Handler(Item, script)]).drain(), 60)
+        stats = await asyncio.wait_for(consumer(log, clock, [Handler(Item, script)]).drain(), 60)
     assert script.handled_ns() == [1, 2]
     assert [r.headers["wk-reason"] for r in await dead_letters(log)] == [b"malformed_header"]
     broken = [r for r in caplog.records if r.getMessage().startswith("broken retry record")]

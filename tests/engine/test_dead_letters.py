@@ -43,8 +43,9 @@ def with_(name: str, value: bytes) -> dict[str, bytes]:
     return headers
 
 
-async def run_one(log: Log, clock: FakeClock, headers: dict[str, bytes],
-                  body: bytes = BODY) -> tuple[Script, list[wk.Record], wk.engine.Consumer]:
+async def run_one(
+    log: Log, clock: FakeClock, headers: dict[str, bytes], body: bytes = BODY
+) -> tuple[Script, list[wk.Record], wk.engine.Consumer]:
     producer = await setup_topic(log)
     await log.append("t", 0, [(headers, body)])
     await producer.publish(Item("a", 8))
@@ -69,8 +70,9 @@ async def run_one(log: Log, clock: FakeClock, headers: dict[str, bytes],
         pytest.param(with_("wk-alg", b"commutative"), id="unknown-algebra"),
     ],
 )
-async def test_8_malformed_header(log: Log, clock: FakeClock, headers: dict[str, bytes],
-                                  caplog: pytest.LogCaptureFixture) -> None:
+async def test_8_malformed_header(
+    log: Log, clock: FakeClock, headers: dict[str, bytes], caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.ERROR, logger="wakuwaku.consumer"):
         script, dead, c = await run_one(log, clock, headers)
     assert script.handled_ns() == [8]  # the next record went on
@@ -159,9 +161,7 @@ async def test_6_dead_letters_of_a_combined_event_are_its_records_byte_for_byte(
     assert sorted(r.headers.get("wk-props", b"") for r in dead)[-1] == b'{"tenant":"t2"}'
 
 
-async def test_4_records_whose_props_differ_are_never_combined(
-    log: Log, clock: FakeClock
-) -> None:
+async def test_4_records_whose_props_differ_are_never_combined(log: Log, clock: FakeClock) -> None:
     await log.create_topic("t", 1)
     producer = wk.Producer(log, "t")
     await producer.publish_many([Add("a", 1), Add("a", 2)])
@@ -201,8 +201,12 @@ async def test_8_gave_up_retry_keeps_the_main_topic_identity(log: Log, clock: Fa
     dead = await dead_letters(log)
     assert [reason(r) for r in dead] == ["gave_up_retry"]
     source = decode_source(dead[0].headers["wk-src"])
-    assert (source.topic, source.partition, source.offsets, source.ids) == ("t", 0, (0,),
-                                                                            ("t/0/0",))
+    assert (source.topic, source.partition, source.offsets, source.ids) == (
+        "t",
+        0,
+        (0,),
+        ("t/0/0",),
+    )
     assert dead[0].headers["wk-props"] == b'{"tenant":"t1"}'
     assert msgspec.json.decode(dead[0].body) == {"key": "a", "n": 1}
 

@@ -39,15 +39,35 @@ KILL_AFTER = 15
 IN_FLIGHT = set(range(10, 20))
 
 
-def run_consumer(db: Path, out: Path, mode: str, *, kill_after: int = 0
-                 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "WK_TEST_OUT": str(out), "WK_TEST_MODE": mode,
-           "WK_TEST_KILL_AFTER": str(kill_after)}
+def run_consumer(
+    db: Path, out: Path, mode: str, *, kill_after: int = 0
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "WK_TEST_OUT": str(out),
+        "WK_TEST_MODE": mode,
+        "WK_TEST_KILL_AFTER": str(kill_after),
+    }
     env.pop("WAKUWAKU_LOG", None)
     return subprocess.run(
-        [sys.executable, "-m", "wakuwaku", "run", "tests.engine.consumers.recorder:build",
-         "--drain", "--log", f"sqlite:///{db}", "--log-level", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "wakuwaku",
+            "run",
+            "tests.engine.consumers.recorder:build",
+            "--drain",
+            "--log",
+            f"sqlite:///{db}",
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -91,8 +111,9 @@ class Step(msgspec.Struct, frozen=True):
     n: int
 
 
-async def stop_after_three(mode: DeliveryMode) -> tuple[wk.MemoryLog, list[int], ConsumerConfig,
-                                                     Handler[Step], list[Consumer]]:
+async def stop_after_three(
+    mode: DeliveryMode,
+) -> tuple[wk.MemoryLog, list[int], ConsumerConfig, Handler[Step], list[Consumer]]:
     """One key, one batch of 10; the handler asks for a stop (as SIGTERM does) after 3."""
     log = wk.MemoryLog()
     await log.create_topic("steps", 1)
@@ -105,8 +126,14 @@ async def stop_after_three(mode: DeliveryMode) -> tuple[wk.MemoryLog, list[int],
         if len(handled) == 3:
             consumers[-1].stop()
 
-    config = ConsumerConfig(topic="steps", group="g", clock=FakeClock(), delivery_mode=mode,
-                            max_poll_records=10, lease_ttl=3600.0)
+    config = ConsumerConfig(
+        topic="steps",
+        group="g",
+        clock=FakeClock(),
+        delivery_mode=mode,
+        max_poll_records=10,
+        lease_ttl=3600.0,
+    )
     handler = Handler(Step, handle)
     consumers.append(Consumer(config, [handler], log))
     await consumers[-1].run(install_signal_handlers=False)
@@ -114,20 +141,20 @@ async def stop_after_three(mode: DeliveryMode) -> tuple[wk.MemoryLog, list[int],
     return log, handled, config, handler, consumers
 
 
-async def test_no_event_lose_graceful_stop_mid_batch_stores_the_offset_of_what_was_handled(
-) -> None:
-    log, handled, config, handler, consumers = await stop_after_three(
-        DeliveryMode.NO_EVENT_LOSE)
+async def test_no_event_lose_graceful_stop_mid_batch_stores_the_offset_of_what_was_handled() -> (
+    None
+):
+    log, handled, config, handler, consumers = await stop_after_three(DeliveryMode.NO_EVENT_LOSE)
     assert await log.committed("g", "steps", 0) == 3
     consumers.append(Consumer(config, [handler], log))
     await consumers[-1].drain()
     assert handled == list(range(10)), "handled again after a graceful stop"
 
 
-async def test_no_double_consume_graceful_stop_mid_batch_loses_nothing_it_did_not_start(
-) -> None:
+async def test_no_double_consume_graceful_stop_mid_batch_loses_nothing_it_did_not_start() -> None:
     log, handled, config, handler, consumers = await stop_after_three(
-        DeliveryMode.NO_DOUBLE_CONSUME)
+        DeliveryMode.NO_DOUBLE_CONSUME
+    )
     consumers.append(Consumer(config, [handler], log))
     await consumers[-1].drain()
     assert handled == list(range(10)), "events never started were lost at a graceful stop"
@@ -142,14 +169,23 @@ async def test_graceful_stop_between_batches_neither_loses_nor_repeats() -> None
         handled: list[int] = []
         consumers: list[Consumer] = []
 
-        async def handle(chunk: Sequence[Step], handled: list[int] = handled,
-                         consumers: list[Consumer] = consumers) -> None:
+        async def handle(
+            chunk: Sequence[Step],
+            handled: list[int] = handled,
+            consumers: list[Consumer] = consumers,
+        ) -> None:
             handled.extend(s.n for s in chunk)
             if len(handled) == 5:
                 consumers[-1].stop()
 
-        config = ConsumerConfig(topic="steps", group="g", clock=FakeClock(),
-                                delivery_mode=mode, max_poll_records=5, lease_ttl=3600.0)
+        config = ConsumerConfig(
+            topic="steps",
+            group="g",
+            clock=FakeClock(),
+            delivery_mode=mode,
+            max_poll_records=5,
+            lease_ttl=3600.0,
+        )
         consumers.append(Consumer(config, [Handler(Step, handle)], log))
         await consumers[-1].run(install_signal_handlers=False)
         assert await log.committed("g", "steps", 0) == 5

@@ -77,8 +77,9 @@ async def test_5_3_segments_are_reduced_then_split_into_runs_and_chunks(
         + [Item("k", n) for n in range(5)]
     )
     puts, adds, items = Script(clock), Script(clock), Script(clock)
-    c = consumer(log, clock, [Handler(Put, puts), Handler(Add, adds),
-                              Handler(Item, items, max_batch=2)])
+    c = consumer(
+        log, clock, [Handler(Put, puts), Handler(Add, adds), Handler(Item, items, max_batch=2)]
+    )
     await c.drain()
     assert [[e.value for e in run] for _, _, run in puts.calls] == [[1], [2], [1]]
     assert [[e.amount for e in run] for _, _, run in adds.calls] == [[3], [-5], [7]]
@@ -87,9 +88,7 @@ async def test_5_3_segments_are_reduced_then_split_into_runs_and_chunks(
     assert c.stats.reduced_away == 16 - 3 - 3 - 5
 
 
-async def test_5_4_keys_run_concurrently_and_each_key_in_order(
-    log: Log, clock: FakeClock
-) -> None:
+async def test_5_4_keys_run_concurrently_and_each_key_in_order(log: Log, clock: FakeClock) -> None:
     producer = await setup_topic(log)
     await producer.publish_many([Item(k, n) for n in range(20) for k in ("a", "b")])
     script = Script(clock)
@@ -184,20 +183,33 @@ async def test_5_5_retryable_stops_the_key_and_writes_its_unfinished_work_to_the
     partition = wk.partition_for("a", 3)
     items, adds = Script(clock), Script(clock)
     items.fail[3] = [wk.Retryable("deadlock")]
-    c = consumer(log, clock, [Handler(Item, items, max_batch=2), Handler(Add, adds)],
-                 retry_delays=[1000.0])
+    c = consumer(
+        log, clock, [Handler(Item, items, max_batch=2), Handler(Add, adds)], retry_delays=[1000.0]
+    )
     async with Running(c):
-        await wait_until(clock, lambda: c.stats.quarantined_keys == 1
-                         and items.handled_ns("b") == [11, 12, 13, 14])
+        await wait_until(
+            clock,
+            lambda: c.stats.quarantined_keys == 1 and items.handled_ns("b") == [11, 12, 13, 14],
+        )
     assert items.handled_ns("a") == [1, 2]
     # No later chunk of the key started after the failure.
     assert [[e.n for e in run] for _, k, run in items.calls if k == "a"] == [[1, 2], [3, 4]]
     assert adds.calls == []
     retry = await read_all(log, "wk-retry.g.t", partition)
-    bodies = [wk.event_type(Item).decode(r.body) if r.headers["wk-type"] == b"test.item"
-              else wk.event_type(Add).decode(r.body) for r in retry]
-    assert bodies == [Item("a", 3), Item("a", 4), Item("a", 5), Item("a", 6), Add("a", 1),
-                      Add("a", 2)]
+    bodies = [
+        wk.event_type(Item).decode(r.body)
+        if r.headers["wk-type"] == b"test.item"
+        else wk.event_type(Add).decode(r.body)
+        for r in retry
+    ]
+    assert bodies == [
+        Item("a", 3),
+        Item("a", 4),
+        Item("a", 5),
+        Item("a", 6),
+        Add("a", 1),
+        Add("a", 2),
+    ]
     for record in retry:
         assert record.headers["wk-failed-at"] == b"1700000000000"
         assert b"deadlock" in record.headers["wk-error"]
@@ -215,8 +227,9 @@ async def test_5_6_transient_retries_the_same_chunk_in_place_and_pauses_the_part
 ) -> None:
     log = memory_log
     producer = await setup_topic(log)
-    await producer.publish_many([Item("a", 1), Item("b", 11), Item("a", 2), Item("b", 12),
-                                 Item("a", 3), Item("b", 13)])
+    await producer.publish_many(
+        [Item("a", 1), Item("b", 11), Item("a", 2), Item("b", 12), Item("a", 3), Item("b", 13)]
+    )
     script = Script(clock)
     failing = asyncio.Event()
     script.fail[2] = [wk.Transient("database down")] * 5
@@ -306,7 +319,8 @@ async def test_5_6_the_consumers_own_log_calls_are_retried_like_transient_failur
     script.fail[1] = [wk.Unrecoverable("bad event")]
     c = wk.engine.Consumer(
         wk.engine.ConsumerConfig(topic="t", group="g", clock=clock, lease_ttl=3600.0),
-        [Handler(Item, script)], flaky,  # type: ignore[arg-type]
+        [Handler(Item, script)],
+        flaky,  # type: ignore[arg-type]
     )
     await c.drain()
     t0 = 1_700_000_000.0
@@ -336,9 +350,11 @@ async def test_5_6_an_atomic_store_that_fails_is_retried_whole_and_writes_once(
     script.fail[1] = [wk.Unrecoverable("bad event")]
     script.fail[2] = [wk.Retryable("not yet")]
     c = wk.engine.Consumer(
-        wk.engine.ConsumerConfig(topic="t", group="g", clock=clock, lease_ttl=3600.0,
-                                 retry_delays=(1.0,)),
-        [Handler(Item, script)], flaky,  # type: ignore[arg-type]
+        wk.engine.ConsumerConfig(
+            topic="t", group="g", clock=clock, lease_ttl=3600.0, retry_delays=(1.0,)
+        ),
+        [Handler(Item, script)],
+        flaky,  # type: ignore[arg-type]
     )
     await c.drain()
     assert len(flaky.failed_at["store"]) == 3
@@ -360,7 +376,8 @@ async def test_5_6_a_failed_retry_write_is_retried_and_the_offset_waits_for_it(
     script.fail[1] = [wk.Retryable("not yet")]
     c = wk.engine.Consumer(
         wk.engine.ConsumerConfig(topic="t", group="g", clock=clock, lease_ttl=3600.0),
-        [Handler(Item, script)], flaky,  # type: ignore[arg-type]
+        [Handler(Item, script)],
+        flaky,  # type: ignore[arg-type]
     )
     async with Running(c):
         await wait_until(clock, lambda: len(flaky.failed_at.get("append:wk-retry.g.t", [])) >= 5)
@@ -380,7 +397,8 @@ async def test_5_6_offset_is_not_committed_past_a_record_whose_dead_letter_write
     script.fail[1] = [wk.Unrecoverable("bad event")]
     c = wk.engine.Consumer(
         wk.engine.ConsumerConfig(topic="t", group="g", clock=clock, lease_ttl=3600.0),
-        [Handler(Item, script)], flaky,  # type: ignore[arg-type]
+        [Handler(Item, script)],
+        flaky,  # type: ignore[arg-type]
     )
     async with Running(c):
         await wait_until(clock, lambda: len(flaky.failed_at.get("append:wk-dlq.g.t", [])) >= 5)
@@ -396,16 +414,20 @@ async def test_5_7_unrecoverable_dead_letters_only_the_poisoned_chunk_and_the_ru
     script = Script(clock)
     script.fail[150] = [wk.Unrecoverable("poison")]
     with caplog.at_level(logging.ERROR, logger="wakuwaku.consumer"):
-        await consumer(log, clock, [Handler(Item, script, max_batch=100)],
-                       max_poll_records=1000).drain()
+        await consumer(
+            log, clock, [Handler(Item, script, max_batch=100)], max_poll_records=1000
+        ).drain()
     assert script.handled_ns("a") == list(range(100)) + list(range(200, 250))
     assert script.handled_ns("b") == [1000]
     dead = await dead_letters(log)
     assert len(dead) == 100
     assert {reason(r) for r in dead} == {"unrecoverable"}
     assert [event_n(r) for r in dead] == list(range(100, 200))
-    messages = [r for r in caplog.records
-                if r.getMessage() == "dropping chunk after unrecoverable handler failure"]
+    messages = [
+        r
+        for r in caplog.records
+        if r.getMessage() == "dropping chunk after unrecoverable handler failure"
+    ]
     assert len(messages) == 1
     assert messages[0].levelno == logging.ERROR
     assert messages[0].key == "a"  # type: ignore[attr-defined]
@@ -448,8 +470,7 @@ async def test_5_8_handle_errors_whose_init_skips_the_base_keep_their_class_or_a
     script.fail[1] = [RowMissing(1)]
     script.fail[2] = [Homemade()]
     with caplog.at_level(logging.WARNING, logger="wakuwaku.consumer"):
-        stats = await consumer(log, clock, [Handler(Item, script)],
-                               retry_delays=[1.0]).drain()
+        stats = await consumer(log, clock, [Handler(Item, script)], retry_delays=[1.0]).drain()
     assert stats.quarantined_keys == 1  # a Retryable subclass stays Retryable
     assert sorted(script.handled_ns()) == [1, 3]  # "a" succeeded on its retry attempt
     assert [reason(r) for r in await dead_letters(log)] == ["unrecoverable"]  # default classify

@@ -30,22 +30,30 @@ async def test_6_groups_never_see_each_others_retry_work(log: Log, clock: FakeCl
     await producer.publish(Item("K", 1))
     billing = Script(clock)
     billing.fail[1] = [wk.Retryable("row not there yet")] * 100
-    first = consumer(log, clock, [Handler(Item, billing)], topic="orders", group="billing",
-                     retry_delays=(60.0,))
+    first = consumer(
+        log, clock, [Handler(Item, billing)], topic="orders", group="billing", retry_delays=(60.0,)
+    )
     async with Running(first) as c:
         await wait_until(clock, lambda: c.stats.quarantined_keys == 1)
     # billing stopped with K quarantined; shipping runs to the end on its own.
     shipping = Script(clock)
-    await consumer(log, clock, [Handler(Item, shipping)], topic="orders",
-                   group="shipping").drain()
+    await consumer(log, clock, [Handler(Item, shipping)], topic="orders", group="shipping").drain()
     assert shipping.handled_ns("K") == [1]  # its own K, once: not billing's retry copy
     assert await read_all(log, retry_topic_name("orders", "shipping")) == []
     status = await consumer_status(log, "orders", "shipping")
     assert status.quarantined == ()
     # billing restarts with a fixed handler: K is handled.
     fixed = Script(clock)
-    async with Running(consumer(log, clock, [Handler(Item, fixed)], topic="orders",
-                                group="billing", retry_delays=(60.0,))):
+    async with Running(
+        consumer(
+            log,
+            clock,
+            [Handler(Item, fixed)],
+            topic="orders",
+            group="billing",
+            retry_delays=(60.0,),
+        )
+    ):
         await wait_until(clock, lambda: fixed.handled_ns("K") == [1])
     assert (await consumer_status(log, "orders", "billing")).quarantined == ()
 
@@ -59,28 +67,27 @@ async def test_8_a_replay_reaches_only_the_group_whose_dead_letter_it_is(
     billing.fail[1] = [wk.Unrecoverable("bug")]
     shipping = Script(clock)
     for group, script in (("billing", billing), ("shipping", shipping)):
-        await consumer(log, clock, [Handler(Item, script)], topic="orders",
-                       group=group).drain()
+        await consumer(log, clock, [Handler(Item, script)], topic="orders", group=group).drain()
     assert [d.key for d in await list_dead_letters(log, "orders", group="billing")] == ["K"]
     assert await list_dead_letters(log, "orders", group="shipping") == []
     report = await replay_dead_letters(log, "orders", group="billing")
     assert len(report.replayed) == 1
     skipped = {}
     for group, script in (("billing", billing), ("shipping", shipping)):
-        stats = await consumer(log, clock, [Handler(Item, script)], topic="orders",
-                               group=group).drain()
+        stats = await consumer(
+            log, clock, [Handler(Item, script)], topic="orders", group=group
+        ).drain()
         skipped[group] = stats.other_group_skipped
     assert skipped == {"billing": 0, "shipping": 1}
-    assert billing.handled_ns("K") == [1]      # the replayed copy
-    assert shipping.handled_ns("K") == [1]     # the original only, not billing's copy
+    assert billing.handled_ns("K") == [1]  # the replayed copy
+    assert shipping.handled_ns("K") == [1]  # the original only, not billing's copy
     assert await list_dead_letters(log, "orders", group="shipping") == []
 
 
 def test_6_names_are_an_unambiguous_function_of_topic_and_group() -> None:
     assert retry_topic_name("orders", "billing") == "wk-retry.billing.orders"
     assert dead_letter_topic_name("a.b", "g-1") == "wk-dlq.g-1.a.b"
-    assert split_internal_topic("wk-retry.billing.orders.eu") == ("retry", "billing",
-                                                                  "orders.eu")
+    assert split_internal_topic("wk-retry.billing.orders.eu") == ("retry", "billing", "orders.eu")
     assert split_internal_topic("wk-dlq.g.t") == ("dlq", "g", "t")
     assert split_internal_topic("orders") is None
     config = ConsumerConfig(topic="orders", group="billing", namespace="shop")

@@ -45,8 +45,9 @@ async def test_two_plain_types_of_one_key_form_separate_runs(log: Log, clock: Fa
     async def on_others(run: Sequence[Other]) -> None:
         others.append(list(run))
 
-    await consumer(log, clock, [Handler(Item, on_items, max_batch=10),
-                                Handler(Other, on_others, max_batch=10)]).drain()
+    await consumer(
+        log, clock, [Handler(Item, on_items, max_batch=10), Handler(Other, on_others, max_batch=10)]
+    ).drain()
     assert items == [[Item("k", 1)], [Item("k", 3)]]
     assert others == [[Other("k", 2)], [Other("k", 4)]]
 
@@ -60,16 +61,15 @@ async def test_redelivered_records_of_a_quarantined_key_are_not_routed_twice(
     await producer.publish_many([Item("a", 1), Item("a", 2)])
     script = Script(clock)
     script.fail[1] = [wk.Retryable("not yet")] * 100
-    first = consumer(log, clock, [Handler(Item, script)], retry_delays=(3600.0,),
-                     member_id="m1")
+    first = consumer(log, clock, [Handler(Item, script)], retry_delays=(3600.0,), member_id="m1")
     async with Running(first) as c:
         await wait_until(clock, lambda: c.stats.quarantined_keys == 1)
     await log.commit("g", "t", 0, 0)  # as if the main offset never got stored
-    second = consumer(log, clock, [Handler(Item, script)], retry_delays=(3600.0,),
-                      member_id="m1")
+    second = consumer(log, clock, [Handler(Item, script)], retry_delays=(3600.0,), member_id="m1")
     async with Running(second) as c:
-        await wait_until(clock, lambda: bool(c.workers)
-                         and all(w.caught_up for w in c.workers.values()))
+        await wait_until(
+            clock, lambda: bool(c.workers) and all(w.caught_up for w in c.workers.values())
+        )
     work = [r for r in await read_all(log, "wk-retry.g.t") if H_MARKER not in r.headers]
     assert [msgspec.json.decode(r.body)["n"] for r in work] == [1, 2]
 

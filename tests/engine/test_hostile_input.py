@@ -43,8 +43,13 @@ async def test_odd_exceptions_from_a_handler_are_dead_lettered_and_the_key_goes_
 
 @pytest.mark.parametrize(
     "src",
-    [b'["t",0,[],[]]', b'["t",0,[0],[]]', b'["t",-1,[0],["x"]]', b'["t",0,[-5],["x"]]',
-     b'["t",0,[0],[""]]'],
+    [
+        b'["t",0,[],[]]',
+        b'["t",0,[0],[]]',
+        b'["t",-1,[0],["x"]]',
+        b'["t",0,[-5],["x"]]',
+        b'["t",0,[0],[""]]',
+    ],
 )
 async def test_a_wk_src_without_identity_is_a_malformed_header_not_an_applied_record(
     memory_log: Log, clock: FakeClock, tmp_path: Any, src: bytes
@@ -80,8 +85,14 @@ async def test_a_graceful_stop_with_concurrent_keys_never_handles_twice_in_at_mo
         if len(handled) == 10:
             consumers[-1].stop()
 
-    config = ConsumerConfig(topic="t", group="g", delivery_mode=mode, max_concurrency=2,
-                            member_id="m", poll_interval=0.01)
+    config = ConsumerConfig(
+        topic="t",
+        group="g",
+        delivery_mode=mode,
+        max_concurrency=2,
+        member_id="m",
+        poll_interval=0.01,
+    )
     consumers.append(wk.Consumer(config, [Handler(Item, handle)], log))
     await consumers[-1].run(install_signal_handlers=False)
     consumers.append(wk.Consumer(config, [Handler(Item, handle)], log))
@@ -183,5 +194,9 @@ def test_a_handler_that_ends_the_process_is_logged_with_its_place(
     (line,) = [r for r in caplog.records if "the consumer stops" in r.getMessage()]
     assert type(error).__name__ in line.getMessage()
     assert (line.topic, line.partition, line.key, line.offsets) == (  # type: ignore[attr-defined]
-        "t", 0, "b", [1])
+        "t",
+        0,
+        "b",
+        [1],
+    )
     assert asyncio.run(log.committed("g", "t", 0)) is None

@@ -66,23 +66,31 @@ async def test_collector_exports_counters_retry_state_and_lag() -> None:
     log = wk.MemoryLog()
     await log.create_topic("jobs", 2)
     producer = wk.Producer(log, "jobs")
-    jobs = [Job("a", 0), Job("a", 1), Job("b", 2), Job("stuck", 3), Job("stuck", 4),
-            Job("c", 5)]
+    jobs = [Job("a", 0), Job("a", 1), Job("b", 2), Job("stuck", 3), Job("stuck", 4), Job("c", 5)]
     await producer.publish_many(jobs)
     clock = FakeClock(T0)
     consumer = Consumer(
-        ConsumerConfig(topic="jobs", group=GROUP, clock=clock, retry_delays=(5.0, 1000.0),
-                       lease_ttl=3600.0),
-        [Handler(Job, Scripted())], log)
+        ConsumerConfig(
+            topic="jobs", group=GROUP, clock=clock, retry_delays=(5.0, 1000.0), lease_ttl=3600.0
+        ),
+        [Handler(Job, Scripted())],
+        log,
+    )
     registry = prometheus_client.CollectorRegistry()
     collector = ConsumerCollector(consumer)
     registry.register(collector)
     task = asyncio.create_task(consumer.run(install_signal_handlers=False))
     # The Transient chunk is retried after 5 s; the stuck key's first attempt (at
     # T0 + 5) fails and the next one is due 1000 s later.
-    await until(clock, lambda: len(consumer.workers) == 2 and all(
-        w.caught_up for w in consumer.workers.values()) and consumer.stats.handled == 3
-        and consumer.stats.attempts_failed == 1)
+    await until(
+        clock,
+        lambda: (
+            len(consumer.workers) == 2
+            and all(w.caught_up for w in consumer.workers.values())
+            and consumer.stats.handled == 3
+            and consumer.stats.attempts_failed == 1
+        ),
+    )
     consumer.stop()
     await task
 
@@ -107,14 +115,27 @@ async def test_collector_exports_counters_retry_state_and_lag() -> None:
     assert sample(registry, "wakuwaku_retry_backlog_records", topic="jobs", partition=stuck) == 2
     assert sample(registry, "wakuwaku_quarantined_keys", topic="jobs", partition=stuck) == 1
     assert sample(registry, "wakuwaku_quarantined_keys", topic="jobs", partition=other) == 0
-    assert sample(registry, "wakuwaku_next_retry_attempt_timestamp_seconds", topic="jobs",
-                  partition=stuck) == T0 + 5.0 + 1000.0
-    assert registry.get_sample_value("wakuwaku_next_retry_attempt_timestamp_seconds",
-                                     {"group": GROUP, "topic": "jobs", "partition": other}) is None
+    assert (
+        sample(
+            registry, "wakuwaku_next_retry_attempt_timestamp_seconds", topic="jobs", partition=stuck
+        )
+        == T0 + 5.0 + 1000.0
+    )
+    assert (
+        registry.get_sample_value(
+            "wakuwaku_next_retry_attempt_timestamp_seconds",
+            {"group": GROUP, "topic": "jobs", "partition": other},
+        )
+        is None
+    )
 
     # No lag before the end offsets were read; then end - position per partition.
-    assert registry.get_sample_value("wakuwaku_lag_records",
-                                     {"group": GROUP, "topic": "jobs", "partition": "0"}) is None
+    assert (
+        registry.get_sample_value(
+            "wakuwaku_lag_records", {"group": GROUP, "topic": "jobs", "partition": "0"}
+        )
+        is None
+    )
     await producer.publish_many([Job("stuck", 6), Job("stuck", 7), Job("stuck", 8)])
     await collector.refresh_lag()
     assert sample(registry, "wakuwaku_lag_records", topic="jobs", partition=stuck) == 3
@@ -129,13 +150,15 @@ async def test_a_scrape_from_another_thread_while_consuming() -> None:
     log = wk.MemoryLog()
     await log.create_topic("jobs", 1)
     await wk.Producer(log, "jobs").publish_many(Job(f"k{n % 5}", n + 10) for n in range(200))
-    consumer = Consumer(ConsumerConfig(topic="jobs", group=GROUP, clock=FakeClock(T0),
-                                       lease_ttl=3600.0), [Handler(Job, Scripted())], log)
+    consumer = Consumer(
+        ConsumerConfig(topic="jobs", group=GROUP, clock=FakeClock(T0), lease_ttl=3600.0),
+        [Handler(Job, Scripted())],
+        log,
+    )
     registry = prometheus_client.CollectorRegistry()
     registry.register(ConsumerCollector(consumer, namespace="app"))
     drained = asyncio.create_task(consumer.drain())
-    texts = [await asyncio.to_thread(prometheus_client.generate_latest, registry)
-             for _ in range(5)]
+    texts = [await asyncio.to_thread(prometheus_client.generate_latest, registry) for _ in range(5)]
     await drained
     assert all(b"app_polled_records_total" in t for t in texts)
     assert registry.get_sample_value("app_handled_records_total", {"group": GROUP}) == 200
@@ -145,8 +168,11 @@ async def test_lag_refresher_survives_a_failing_log(caplog: pytest.LogCaptureFix
     log = wk.MemoryLog()
     await log.create_topic("jobs", 1)
     clock = FakeClock(T0)
-    consumer = Consumer(ConsumerConfig(topic="jobs", group=GROUP, clock=clock, lease_ttl=3600.0),
-                        [Handler(Job, Scripted())], log)
+    consumer = Consumer(
+        ConsumerConfig(topic="jobs", group=GROUP, clock=clock, lease_ttl=3600.0),
+        [Handler(Job, Scripted())],
+        log,
+    )
     await consumer.start()
     consumer.workers[("jobs", 0)] = object()  # type: ignore[assignment]  # only the key is read
     collector = ConsumerCollector(consumer)
@@ -172,13 +198,13 @@ async def test_lag_refresher_survives_a_failing_log(caplog: pytest.LogCaptureFix
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_without_prometheus_client_the_import_error_names_the_extra() -> None:
-    result = _python("import sys; sys.modules['prometheus_client'] = None\n"
-                     "import wakuwaku.metrics")
+    result = _python("import sys; sys.modules['prometheus_client'] = None\nimport wakuwaku.metrics")
     assert result.returncode != 0
     assert "ImportError" in result.stderr
     assert "pip install 'wakuwaku[prometheus]'" in result.stderr
@@ -189,7 +215,8 @@ def test_the_root_package_and_the_cli_never_import_prometheus() -> None:
         "import sys, wakuwaku, wakuwaku.admin\n"
         "from wakuwaku.cli import build_cli; build_cli()\n"
         "bad = [m for m in ('prometheus_client', 'wakuwaku.metrics') if m in sys.modules]\n"
-        "assert not bad, bad\n")
+        "assert not bad, bad\n"
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -199,12 +226,18 @@ async def test_the_metrics_snippet_of_docs_operations_runs(
     snippets = [part.split("```", 1)[0] for part in DOCS.split("```python\n")[1:]]
     (snippet,) = [s for s in snippets if "ConsumerCollector(consumer)" in s]
     served: list[tuple[int, object]] = []
-    monkeypatch.setattr(prometheus_client, "start_http_server",
-                        lambda port, registry: served.append((port, registry)))
+    monkeypatch.setattr(
+        prometheus_client,
+        "start_http_server",
+        lambda port, registry: served.append((port, registry)),
+    )
     log = wk.MemoryLog()
     await log.create_topic("jobs", 1)
-    consumer = Consumer(ConsumerConfig(topic="jobs", group=GROUP, clock=FakeClock(T0),
-                                       lease_ttl=3600.0), [Handler(Job, Scripted())], log)
+    consumer = Consumer(
+        ConsumerConfig(topic="jobs", group=GROUP, clock=FakeClock(T0), lease_ttl=3600.0),
+        [Handler(Job, Scripted())],
+        log,
+    )
     scope: dict[str, object] = {"consumer": consumer}
     exec(compile(snippet, "docs/operations.md", "exec"), scope)
     [(port, registry)] = served
@@ -221,8 +254,11 @@ async def test_one_collector_for_two_groups_and_no_duplicate_registration() -> N
     await log.create_topic("jobs", 1)
     await wk.Producer(log, "jobs").publish_many([Job("a", 10), Job("b", 1)])
     consumers = [
-        Consumer(ConsumerConfig(topic="jobs", group=group, clock=FakeClock(T0), lease_ttl=3600.0),
-                 [Handler(Job, Scripted())], log)
+        Consumer(
+            ConsumerConfig(topic="jobs", group=group, clock=FakeClock(T0), lease_ttl=3600.0),
+            [Handler(Job, Scripted())],
+            log,
+        )
         for group in ("first", "second")
     ]
     for consumer in consumers:
@@ -234,10 +270,18 @@ async def test_one_collector_for_two_groups_and_no_duplicate_registration() -> N
     for group in ("first", "second"):
         labels = {"group": group}
         assert registry.get_sample_value("wakuwaku_handled_records_total", labels) == 1
-        assert registry.get_sample_value("wakuwaku_dead_letters_total",
-                                         {**labels, "reason": "unrecoverable"}) == 1
-        assert registry.get_sample_value("wakuwaku_lag_records",
-                                         {**labels, "topic": "jobs", "partition": "0"}) == 0
+        assert (
+            registry.get_sample_value(
+                "wakuwaku_dead_letters_total", {**labels, "reason": "unrecoverable"}
+            )
+            == 1
+        )
+        assert (
+            registry.get_sample_value(
+                "wakuwaku_lag_records", {**labels, "topic": "jobs", "partition": "0"}
+            )
+            == 0
+        )
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         registry.register(ConsumerCollector(consumers[0]))
     with pytest.raises(wk.ConfigError, match="one group"):

@@ -83,8 +83,9 @@ def _assoc_combine(a: Assoc, b: Assoc) -> Assoc | None:
     return Assoc(a.key, a.total + b.total, a.parts + b.parts)
 
 
-@wk.event("props.assoc", key="key", algebra="associative", combine=_assoc_combine,
-          registry=REGISTRY)
+@wk.event(
+    "props.assoc", key="key", algebra="associative", combine=_assoc_combine, registry=REGISTRY
+)
 class Assoc(msgspec.Struct, frozen=True):
     """``parts`` remembers every addend, so a wrong fold order is visible."""
 
@@ -132,8 +133,13 @@ _valid = st.builds(
     value=st.integers(0, 9),
 )
 _broken = st.sampled_from(sorted(BROKEN)).flatmap(
-    lambda kind: st.builds(Spec, kind=st.just(kind), key=st.sampled_from(KEYS),
-                           value=st.integers(0, 9), expect=st.just(BROKEN[kind]))
+    lambda kind: st.builds(
+        Spec,
+        kind=st.just(kind),
+        key=st.sampled_from(KEYS),
+        value=st.integers(0, 9),
+        expect=st.just(BROKEN[kind]),
+    )
 )
 specs = st.lists(st.one_of(_valid, _valid, _valid, _broken), max_size=40)
 gaps = st.lists(st.integers(1, 3), min_size=40, max_size=40)
@@ -155,7 +161,8 @@ def _encode(spec: Spec) -> tuple[dict[str, bytes], bytes]:
     headers = build_headers(etype, spec.key)
     if spec.kind == "replayed":
         headers[H_SRC] = encode_source(
-            Source(TOPIC, 0, (1000 + spec.value,), (f"id:replayed:{spec.value}",)))
+            Source(TOPIC, 0, (1000 + spec.value,), (f"id:replayed:{spec.value}",))
+        )
     return headers, etype.encode(value)
 
 
@@ -198,17 +205,18 @@ def decoded(record: Record) -> Any:
 # ---------------------------------------------------------------- properties
 
 
-def check_accounting(records: list[Record], items: list[Item], rejects: list[Any],
-                     batch: Sequence[Spec]) -> None:
+def check_accounting(
+    records: list[Record], items: list[Item], rejects: list[Any], batch: Sequence[Spec]
+) -> None:
     """Every input offset is in exactly one item's sources or one reject."""
-    seen = [r.offset for item in items for r in item.sources] + [x.record.offset
-                                                                  for x in rejects]
+    seen = [r.offset for item in items for r in item.sources] + [x.record.offset for x in rejects]
     assert sorted(seen) == [r.offset for r in records]
     expected = {r.offset: spec.expect for r, spec in zip(records, batch, strict=False)}
     for reject in rejects:
         assert reject.reason is expected[reject.record.offset], reject
     assert {r.offset for item in items for r in item.sources} == {
-        off for off, why in expected.items() if why is None}
+        off for off, why in expected.items() if why is None
+    }
 
 
 def check_identities(items: list[Item]) -> None:
@@ -231,8 +239,9 @@ def check_segments(segments: list[Segment], items: list[Item]) -> None:
     for seg in segments:
         position = {off: i for i, off in enumerate(before[seg.key])}
         offsets = [r.offset for item in seg.items() for r in item.sources]
-        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), \
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), (
             f"key {seg.key!r}: order lost: {offsets}"
+        )
         for index, run in enumerate(seg.runs):
             assert run, "a run is never empty"
             etype = run[0].event_type
@@ -242,11 +251,11 @@ def check_segments(segments: list[Segment], items: list[Item]) -> None:
                 assert item.key == seg.key and item.event_type is etype
                 for record in item.sources:
                     assert record.headers[H_KEY].decode() == seg.key, "merged across keys"
-                    assert record.headers[H_TYPE].decode() == etype.tag, \
-                        "merged across types"
+                    assert record.headers[H_TYPE].decode() == etype.tag, "merged across types"
                 places = [position[r.offset] for r in item.sources]
-                assert places == list(range(places[0], places[0] + len(places))), \
+                assert places == list(range(places[0], places[0] + len(places))), (
                     "merged events that were not adjacent"
+                )
             check_reduction(run)
 
 
@@ -301,7 +310,8 @@ def test_planner_keeps_order_accounts_for_every_record_and_reduces_only_neighbou
     segments = plan(items)
     planned = [i for seg in segments for i in seg.items()]
     assert sorted(r.offset for i in planned for r in i.sources) == sorted(
-        r.offset for i in items for r in i.sources), "reduction lost or duplicated a record"
+        r.offset for i in items for r in i.sources
+    ), "reduction lost or duplicated a record"
     check_segments(segments, items)
     check_chunks(segments, max_batch)
 
@@ -317,20 +327,24 @@ def test_decode_batch_groups_exactly_as_group_does(batch: list[Spec], steps: lis
     assert list(groups) == list(expected), "keys in first-seen order"
     for key, runs in expected.items():
         assert [[id(i) for i in run] for run in groups[key]] == [
-            [id(i) for i in run] for run in runs]
-        assert [run.events for run in groups[key]] == [
-            [i.event for i in run] for run in runs], "a run's events are its items' events"
+            [id(i) for i in run] for run in runs
+        ]
+        assert [run.events for run in groups[key]] == [[i.event for i in run] for run in runs], (
+            "a run's events are its items' events"
+        )
     # Compact runs keep bare records where an item would be the plain one of
     # its record: read back, they are the same items.
-    nothing, compacted, compact_rejects = decode_batch(records, TOPIC, PARTITION, TYPES,
-                                                       compact=True)
+    nothing, compacted, compact_rejects = decode_batch(
+        records, TOPIC, PARTITION, TYPES, compact=True
+    )
     assert nothing == [] and compact_rejects == rejects
     assert list(compacted) == list(expected)
     for key, runs in expected.items():
         assert [list(run) for run in compacted[key]] == [list(run) for run in runs]
         assert [run.events for run in compacted[key]] == [run.events for run in runs]
         assert [list(chunk) for run in compacted[key] for chunk in chunks(run, 2)] == [
-            list(chunk) for run in runs for chunk in chunks(run, 2)]
+            list(chunk) for run in runs for chunk in chunks(run, 2)
+        ]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -343,16 +357,23 @@ def test_records_sharing_one_headers_dict_decode_as_if_each_had_its_own(
     records = build_batch(batch, steps)
     shared: dict[tuple[tuple[str, bytes], ...], dict[str, bytes]] = {}
     interned = [
-        Record(r.offset, shared.setdefault(tuple(sorted(r.headers.items())), r.headers),
-               r.body, r.timestamp)
+        Record(
+            r.offset,
+            shared.setdefault(tuple(sorted(r.headers.items())), r.headers),
+            r.body,
+            r.timestamp,
+        )
         for r in records
     ]
-    assert decode_batch(interned, TOPIC, PARTITION, TYPES)[2] == decode_batch(
-        records, TOPIC, PARTITION, TYPES)[2]
+    assert (
+        decode_batch(interned, TOPIC, PARTITION, TYPES)[2]
+        == decode_batch(records, TOPIC, PARTITION, TYPES)[2]
+    )
     got, _, _ = decode_batch(interned, TOPIC, PARTITION, TYPES)
     want, _, _ = decode_batch(records, TOPIC, PARTITION, TYPES)
     assert [(i.key, i.tag, i.event, i.record.offset, i.ids) for i in got] == [
-        (i.key, i.tag, i.event, i.record.offset, i.ids) for i in want]
+        (i.key, i.tag, i.event, i.record.offset, i.ids) for i in want
+    ]
 
 
 def test_a_run_of_bare_records_reads_as_the_items_of_those_records() -> None:
@@ -377,9 +398,16 @@ def test_a_run_of_bare_records_reads_as_the_items_of_those_records() -> None:
 
 def test_the_generator_reaches_every_case(caplog: pytest.LogCaptureFixture) -> None:
     """Guard against a vacuous property: these batches hit reduction and every reject."""
-    batch = [Spec("assoc", "a", 1), Spec("assoc", "a", 2), Spec("assoc", "a", 3),
-             Spec("idem", "b", 2), Spec("bad_body", "b", 0, ReasonCode.UNDECODABLE_BODY),
-             Spec("idem", "b", 4), Spec("assoc", "a", 7), Spec("replayed", "c", 5)]
+    batch = [
+        Spec("assoc", "a", 1),
+        Spec("assoc", "a", 2),
+        Spec("assoc", "a", 3),
+        Spec("idem", "b", 2),
+        Spec("bad_body", "b", 0, ReasonCode.UNDECODABLE_BODY),
+        Spec("idem", "b", 4),
+        Spec("assoc", "a", 7),
+        Spec("replayed", "c", 5),
+    ]
     batch += [Spec(kind, "c", 0, why) for kind, why in BROKEN.items()]
     records = build_batch(batch, [1] * len(batch))
     items, rejects = decode_records(records, TOPIC, PARTITION, TYPES)
@@ -398,7 +426,8 @@ def test_the_generator_reaches_every_case(caplog: pytest.LogCaptureFixture) -> N
     assert [len(i.sources) for i in b.items()] == [2]
     assert c.items()[0].ids == ("id:replayed:5",)
     assert sorted(x.reason.value for x in rejects) == sorted(
-        [ReasonCode.UNDECODABLE_BODY.value] + [r.value for r in BROKEN.values()])
+        [ReasonCode.UNDECODABLE_BODY.value] + [r.value for r in BROKEN.values()]
+    )
 
 
 # ----------------------------------------------------------------- execution
@@ -412,7 +441,8 @@ class Job(msgspec.Struct, frozen=True):
 
 OUTCOMES = ("ok", "unrecoverable", "retryable", "transient")
 _outcome = st.one_of(
-    st.just(("ok", 0)), st.just(("ok", 0)),
+    st.just(("ok", 0)),
+    st.just(("ok", 0)),
     st.just(("unrecoverable", 1)),
     st.tuples(st.just("retryable"), st.integers(1, 2)),
     st.just(("transient", 1)),
@@ -436,19 +466,27 @@ class Scripted:
             if outcome in ("retryable", "transient") and self.left[job.id] > 0:
                 self.left[job.id] -= 1
                 raise (wk.Retryable if outcome == "retryable" else wk.Transient)(
-                    f"job {job.id} not yet")
+                    f"job {job.id} not yet"
+                )
         self.handled.extend(chunk)
 
 
-async def _execute(jobs: list[tuple[str, tuple[str, int]]], max_batch: int,
-                   poll: int) -> tuple[Scripted, set[int]]:
+async def _execute(
+    jobs: list[tuple[str, tuple[str, int]]], max_batch: int, poll: int
+) -> tuple[Scripted, set[int]]:
     log = wk.MemoryLog()
     await log.create_topic("jobs", 2)
     await wk.Producer(log, "jobs").publish_many(Job(key, i) for i, (key, _) in enumerate(jobs))
     script = Scripted({i: outcome for i, (_, outcome) in enumerate(jobs)})
     clock = FakeClock()
-    config = ConsumerConfig(topic="jobs", group="g", clock=clock, retry_delays=(1.0, 2.0, 4.0),
-                            max_poll_records=poll, lease_ttl=3600.0)
+    config = ConsumerConfig(
+        topic="jobs",
+        group="g",
+        clock=clock,
+        retry_delays=(1.0, 2.0, 4.0),
+        max_poll_records=poll,
+        lease_ttl=3600.0,
+    )
     await Consumer(config, [Handler(Job, script, max_batch=max_batch)], log).drain()
     dead: set[int] = set()
     for partition in range(2):

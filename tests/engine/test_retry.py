@@ -76,8 +76,9 @@ async def test_6_every_due_key_gets_one_attempt_before_the_next_poll(
 
     await consumer(log, clock, [Handler(Item, body)], retry_delays=[2.0]).drain()
     attempt = timeline.index(("handle", 2.0))
-    polls_at_or_after_due = [i for i, (what, t) in enumerate(timeline)
-                             if what == "poll" and t >= 2.0]
+    polls_at_or_after_due = [
+        i for i, (what, t) in enumerate(timeline) if what == "poll" and t >= 2.0
+    ]
     assert polls_at_or_after_due and attempt < polls_at_or_after_due[0]
     assert script.handled_ns() == [1]
 
@@ -196,17 +197,24 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
     task.cancel()  # a crash: nothing graceful happens
     await asyncio.gather(task, return_exceptions=True)
     assert first.handled_ns() == [10, 1]
-    before = {k: (s.failures, s.due_wall, s.due, list(s.offsets))
-              for w in c1.workers.values() for k, s in w.retry.keys.items()}
+    before = {
+        k: (s.failures, s.due_wall, s.due, list(s.offsets))
+        for w in c1.workers.values()
+        for k, s in w.retry.keys.items()
+    }
 
     second = Script(clock)
     second.fail[2] = [wk.Retryable("keeps failing")] * 100
     c2 = consumer(log, clock, [Handler(Item, second)], member_id="m1")
     async with Running(c2):
-        await wait_until(clock, lambda: all(w.started for w in c2.workers.values())
-                         and bool(c2.workers))
-        after = {k: (s.failures, s.due_wall, s.due, list(s.offsets))
-                 for w in c2.workers.values() for k, s in w.retry.keys.items()}
+        await wait_until(
+            clock, lambda: all(w.started for w in c2.workers.values()) and bool(c2.workers)
+        )
+        after = {
+            k: (s.failures, s.due_wall, s.due, list(s.offsets))
+            for w in c2.workers.values()
+            for k, s in w.retry.keys.items()
+        }
         assert after == before
         # Stored at T0 + 4; on the monotonic clock (the fake one starts at 0): 4.
         assert after["a"][0:3] == (1, T0 + 4.0, 4.0)
@@ -262,19 +270,23 @@ async def test_6_max_pending_retry_dead_letters_a_new_key_but_quarantined_keys_k
     script = Script(clock)
     script.fail[1] = [wk.Retryable("a")] * 100
     script.fail[3] = [wk.Retryable("b")]
-    c = consumer(log, clock, [Handler(Item, script)], max_pending_retry=2,
-                 retry_delays=[1000.0])
+    c = consumer(log, clock, [Handler(Item, script)], max_pending_retry=2, retry_delays=[1000.0])
     with caplog.at_level(logging.ERROR, logger="wakuwaku.consumer"):
         async with Running(c):
             await wait_until(clock, lambda: c.stats.quarantined_keys == 1)
             await producer.publish_many([Item("b", 3), Item("a", 4)])
-            await wait_until(clock, lambda: c.stats.routed == 1
-                             and c.stats.dead_letters["retry_backlog_full"] == 1)
+            await wait_until(
+                clock,
+                lambda: c.stats.routed == 1 and c.stats.dead_letters["retry_backlog_full"] == 1,
+            )
     dead = await dead_letters(log)
     assert [reason(r) for r in dead] == ["retry_backlog_full"]
     assert dead[0].headers["wk-key"] == b"b"
-    retry_keys = [r.headers["wk-key"] for r in await read_all(log, "wk-retry.g.t")
-                  if "wk-marker" not in r.headers]
+    retry_keys = [
+        r.headers["wk-key"]
+        for r in await read_all(log, "wk-retry.g.t")
+        if "wk-marker" not in r.headers
+    ]
     assert retry_keys == [b"a", b"a", b"a"]  # a's event 4 was routed past the bound
     assert any(r.getMessage() == "retry backlog full" for r in caplog.records)
 
@@ -285,8 +297,7 @@ async def test_6_retry_records_are_the_raw_records_reduced_again_in_the_first_pl
     from .conftest import Add
 
     producer = await setup_topic(log)
-    await producer.publish_many([Add("a", 1), Add("a", 2), Item("a", 5), Add("a", 3),
-                                 Add("a", 4)])
+    await producer.publish_many([Add("a", 1), Add("a", 2), Item("a", 5), Add("a", 3), Add("a", 4)])
     adds, items = Script(clock), Script(clock)
     adds.fail[Add("a", 3)] = [wk.Retryable("first")]
     c = consumer(log, clock, [Handler(Add, adds), Handler(Item, items)])
@@ -295,8 +306,13 @@ async def test_6_retry_records_are_the_raw_records_reduced_again_in_the_first_pl
     # as the records they stand for (SPEC 6), and the attempt reduces them again.
     assert [[e.amount for e in run] for _, _, run in adds.calls] == [[3], [3], [7]]
     retry = [r for r in await read_all(log, "wk-retry.g.t") if "wk-marker" not in r.headers]
-    assert [r.headers["wk-type"] for r in retry] == [b"test.add", b"test.add", b"test.item",
-                                                     b"test.add", b"test.add"]
+    assert [r.headers["wk-type"] for r in retry] == [
+        b"test.add",
+        b"test.add",
+        b"test.item",
+        b"test.add",
+        b"test.add",
+    ]
     assert items.handled_ns() == [5]
     assert [e.amount for e in adds.handled] == [3, 7]
 
@@ -325,8 +341,14 @@ async def test_6_a_stop_during_an_attempt_keeps_what_the_attempt_did(
             running[0].stop()  # "b" 2 is not started
 
     def make() -> wk.Consumer:
-        c = consumer(log, clock, [Handler(Item, body)], delivery_mode=mode,
-                     max_concurrency=1, retry_delays=[1.0, 1.0, 1.0])
+        c = consumer(
+            log,
+            clock,
+            [Handler(Item, body)],
+            delivery_mode=mode,
+            max_concurrency=1,
+            retry_delays=[1.0, 1.0, 1.0],
+        )
         running[:] = [c]
         return c
 

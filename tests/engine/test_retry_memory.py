@@ -25,8 +25,12 @@ BODY = b"x" * 1024
 def work_records(key: str, count: int) -> Iterator[wk.Record]:
     """``count`` retry work records of ``key`` with 1 KiB bodies, made one at a time."""
     for offset in range(count):
-        headers = {H_KEY: key.encode(), H_FAILED_AT: ms_text(T0), H_DUE: ms_text(T0 + 3600),
-                   H_SRC: encode_source(Source("t", 0, (offset,), (f"id-{offset}",)))}
+        headers = {
+            H_KEY: key.encode(),
+            H_FAILED_AT: ms_text(T0),
+            H_DUE: ms_text(T0 + 3600),
+            H_SRC: encode_source(Source("t", 0, (offset,), (f"id-{offset}",))),
+        }
         yield wk.Record(offset, headers, BODY[8:] + offset.to_bytes(8), T0)
 
 
@@ -101,8 +105,9 @@ async def test_bodies_are_read_from_the_retry_log_when_the_attempt_runs_also_aft
     script.handled.clear()
     second = consumer(log, clock, [Handler(Item, script)], retry_delays=[60.0])
     async with Running(second):
-        await wait_until(clock, lambda: bool(second.workers)
-                         and all(w.started for w in second.workers.values()))
+        await wait_until(
+            clock, lambda: bool(second.workers) and all(w.started for w in second.workers.values())
+        )
         [worker] = second.workers.values()
         assert worker.retry.pending_count == 16
         assert not holds_records(worker.retry)

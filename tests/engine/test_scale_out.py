@@ -13,13 +13,20 @@ from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from .conftest import Item
 
 
-def group_consumer(log: wk.MemoryLog, member: str, seen: list[tuple[str, int]],
-                   ttl: float = 0.5) -> Consumer:
+def group_consumer(
+    log: wk.MemoryLog, member: str, seen: list[tuple[str, int]], ttl: float = 0.5
+) -> Consumer:
     async def handle(run: Sequence[Item]) -> None:
         seen.extend((member, e.n) for e in run)
 
-    config = ConsumerConfig(topic="t", group="g", member_id=member, lease_ttl=ttl,
-                            poll_interval=0.01, shutdown_timeout=5.0)
+    config = ConsumerConfig(
+        topic="t",
+        group="g",
+        member_id=member,
+        lease_ttl=ttl,
+        poll_interval=0.01,
+        shutdown_timeout=5.0,
+    )
     return Consumer(config, [Handler(Item, handle)], log)
 
 
@@ -110,14 +117,21 @@ async def test_a_member_that_lost_its_partition_writes_no_retry_state_and_no_off
         gate = asyncio.Event()
         entered = asyncio.Event()
 
-        async def handle(run: Sequence[Item], gate: asyncio.Event = gate,
-                         entered: asyncio.Event = entered) -> None:
+        async def handle(
+            run: Sequence[Item], gate: asyncio.Event = gate, entered: asyncio.Event = entered
+        ) -> None:
             entered.set()
             await gate.wait()
             raise wk.Retryable("row not there yet")
 
-        config = ConsumerConfig(topic="t", group="g", member_id="a", lease_ttl=3600.0,
-                                poll_interval=0.01, shutdown_timeout=5.0)
+        config = ConsumerConfig(
+            topic="t",
+            group="g",
+            member_id="a",
+            lease_ttl=3600.0,
+            poll_interval=0.01,
+            shutdown_timeout=5.0,
+        )
         member = Consumer(config, [Handler(Item, handle)], log)
         task = asyncio.create_task(member.run(install_signal_handlers=False))
         try:
@@ -158,8 +172,9 @@ async def test_no_chunk_starts_after_a_pause_that_outlived_the_lease(
         if seen == [0]:
             time.sleep(1.2)  # noqa: ASYNC251 - blocks the loop on purpose: the pause
 
-    config = ConsumerConfig(topic="t", group="g", member_id="a", lease_ttl=0.5,
-                            poll_interval=0.01, shutdown_timeout=5.0)
+    config = ConsumerConfig(
+        topic="t", group="g", member_id="a", lease_ttl=0.5, poll_interval=0.01, shutdown_timeout=5.0
+    )
     consumer = Consumer(config, [Handler(Item, handle, max_batch=1)], log)
     await asyncio.wait_for(consumer.drain(), 20)
     assert "partition lease ran out before it was renewed; stopping" in caplog.text

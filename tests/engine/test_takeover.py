@@ -74,11 +74,13 @@ def partition_of(i: int) -> int:
     return partition_for(key_of(i), PARTITIONS)
 
 
-@pytest.fixture(params=[
-    "sqlite",
-    pytest.param("redis", marks=pytest.mark.redis),
-    pytest.param("nats", marks=pytest.mark.nats),
-])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("nats", marks=pytest.mark.nats),
+    ]
+)
 async def log_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
     """A fresh log URL of each kind; the Redis keys and NATS streams are removed afterwards."""
     if request.param == "sqlite":
@@ -102,8 +104,7 @@ async def seed(url: str) -> None:
     log = open_log(url)
     try:
         await log.create_topic(TOPIC, PARTITIONS)
-        await Producer(log, TOPIC).publish_many(
-            recorder.Tick(key_of(i), i) for i in range(EVENTS))
+        await Producer(log, TOPIC).publish_many(recorder.Tick(key_of(i), i) for i in range(EVENTS))
     finally:
         await log.close()
 
@@ -122,30 +123,52 @@ class Member:
         return self.err.read_text(encoding="utf-8", errors="replace")
 
 
-def start(tmp_path: Path, url: str, name: str, *, handle_seconds: float,
-          partitions: Sequence[int] = ()) -> Member:
+def start(
+    tmp_path: Path, url: str, name: str, *, handle_seconds: float, partitions: Sequence[int] = ()
+) -> Member:
     out, err = tmp_path / f"{name}.ids", tmp_path / f"{name}.err"
-    env = {**os.environ, "WK_TEST_OUT": str(out), "WK_TEST_TOPIC": TOPIC,
-           "WK_TEST_GROUP": GROUP, "WK_TEST_MEMBER": name, "WK_TEST_LEASE_TTL": str(TTL),
-           "WK_TEST_HANDLE_SECONDS": str(handle_seconds),
-           "WK_TEST_PARTITIONS": ",".join(map(str, partitions))}
+    env = {
+        **os.environ,
+        "WK_TEST_OUT": str(out),
+        "WK_TEST_TOPIC": TOPIC,
+        "WK_TEST_GROUP": GROUP,
+        "WK_TEST_MEMBER": name,
+        "WK_TEST_LEASE_TTL": str(TTL),
+        "WK_TEST_HANDLE_SECONDS": str(handle_seconds),
+        "WK_TEST_PARTITIONS": ",".join(map(str, partitions)),
+    }
     env.pop("WAKUWAKU_LOG", None)
     with open(err, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "wakuwaku", "run", "tests.engine.consumers.recorder:build",
-             "--log", url, "--log-level", "INFO"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+            [
+                sys.executable,
+                "-m",
+                "wakuwaku",
+                "run",
+                "tests.engine.consumers.recorder:build",
+                "--log",
+                url,
+                "--log-level",
+                "INFO",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     return Member(name, out, err, proc)
 
 
-async def until(what: str, condition: Callable[[], bool], members: Sequence[Member],
-                seconds: float = DEADLINE) -> float:
+async def until(
+    what: str, condition: Callable[[], bool], members: Sequence[Member], seconds: float = DEADLINE
+) -> float:
     """Poll ``condition`` every 10 ms; returns the monotonic time it first held."""
     deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {m.name} (rc={m.proc.poll()})\n{m.stderr()[-3000:]}"
-                             for m in members)
+            logs = "\n".join(
+                f"--- {m.name} (rc={m.proc.poll()})\n{m.stderr()[-3000:]}" for m in members
+            )
             pytest.fail(f"timed out waiting for {what}\n{logs}")
         await asyncio.sleep(0.01)
     return time.monotonic()
@@ -197,34 +220,45 @@ def takes_victims_partitions(member: Member) -> Callable[[], bool]:
 
 
 async def test_sigkilled_members_partitions_are_taken_over_within_two_ttls(
-        tmp_path: Path, log_url: str) -> None:
+    tmp_path: Path, log_url: str
+) -> None:
     await seed(log_url)
-    victim = start(tmp_path, log_url, "victim", handle_seconds=0.3,
-                   partitions=VICTIM_PARTITIONS)
+    victim = start(tmp_path, log_url, "victim", handle_seconds=0.3, partitions=VICTIM_PARTITIONS)
     members = [victim]
     try:
         await until("the victim to handle events", lambda: len(victim.ids()) >= 10, members)
         survivor = start(tmp_path, log_url, "survivor", handle_seconds=0.01)
         members.append(survivor)
-        await until("the survivor to handle partitions 2 and 3",
-                    lambda: {partition_of(i) for i in survivor.ids()} >= {2, 3}, members)
+        await until(
+            "the survivor to handle partitions 2 and 3",
+            lambda: {partition_of(i) for i in survivor.ids()} >= {2, 3},
+            members,
+        )
         assert not takes_victims_partitions(survivor)(), "took a live member's partition"
         victim_before = set(victim.ids())
-        assert len(victim_before) < sum(partition_of(i) in VICTIM_PARTITIONS
-                                        for i in range(EVENTS)), "the victim finished already"
+        assert len(victim_before) < sum(
+            partition_of(i) in VICTIM_PARTITIONS for i in range(EVENTS)
+        ), "the victim finished already"
         victim.proc.kill()
         killed = time.monotonic()
         victim.proc.wait(timeout=10)
-        taken = await until("the survivor to take the victim's partitions",
-                            takes_victims_partitions(survivor), members)
+        taken = await until(
+            "the survivor to take the victim's partitions",
+            takes_victims_partitions(survivor),
+            members,
+        )
         takeover = taken - killed
-        print(f"\n{log_url.split(':')[0]}: takeover {takeover:.2f} s after SIGKILL "
-              f"(lease_ttl {TTL} s; the victim had handled {len(victim_before)} of "
-              f"{sum(partition_of(i) in VICTIM_PARTITIONS for i in range(EVENTS))})")
+        print(
+            f"\n{log_url.split(':')[0]}: takeover {takeover:.2f} s after SIGKILL "
+            f"(lease_ttl {TTL} s; the victim had handled {len(victim_before)} of "
+            f"{sum(partition_of(i) in VICTIM_PARTITIONS for i in range(EVENTS))})"
+        )
         assert takeover < 2 * TTL + SLACK, f"takeover took {takeover:.2f} s"
-        await until("every event to be handled",
-                    lambda: set(victim.ids()) | set(survivor.ids()) >= set(range(EVENTS)),
-                    members)
+        await until(
+            "every event to be handled",
+            lambda: set(victim.ids()) | set(survivor.ids()) >= set(range(EVENTS)),
+            members,
+        )
     finally:
         stop_all(members)
     assert survivor.proc.returncode == 0, survivor.stderr()
@@ -236,18 +270,21 @@ async def test_sigkilled_members_partitions_are_taken_over_within_two_ttls(
 
 
 async def test_stopped_members_late_writes_are_fenced_after_a_takeover(
-        tmp_path: Path, log_url: str) -> None:
+    tmp_path: Path, log_url: str
+) -> None:
     await seed(log_url)
-    victim = start(tmp_path, log_url, "victim", handle_seconds=0.4,
-                   partitions=VICTIM_PARTITIONS)
+    victim = start(tmp_path, log_url, "victim", handle_seconds=0.4, partitions=VICTIM_PARTITIONS)
     members = [victim]
     samples: list[dict[int, int]] = []
     try:
         await until("the victim to handle events", lambda: len(victim.ids()) >= 10, members)
         survivor = start(tmp_path, log_url, "survivor", handle_seconds=0.01)
         members.append(survivor)
-        await until("the survivor to handle partitions 2 and 3",
-                    lambda: {partition_of(i) for i in survivor.ids()} >= {2, 3}, members)
+        await until(
+            "the survivor to handle partitions 2 and 3",
+            lambda: {partition_of(i) for i in survivor.ids()} >= {2, 3},
+            members,
+        )
         samples.append(await committed_offsets(log_url))
         # A write reached the file, so the next batch's handler is sleeping now.
         count = len(victim.ids())
@@ -257,19 +294,28 @@ async def test_stopped_members_late_writes_are_fenced_after_a_takeover(
         stopped = time.monotonic()
         before_stop = victim.ids()
         samples.append(await committed_offsets(log_url))
-        taken = await until("the survivor to take the frozen victim's partitions",
-                            takes_victims_partitions(survivor), members)
-        print(f"\n{log_url.split(':')[0]}: takeover {taken - stopped:.2f} s after SIGSTOP "
-              f"(lease_ttl {TTL} s)")
+        taken = await until(
+            "the survivor to take the frozen victim's partitions",
+            takes_victims_partitions(survivor),
+            members,
+        )
+        print(
+            f"\n{log_url.split(':')[0]}: takeover {taken - stopped:.2f} s after SIGSTOP "
+            f"(lease_ttl {TTL} s)"
+        )
         assert taken - stopped < 2 * TTL + SLACK
         # The last renewal came at most TTL/3 before the SIGSTOP: the lease held TTL*2/3 more.
         assert taken - stopped > TTL / 2, "taken before the frozen member's lease ran out"
         victim.proc.send_signal(signal.SIGCONT)
-        await until("the victim to notice its lost leases",
-                    lambda: "partition lease lost; stopping" in victim.stderr(), members)
+        await until(
+            "the victim to notice its lost leases",
+            lambda: "partition lease lost; stopping" in victim.stderr(),
+            members,
+        )
         ends = await end_offsets(log_url)
-        while not (set(victim.ids()) | set(survivor.ids()) >= set(range(EVENTS))
-                   and samples[-1] == ends):
+        while not (
+            set(victim.ids()) | set(survivor.ids()) >= set(range(EVENTS)) and samples[-1] == ends
+        ):
             assert time.monotonic() - stopped < DEADLINE, f"not done: {samples[-1]} {ends}"
             await asyncio.sleep(0.05)
             samples.append(await committed_offsets(log_url))
@@ -283,14 +329,18 @@ async def test_stopped_members_late_writes_are_fenced_after_a_takeover(
     for earlier, later in itertools.pairwise(samples):
         assert all(later[p] >= earlier[p] for p in range(PARTITIONS)), samples
     assert samples[-1] == ends
-    late = victim.ids()[len(before_stop):]
-    print(f"victim handled {late} after SIGCONT; its log: "
-          + " | ".join(line for line in victim.stderr().splitlines() if "lease" in line))
+    late = victim.ids()[len(before_stop) :]
+    print(
+        f"victim handled {late} after SIGCONT; its log: "
+        + " | ".join(line for line in victim.stderr().splitlines() if "lease" in line)
+    )
     # Only chunks of the batches polled before it froze (one per partition) may
     # still be handled; the stale member polls no new batch of a partition it lost.
     if late:  # a batch was in flight: storing its offset was refused (FencedError)
-        assert any("partition lease lost; stopping" in line and "operation=" in line
-                   for line in victim.stderr().splitlines()), victim.stderr()
+        assert any(
+            "partition lease lost; stopping" in line and "operation=" in line
+            for line in victim.stderr().splitlines()
+        ), victim.stderr()
     assert len(late) <= recorder.POLL_RECORDS * len(VICTIM_PARTITIONS), late
     assert all(partition_of(i) in VICTIM_PARTITIONS for i in late)
     assert_per_key_order(before_stop + survivor.ids())

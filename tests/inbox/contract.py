@@ -59,8 +59,9 @@ def charged_record(offset: int, tenant: str | None = None, cents: int = 100) -> 
 def retry_copy(offset: int, source: Source) -> Record:
     """A retry-topic copy: its own offset, the ``wk-src`` header naming the originals."""
     value = Charged("acct-1", 100)
-    headers = build_headers(CHARGED, value.account, {"tenant": "acme"},
-                            extra=[(H_SRC, encode_source(source))])
+    headers = build_headers(
+        CHARGED, value.account, {"tenant": "acme"}, extra=[(H_SRC, encode_source(source))]
+    )
     return Record(offset, headers, CHARGED.encode(value))
 
 
@@ -164,7 +165,10 @@ async def check_failure_path(h: Harness) -> None:
         assert (entry.status, entry.attempts) == (EntryStatus.FAILING, attempt)
         assert entry.last_error == f"Boom: attempt {attempt}"
         assert (entry.source_topic, entry.source_partition, entry.source_offset) == (
-            "charges", 3, 9)
+            "charges",
+            3,
+            9,
+        )
         assert await h.inbox.claimed([key.message_key]) == set()
     outcome = await h.inbox.record_failure(key, "attempt 3 at /srv/app/handler.py")
     assert (outcome.attempts, outcome.dead_lettered) == (MAX_ATTEMPTS, True)
@@ -222,20 +226,19 @@ class InboxContract:
     async def test_duplicate_claim_says_duplicate(self, harness: Harness) -> None:
         await check_duplicate_says_duplicate(harness)
 
-    async def test_failure_path_advances_attempts_and_dead_letters(
-        self, harness: Harness
-    ) -> None:
+    async def test_failure_path_advances_attempts_and_dead_letters(self, harness: Harness) -> None:
         await check_failure_path(harness)
 
     async def test_claim_and_failure_paths_find_the_same_row(self, harness: Harness) -> None:
         await check_claim_and_failure_share_the_row(harness)
 
-    async def test_own_id_and_retry_copies_dedupe_with_the_original(
-        self, harness: Harness
-    ) -> None:
+    async def test_own_id_and_retry_copies_dedupe_with_the_original(self, harness: Harness) -> None:
         original = record_keys("charges", 0, charged_record(5))
-        copy = record_keys("retry_charges", 0, retry_copy(
-            77, Source("charges", 0, (5,), (original[0].message_key,))))
+        copy = record_keys(
+            "retry_charges",
+            0,
+            retry_copy(77, Source("charges", 0, (5,), (original[0].message_key,))),
+        )
         assert copy == original
         assert (await harness.apply(original)).new == [original[0].message_key]
         assert (await harness.apply(copy)).duplicate == [original[0].message_key]
@@ -324,8 +327,11 @@ class InboxContract:
             await inbox.purge(-1.0, {})
 
     async def test_failure_error_text_is_sanitized_and_limited(self, harness: Harness) -> None:
-        raw = (b"bad \xff\xfe bytes \x1b[31m https://user:pw@db.internal/x "
-               + "\u202e".encode() + b"y" * 5000)
+        raw = (
+            b"bad \xff\xfe bytes \x1b[31m https://user:pw@db.internal/x "
+            + "\u202e".encode()
+            + b"y" * 5000
+        )
         outcome = await harness.inbox.record_failure("t/0/66", raw)
         entry = (await harness.inbox.entries(["t/0/66"]))["t/0/66"]
         assert outcome.attempts == 1
@@ -337,8 +343,10 @@ class InboxContract:
 
 def effects_sql_counter() -> str:
     """The non-idempotent effect: one more application of a key (both backends)."""
-    return ("INSERT INTO {fx} (message_key, n) VALUES ({p}, 1) "
-            "ON CONFLICT (message_key) DO UPDATE SET n = {fx}.n + 1")
+    return (
+        "INSERT INTO {fx} (message_key, n) VALUES ({p}, 1) "
+        "ON CONFLICT (message_key) DO UPDATE SET n = {fx}.n + 1"
+    )
 
 
 def shuffle(items: Sequence[Any], seed: int) -> list[Any]:

@@ -47,37 +47,50 @@ class PlainLog:
 
     def __init__(self, path: str) -> None:
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
-        self.conn.execute("CREATE TABLE IF NOT EXISTS messages (topic TEXT, part INTEGER, "
-                          "off INTEGER, body BLOB, PRIMARY KEY (topic, part, off))")
-        self.conn.execute("CREATE TABLE IF NOT EXISTS offsets (grp TEXT, topic TEXT, "
-                          "part INTEGER, off INTEGER, PRIMARY KEY (grp, topic, part))")
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS messages (topic TEXT, part INTEGER, "
+            "off INTEGER, body BLOB, PRIMARY KEY (topic, part, off))"
+        )
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS offsets (grp TEXT, topic TEXT, "
+            "part INTEGER, off INTEGER, PRIMARY KEY (grp, topic, part))"
+        )
 
     async def create_topic(self, topic: str, partitions: int) -> None:
         return None
 
-    async def append(self, topic: str, partition: int,
-                     records: list[tuple[dict[str, bytes], bytes]]) -> list[int]:
-        start = self.conn.execute("SELECT count(*) FROM messages WHERE topic = ? AND part = ?",
-                                  (topic, partition)).fetchone()[0]
-        self.conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?)",
-                              [(topic, partition, start + i, body)
-                               for i, (_, body) in enumerate(records)])
+    async def append(
+        self, topic: str, partition: int, records: list[tuple[dict[str, bytes], bytes]]
+    ) -> list[int]:
+        start = self.conn.execute(
+            "SELECT count(*) FROM messages WHERE topic = ? AND part = ?", (topic, partition)
+        ).fetchone()[0]
+        self.conn.executemany(
+            "INSERT INTO messages VALUES (?, ?, ?, ?)",
+            [(topic, partition, start + i, body) for i, (_, body) in enumerate(records)],
+        )
         return list(range(start, start + len(records)))
 
-    async def read(self, topic: str, partition: int, offset: int,
-                   max_records: int = 500) -> list[Record]:
+    async def read(
+        self, topic: str, partition: int, offset: int, max_records: int = 500
+    ) -> list[Record]:
         rows = self.conn.execute(
             "SELECT off, body FROM messages WHERE topic = ? AND part = ? AND off >= ? "
-            "ORDER BY off LIMIT ?", (topic, partition, offset, max_records)).fetchall()
+            "ORDER BY off LIMIT ?",
+            (topic, partition, offset, max_records),
+        ).fetchall()
         return [Record(off, {}, body) for off, body in rows]
 
     async def commit(self, group: str, topic: str, partition: int, offset: int) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO offsets VALUES (?, ?, ?, ?)",
-                          (group, topic, partition, offset))
+        self.conn.execute(
+            "INSERT OR REPLACE INTO offsets VALUES (?, ?, ?, ?)", (group, topic, partition, offset)
+        )
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
-        row = self.conn.execute("SELECT off FROM offsets WHERE grp = ? AND topic = ? AND "
-                                "part = ?", (group, topic, partition)).fetchone()
+        row = self.conn.execute(
+            "SELECT off FROM offsets WHERE grp = ? AND topic = ? AND part = ?",
+            (group, topic, partition),
+        ).fetchone()
         return None if row is None else int(row[0])
 
     async def close(self) -> None:
@@ -105,12 +118,15 @@ class SQLiteProjection:
 
     async def setup(self) -> None:
         await self.inbox.ensure_schema()
-        self.conn.execute("CREATE TABLE IF NOT EXISTS total (id INTEGER PRIMARY KEY, "
-                          "sum INTEGER, applied INTEGER, duplicates INTEGER)")
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS total (id INTEGER PRIMARY KEY, "
+            "sum INTEGER, applied INTEGER, duplicates INTEGER)"
+        )
         self.conn.execute("INSERT OR IGNORE INTO total VALUES (1, 0, 0, 0)")
 
-    async def apply(self, keys: list[InboxKey], value: int, use_inbox: bool,
-                    kill_mid: bool) -> None:
+    async def apply(
+        self, keys: list[InboxKey], value: int, use_inbox: bool, kill_mid: bool
+    ) -> None:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         new = self.inbox.claim(conn, keys).new if use_inbox else [k.message_key for k in keys]
@@ -140,13 +156,17 @@ class PostgresProjection:
 
         await self.inbox.ensure_schema()
         self.conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-        await self.conn.execute(f"CREATE TABLE IF NOT EXISTS {self.total} (id integer PRIMARY "
-                                "KEY, sum bigint, applied integer, duplicates integer)")
-        await self.conn.execute(f"INSERT INTO {self.total} VALUES (1, 0, 0, 0) "
-                                "ON CONFLICT DO NOTHING")
+        await self.conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {self.total} (id integer PRIMARY "
+            "KEY, sum bigint, applied integer, duplicates integer)"
+        )
+        await self.conn.execute(
+            f"INSERT INTO {self.total} VALUES (1, 0, 0, 0) ON CONFLICT DO NOTHING"
+        )
 
-    async def apply(self, keys: list[InboxKey], value: int, use_inbox: bool,
-                    kill_mid: bool) -> None:
+    async def apply(
+        self, keys: list[InboxKey], value: int, use_inbox: bool, kill_mid: bool
+    ) -> None:
         conn = self.conn
         async with conn.transaction():
             if use_inbox:
@@ -154,8 +174,9 @@ class PostgresProjection:
             else:
                 new = [k.message_key for k in keys]
             if new:
-                await conn.execute(f"UPDATE {self.total} SET sum = sum + %s, "
-                                   "applied = applied + 1", (value,))
+                await conn.execute(
+                    f"UPDATE {self.total} SET sum = sum + %s, applied = applied + 1", (value,)
+                )
             else:
                 await conn.execute(f"UPDATE {self.total} SET duplicates = duplicates + 1")
             if kill_mid:
@@ -187,8 +208,12 @@ async def main(log_path: str, projection_target: str, suffix: str) -> None:
                 for record in records:
                     seen += 1
                     keys = record_keys(TOPIC, partition, record)
-                    await projection.apply(keys, int(record.body), use_inbox,
-                                           kill_mid=seen == kill_at and phase == "mid")
+                    await projection.apply(
+                        keys,
+                        int(record.body),
+                        use_inbox,
+                        kill_mid=seen == kill_at and phase == "mid",
+                    )
                     if seen == kill_at and phase == "after":
                         die()
                 await log.commit(GROUP, TOPIC, partition, records[-1].offset + 1)

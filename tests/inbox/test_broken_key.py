@@ -85,9 +85,11 @@ class IntegrityErrorMeansDoneInbox(SQLiteInbox):
         returned: set[str] = set()
         for key in distinct:
             try:
-                conn.execute(f"INSERT INTO {self.table} (consumer_group, message_key, status, "
-                             "claimed_at) VALUES (?, ?, 'done', 0)",
-                             (self.group, key.message_key))
+                conn.execute(
+                    f"INSERT INTO {self.table} (consumer_group, message_key, status, "
+                    "claimed_at) VALUES (?, ?, 'done', 0)",
+                    (self.group, key.message_key),
+                )
                 returned.add(key.message_key)
             except sqlite3.IntegrityError:
                 pass  # the bug: "already claimed by another delivery"
@@ -102,9 +104,11 @@ class IntegrityErrorMeansNewInbox(SQLiteInbox):
         for key in distinct:
             # The bug: the error is dropped and the key reported new.
             with contextlib.suppress(sqlite3.IntegrityError):
-                conn.execute(f"INSERT INTO {self.table} (consumer_group, message_key, status, "
-                             "claimed_at) VALUES (?, ?, 'done', 0)",
-                             (self.group, key.message_key))
+                conn.execute(
+                    f"INSERT INTO {self.table} (consumer_group, message_key, status, "
+                    "claimed_at) VALUES (?, ?, 'done', 0)",
+                    (self.group, key.message_key),
+                )
         return split_claim(order, {k.message_key for k in distinct})
 
 
@@ -130,27 +134,43 @@ Check = Callable[[Harness], Awaitable[None]]
 
 VARIANTS: dict[str, tuple[type[SQLiteInbox], Callable[..., list[InboxKey]], set[Check]]] = {
     "lookup keyed by tenant + key (seed 004)": (
-        TenantLookupInbox, record_keys,
-        {check_claim_then_lookup, check_tenant_never_in_key, check_failure_path,
-         check_claim_and_failure_share_the_row},
+        TenantLookupInbox,
+        record_keys,
+        {
+            check_claim_then_lookup,
+            check_tenant_never_in_key,
+            check_failure_path,
+            check_claim_and_failure_share_the_row,
+        },
     ),
     "failure path keyed by tenant + key": (
-        FailurePathLookupInbox, record_keys,
+        FailurePathLookupInbox,
+        record_keys,
         {check_failure_path, check_claim_and_failure_share_the_row},
     ),
     "key function includes the tenant": (
-        SQLiteInbox, tenant_record_keys, {check_tenant_never_in_key},
+        SQLiteInbox,
+        tenant_record_keys,
+        {check_tenant_never_in_key},
     ),
     "unique violation read as done": (
-        IntegrityErrorMeansDoneInbox, record_keys, {check_claim_and_failure_share_the_row},
+        IntegrityErrorMeansDoneInbox,
+        record_keys,
+        {check_claim_and_failure_share_the_row},
     ),
     "unique violation read as new": (
-        IntegrityErrorMeansNewInbox, record_keys,
-        {check_tenant_never_in_key, check_duplicate_says_duplicate,
-         check_claim_and_failure_share_the_row},
+        IntegrityErrorMeansNewInbox,
+        record_keys,
+        {
+            check_tenant_never_in_key,
+            check_duplicate_says_duplicate,
+            check_claim_and_failure_share_the_row,
+        },
     ),
     "ON CONFLICT DO NOTHING": (
-        DoNothingInbox, record_keys, {check_claim_and_failure_share_the_row},
+        DoNothingInbox,
+        record_keys,
+        {check_claim_and_failure_share_the_row},
     ),
 }
 

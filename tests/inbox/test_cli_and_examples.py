@@ -50,8 +50,10 @@ def test_stats_and_dead_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert main(["inbox", command, "--db", str(path), "-g", "other"]) == ExitCode.FAILURE
         out, err = capsys.readouterr()
         assert out == ""
-        assert ("group 'other' has no claims, failures or dead letters in 'wk_inbox'; "
-                "groups with rows: 'billing'") in err
+        assert (
+            "group 'other' has no claims, failures or dead letters in 'wk_inbox'; "
+            "groups with rows: 'billing'"
+        ) in err
 
 
 def test_inbox_dead_of_a_group_with_rows_but_no_dead_letters(
@@ -78,8 +80,12 @@ def test_a_db_url_that_is_no_inbox_database_is_explained(
 @pytest.mark.parametrize("args", [[], ["a", "b", "c"]])
 def test_standalone_postgres_example_without_a_dsn_prints_its_usage(args: list[str]) -> None:
     # Issue 16 item 10: it died with a TypeError traceback.
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "standalone_postgres.py"), *args],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "standalone_postgres.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert proc.stderr.startswith("usage: python ") and "POSTGRES_DSN [SUFFIX]" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -129,14 +135,18 @@ def test_stats_and_dead_on_postgres(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_standalone_sqlite_example(tmp_path: Path) -> None:
     database = tmp_path / "balances.db"
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "standalone_sqlite.py"), str(database)],
-                          capture_output=True, text=True, timeout=60, check=True)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "standalone_sqlite.py"), str(database)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     lines = proc.stdout.splitlines()
     assert lines.count("skipped duplicate payments/0/0") == 1
     assert sum(line.startswith("skipped duplicate") for line in lines) == 3
     assert "failed payments/1/1: attempt 3, dead-lettered=True" in lines
-    assert lines[-3:] == ["balance alice = 750", "balance bob = 420",
-                          "claims=4 failing=0 dead=1"]
+    assert lines[-3:] == ["balance alice = 750", "balance bob = 420", "claims=4 failing=0 dead=1"]
     conn = sqlite3.connect(database)
     assert conn.execute("SELECT sum(cents) FROM balance").fetchone() == (1170,)
     conn.close()
@@ -149,15 +159,23 @@ def test_standalone_postgres_example() -> None:
     try:
         proc = subprocess.run(
             [sys.executable, str(EXAMPLES / "standalone_postgres.py"), POSTGRES_DSN, suffix],
-            capture_output=True, text=True, timeout=60, check=True)
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         assert proc.stdout.splitlines() == [
-            "applied payments/0/0", "applied payments/0/1", "skipped duplicate payments/0/0",
-            "balance alice = 500", "balance bob = 300",
+            "applied payments/0/0",
+            "applied payments/0/1",
+            "skipped duplicate payments/0/0",
+            "balance alice = 500",
+            "balance bob = 300",
         ]
     finally:
         with psycopg.connect(POSTGRES_DSN, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS balance{suffix}, wk_inbox{suffix}, "
-                         f"wk_inbox{suffix}_dead")
+            conn.execute(
+                f"DROP TABLE IF EXISTS balance{suffix}, wk_inbox{suffix}, wk_inbox{suffix}_dead"
+            )
 
 
 def test_docs_snippets_are_excerpts_of_tested_examples() -> None:

@@ -39,15 +39,20 @@ async def _seed_log(path: Path, values: list[int]) -> None:
     try:
         await log.create_topic(TOPIC, PARTITIONS)
         for partition in range(PARTITIONS):
-            await log.append(TOPIC, partition, [
-                ({}, str(v).encode()) for i, v in enumerate(values) if i % PARTITIONS == partition
-            ])
+            await log.append(
+                TOPIC,
+                partition,
+                [
+                    ({}, str(v).encode())
+                    for i, v in enumerate(values)
+                    if i % PARTITIONS == partition
+                ],
+            )
     finally:
         await log.close()
 
 
-def _run_until_done(log: Path, projection: str, suffix: str, seed: int,
-                    use_inbox: bool) -> int:
+def _run_until_done(log: Path, projection: str, suffix: str, seed: int, use_inbox: bool) -> int:
     """Run the consumer, killing it ``KILLS`` times; returns how many kills happened."""
     rng = random.Random(seed)
     for run in range(KILLS + 5):
@@ -57,8 +62,14 @@ def _run_until_done(log: Path, projection: str, suffix: str, seed: int,
         if run < KILLS:
             env["WK_KILL_AT"] = str(rng.randint(1, 25))
             env["WK_KILL_PHASE"] = rng.choice(["after", "after", "mid"])
-        proc = subprocess.run([sys.executable, str(SCRIPT), str(log), projection, suffix],
-                              env=env, capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT), str(log), projection, suffix],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if proc.returncode == 0:
             return run  # every run before this one was killed
         assert proc.returncode == -signal.SIGKILL, proc.stderr
@@ -101,14 +112,14 @@ def test_postgres_projection_sum_is_exact_after_sigkills(tmp_path: Path) -> None
     log = tmp_path / "log.db"
     asyncio.run(_seed_log(log, values))
     suffix = uuid.uuid4().hex[:12]
-    tables = (f"wk_crash_total_{suffix}, wk_crash_inbox_{suffix}, "
-              f"wk_crash_inbox_{suffix}_dead")
+    tables = f"wk_crash_total_{suffix}, wk_crash_inbox_{suffix}, wk_crash_inbox_{suffix}_dead"
     try:
         kills = _run_until_done(log, POSTGRES_DSN, suffix, seed=7, use_inbox=True)
         assert kills == KILLS
         with psycopg.connect(POSTGRES_DSN) as conn:
             row = conn.execute(
-                f"SELECT sum, applied, duplicates FROM wk_crash_total_{suffix}").fetchone()
+                f"SELECT sum, applied, duplicates FROM wk_crash_total_{suffix}"
+            ).fetchone()
         total, applied, duplicates = int(row[0]), int(row[1]), int(row[2])
         assert (total, applied) == (sum(values), MESSAGES)
         assert duplicates > 0, "no record was ever delivered twice: the test proved nothing"

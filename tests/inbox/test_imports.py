@@ -18,8 +18,10 @@ def test_missing_psycopg_gives_the_install_line(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_inbox_package_and_cli_never_import_psycopg() -> None:
-    code = ("import sys, wakuwaku, wakuwaku.inbox, wakuwaku.cli._inbox; "
-            "sys.exit(1 if 'psycopg' in sys.modules else 0)")
+    code = (
+        "import sys, wakuwaku, wakuwaku.inbox, wakuwaku.cli._inbox; "
+        "sys.exit(1 if 'psycopg' in sys.modules else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
@@ -27,7 +29,10 @@ def test_inbox_all_is_sorted_and_complete() -> None:
     import wakuwaku.inbox as package
 
     assert list(package.__all__) == sorted(package.__all__)
-    public = {name for name, value in vars(package).items()
-              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
+    public = {
+        name
+        for name, value in vars(package).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
     public.discard("annotations")  # the __future__ import
     assert public == set(package.__all__)

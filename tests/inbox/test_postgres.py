@@ -33,18 +33,25 @@ class PostgresHarness(Harness):
         self.conn = conn
         self.clock = FakeClock()
         self.fx = f"wk_fx_{suffix}"
-        self.inbox = PostgresInbox(POSTGRES_DSN, GROUP, max_attempts=MAX_ATTEMPTS,
-                                   table=f"wk_inbox_{suffix}", clock=self.clock)
+        self.inbox = PostgresInbox(
+            POSTGRES_DSN,
+            GROUP,
+            max_attempts=MAX_ATTEMPTS,
+            table=f"wk_inbox_{suffix}",
+            clock=self.clock,
+        )
         self.effect = effects_sql_counter().format(fx=self.fx, p="%s")
 
     async def setup(self) -> None:
         await self.inbox.ensure_schema()
         await self.conn.execute(
-            f"CREATE TABLE {self.fx} (message_key text PRIMARY KEY, n integer NOT NULL)")
+            f"CREATE TABLE {self.fx} (message_key text PRIMARY KEY, n integer NOT NULL)"
+        )
 
     async def drop(self) -> None:
         await self.conn.execute(
-            f"DROP TABLE IF EXISTS {self.fx}, {self.inbox.table}, {self.inbox.dead_table}")
+            f"DROP TABLE IF EXISTS {self.fx}, {self.inbox.table}, {self.inbox.dead_table}"
+        )
 
     async def apply_on(self, conn: Any, keys: Sequence[str | InboxKey], fail: bool) -> Claim:
         async with conn.transaction():
@@ -64,11 +71,18 @@ class PostgresHarness(Harness):
         return 0 if row is None else int(row[0])
 
     async def apply_concurrently(self, key_sets: Sequence[Sequence[str]]) -> list[Claim]:
-        conns = [await psycopg.AsyncConnection.connect(POSTGRES_DSN, autocommit=True)
-                 for _ in key_sets]
+        conns = [
+            await psycopg.AsyncConnection.connect(POSTGRES_DSN, autocommit=True) for _ in key_sets
+        ]
         try:
-            return list(await asyncio.gather(*(
-                self.apply_on(c, keys, False) for c, keys in zip(conns, key_sets, strict=True))))
+            return list(
+                await asyncio.gather(
+                    *(
+                        self.apply_on(c, keys, False)
+                        for c, keys in zip(conns, key_sets, strict=True)
+                    )
+                )
+            )
         finally:
             for c in conns:
                 await c.close()
@@ -105,7 +119,9 @@ async def test_primary_key_is_exactly_group_and_message_key(
             JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
             WHERE i.indrelid = %s::regclass AND i.indisunique
             ORDER BY i.indexrelid, k.ord
-            """, (table,))
+            """,
+            (table,),
+        )
         rows = await cur.fetchall()
         assert rows == [(True, "consumer_group", True), (True, "message_key", True)]
 
@@ -115,7 +131,8 @@ async def _wait_until_blocked(conn: Any, pid: int) -> None:
     async with asyncio.timeout(10.0):
         while True:
             cur = await conn.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+            )
             row = await cur.fetchone()
             if row is not None and row[0] == "Lock":
                 return
@@ -142,7 +159,8 @@ async def test_parallel_transactions_claim_each_key_once(
             for key in claim1.new:
                 await first.execute(pg_harness.effect, (key,))
             contender = asyncio.create_task(
-                pg_harness.apply_on(second, list(reversed(keys)), False))
+                pg_harness.apply_on(second, list(reversed(keys)), False)
+            )
             await _wait_until_blocked(pg_harness.conn, second.info.backend_pid)
             assert not contender.done()
             if not first_commits:
@@ -200,8 +218,7 @@ async def test_pool_like_source_is_used(pg_harness: PostgresHarness) -> None:
                 lent.append(1)
                 yield conn
 
-    inbox = PostgresInbox(OnePool(), GROUP, table=pg_harness.inbox.table,
-                          max_attempts=MAX_ATTEMPTS)
+    inbox = PostgresInbox(OnePool(), GROUP, table=pg_harness.inbox.table, max_attempts=MAX_ATTEMPTS)
     await pg_harness.apply(["pool/0/1"])
     assert await inbox.claimed(["pool/0/1"]) == {"pool/0/1"}
     assert (await inbox.record_failure("pool/0/2", "x")).attempts == 1

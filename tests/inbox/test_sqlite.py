@@ -29,14 +29,19 @@ class SQLiteHarness(Harness):
         self.inbox = inbox_cls(path, GROUP, max_attempts=MAX_ATTEMPTS, clock=self.clock)
         with closing(self.connect()) as conn:
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("CREATE TABLE IF NOT EXISTS fx (message_key TEXT PRIMARY KEY, "
-                         "n INTEGER NOT NULL)")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS fx (message_key TEXT PRIMARY KEY, n INTEGER NOT NULL)"
+            )
 
     def connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
 
-    def apply_sync(self, keys: Sequence[str | InboxKey], fail: bool = False,
-                   barrier: threading.Barrier | None = None) -> Claim:
+    def apply_sync(
+        self,
+        keys: Sequence[str | InboxKey],
+        fail: bool = False,
+        barrier: threading.Barrier | None = None,
+    ) -> Claim:
         conn = self.connect()
         try:
             if barrier is not None:
@@ -66,8 +71,11 @@ class SQLiteHarness(Harness):
 
     async def apply_concurrently(self, key_sets: Sequence[Sequence[str]]) -> list[Claim]:
         barrier = threading.Barrier(len(key_sets))
-        return list(await asyncio.gather(*(
-            asyncio.to_thread(self.apply_sync, keys, False, barrier) for keys in key_sets)))
+        return list(
+            await asyncio.gather(
+                *(asyncio.to_thread(self.apply_sync, keys, False, barrier) for keys in key_sets)
+            )
+        )
 
 
 async def make_harness(path: Path, inbox_cls: type[SQLiteInbox] = SQLiteInbox) -> SQLiteHarness:

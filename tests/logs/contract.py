@@ -72,7 +72,10 @@ class LogContract:
         with pytest.raises(PartitionCountMismatch) as caught:
             await log.create_topic("orders", 5)
         assert (caught.value.topic, caught.value.existing, caught.value.requested) == (
-            "orders", 3, 5)
+            "orders",
+            3,
+            5,
+        )
         assert "3" in str(caught.value) and "5" in str(caught.value)
         assert await log.describe_topic("orders") == TopicInfo("orders", 3)
 
@@ -81,7 +84,10 @@ class LogContract:
             await log.create_topic(name, count)
         assert await log.describe_topic("alpha") == TopicInfo("alpha", 4)
         assert await log.list_topics() == [
-            TopicInfo("alpha", 4), TopicInfo("mid.dle-name_2", 2), TopicInfo("zeta", 1)]
+            TopicInfo("alpha", 4),
+            TopicInfo("mid.dle-name_2", 2),
+            TopicInfo("zeta", 1),
+        ]
 
     async def test_empty_log_lists_no_topic(self, log: Log) -> None:
         assert await log.list_topics() == []
@@ -104,13 +110,18 @@ class LogContract:
     @pytest.mark.parametrize("partition", [-1, 2, 99])
     async def test_unknown_partition_is_refused(self, log: Log, partition: int) -> None:
         await log.create_topic("orders", 2)
-        for call in (log.append("orders", partition, [rec()]),
-                     log.read("orders", partition, 0),
-                     log.commit("g", "orders", partition, 0)):
+        for call in (
+            log.append("orders", partition, [rec()]),
+            log.read("orders", partition, 0),
+            log.commit("g", "orders", partition, 0),
+        ):
             with pytest.raises(UnknownPartitionError) as caught:
                 await call
             assert (caught.value.topic, caught.value.partition, caught.value.partitions) == (
-                "orders", partition, 2)
+                "orders",
+                partition,
+                2,
+            )
         assert await log.end_offsets("orders") == {0: 0, 1: 0}
 
     @pytest.mark.parametrize("name", ["", "with space", "a/b", "tab\there", "nul\x00", "x" * 201])
@@ -141,7 +152,12 @@ class LogContract:
         assert await log.end_offsets("orders") == {0: 5, 1: 1}
         records = await read_all(log, "orders", 0)
         assert [(r.offset, r.body) for r in records] == [
-            (0, b"a"), (1, b"b"), (2, b"c"), (3, b"d"), (4, b"e")]
+            (0, b"a"),
+            (1, b"b"),
+            (2, b"c"),
+            (3, b"d"),
+            (4, b"e"),
+        ]
 
     async def test_read_from_an_offset_bounded_and_past_the_end(self, log: Log) -> None:
         await log.create_topic("orders", 1)
@@ -212,10 +228,14 @@ class LogContract:
         [
             pytest.param(HEADERS, b"", id="empty-body"),
             pytest.param({}, b"no headers", id="no-headers"),
-            pytest.param({"wk-key": "東京/ß/🎉".encode(), "wk-props": '{"t":"é"}'.encode()},
-                         "本文 ✓".encode(), id="non-ascii"),
-            pytest.param({"bin": b"\x00\xff\x00", "empty": b""}, bytes(range(256)) * 4,
-                         id="binary-with-nul"),
+            pytest.param(
+                {"wk-key": "東京/ß/🎉".encode(), "wk-props": '{"t":"é"}'.encode()},
+                "本文 ✓".encode(),
+                id="non-ascii",
+            ),
+            pytest.param(
+                {"bin": b"\x00\xff\x00", "empty": b""}, bytes(range(256)) * 4, id="binary-with-nul"
+            ),
             pytest.param(HEADERS, b"\x00" + b"x" * (1 << 20) + b"\xff", id="1MiB-body"),
         ],
     )
@@ -232,11 +252,15 @@ class LogContract:
 
     # One log serves every example (topic creation is idempotent), and each
     # adapter's subclass runs the same test: both are intended.
-    @settings(max_examples=40, deadline=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                     HealthCheck.differing_executors])
-    @given(batch=st.lists(st.tuples(header_maps, st.binary(max_size=300)), min_size=1,
-                          max_size=5))
+    @settings(
+        max_examples=40,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+        ],
+    )
+    @given(batch=st.lists(st.tuples(header_maps, st.binary(max_size=300)), min_size=1, max_size=5))
     async def test_any_headers_and_bodies_round_trip(
         self, log: Log, batch: list[tuple[dict[str, bytes], bytes]]
     ) -> None:
@@ -263,8 +287,15 @@ class LogContract:
 
     @pytest.mark.parametrize(
         ("group", "offset", "problem"),
-        [("g", -1, "offset"), ("g", 1.5, "offset"), ("g", True, "offset"), ("g", "3", "offset"),
-         ("g", 2**63, "offset"), ("", 3, "group"), (None, 3, "group")],
+        [
+            ("g", -1, "offset"),
+            ("g", 1.5, "offset"),
+            ("g", True, "offset"),
+            ("g", "3", "offset"),
+            ("g", 2**63, "offset"),
+            ("", 3, "group"),
+            (None, 3, "group"),
+        ],
     )
     async def test_bad_commits_are_refused_naming_what_is_wrong(
         self, log: Log, group: object, offset: object, problem: str
@@ -276,8 +307,13 @@ class LogContract:
 
     @pytest.mark.parametrize(
         ("headers", "body"),
-        [({"wk-v": "1"}, b"{}"), ({1: b"x"}, b"{}"), ({"a": None}, b"{}"), ({}, "text"),
-         (["wk-v"], b"{}")],
+        [
+            ({"wk-v": "1"}, b"{}"),
+            ({1: b"x"}, b"{}"),
+            ({"a": None}, b"{}"),
+            ({}, "text"),
+            (["wk-v"], b"{}"),
+        ],
     )
     async def test_records_that_are_not_str_to_bytes_are_refused_and_nothing_written(
         self, log: Log, headers: object, body: object
@@ -361,8 +397,12 @@ class LogContract:
         # The old owner is fenced: it can neither store offsets nor take the lease back.
         with pytest.raises(FencedError) as caught:
             await log.commit("g", "orders", 0, 5, generation=old.generation)
-        assert (caught.value.group, caught.value.topic, caught.value.partition,
-                caught.value.generation) == ("g", "orders", 0, old.generation)
+        assert (
+            caught.value.group,
+            caught.value.topic,
+            caught.value.partition,
+            caught.value.generation,
+        ) == ("g", "orders", 0, old.generation)
         assert await log.committed("g", "orders", 0) is None
         assert await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is None
         await log.commit("g", "orders", 0, 5, generation=new.generation)
@@ -406,12 +446,17 @@ class LogContract:
         old, new = await self._taken_over(log)
         with pytest.raises(FencedError) as caught:
             await log.append("retry_orders", 0, [rec(b"late")], fence=old)
-        assert (caught.value.topic, caught.value.partition,
-                caught.value.generation) == ("orders", 0, old.generation)
+        assert (caught.value.topic, caught.value.partition, caught.value.generation) == (
+            "orders",
+            0,
+            old.generation,
+        )
         with pytest.raises(FencedError):
             await log.append("dlq_orders", 1, [rec(b"late")], fence=old)
         assert (await log.end_offsets("retry_orders"), await log.end_offsets("dlq_orders")) == (
-            {0: 0, 1: 0}, {0: 0, 1: 0})
+            {0: 0, 1: 0},
+            {0: 0, 1: 0},
+        )
         assert await log.append("retry_orders", 0, [rec(b"owner")], fence=new) == [0]
         # A fence of another group, or of a partition nobody leased, is stale too.
         other = Lease("h", "orders", 0, "a", new.generation, new.expires_at)
@@ -430,8 +475,10 @@ class LogContract:
         _, lease = await self._taken_over(log)
         write = BatchWrite(
             "g",
-            appends=[("dlq_orders", 0, [rec(b"d1")]),
-                     ("retry_orders", 0, [rec(b"r1"), rec(b"r2")])],
+            appends=[
+                ("dlq_orders", 0, [rec(b"d1")]),
+                ("retry_orders", 0, [rec(b"r1"), rec(b"r2")]),
+            ],
             commits=[("orders", 0, 7), ("retry_orders", 0, 1)],
         )
         assert await log.store(write, fence=lease) == [[0], [0, 1]]
@@ -442,8 +489,7 @@ class LogContract:
 
     async def test_store_under_a_stale_fence_writes_nothing(self, log: Log) -> None:
         old, _ = await self._taken_over(log)
-        write = BatchWrite("g", appends=[("retry_orders", 0, [rec()])],
-                           commits=[("orders", 0, 7)])
+        write = BatchWrite("g", appends=[("retry_orders", 0, [rec()])], commits=[("orders", 0, 7)])
         with pytest.raises(FencedError):
             await log.store(write, fence=old)
         assert await log.end_offsets("retry_orders") == {0: 0, 1: 0}
@@ -453,9 +499,11 @@ class LogContract:
         self, log: Log
     ) -> None:
         _, lease = await self._taken_over(log)
-        write = BatchWrite("g", appends=[("retry_orders", 0, [rec()]),
-                                         ("dlq_orders", 5, [rec()])],
-                           commits=[("orders", 0, 7)])
+        write = BatchWrite(
+            "g",
+            appends=[("retry_orders", 0, [rec()]), ("dlq_orders", 5, [rec()])],
+            commits=[("orders", 0, 7)],
+        )
         with pytest.raises(UnknownPartitionError):
             await log.store(write, fence=lease)
         # Atomic: nothing. Call by call: the appends before the failure, no offset.
@@ -475,8 +523,12 @@ class LogContract:
         assert await log.acquire_partition("g", "orders", 1, "a", ttl=60.0) is not None
         assert await log.delete_topic("orders") is True
         assert await log.list_topics() == [TopicInfo("other", 1)]
-        for call in (log.describe_topic("orders"), log.read("orders", 0, 0),
-                     log.append("orders", 0, [rec()]), log.end_offsets("orders")):
+        for call in (
+            log.describe_topic("orders"),
+            log.read("orders", 0, 0),
+            log.append("orders", 0, [rec()]),
+            log.end_offsets("orders"),
+        ):
             with pytest.raises(UnknownTopicError):
                 await call
         assert await log.committed("g", "orders", 0) is None
@@ -533,9 +585,12 @@ class LogContract:
         await log.create_topic("shared", partitions)
         context = multiprocessing.get_context("spawn")
         start = context.Event()
-        workers = [context.Process(target=append_worker,
-                                   args=(log.url, "shared", n, count, partitions, start))
-                   for n in range(producers)]
+        workers = [
+            context.Process(
+                target=append_worker, args=(log.url, "shared", n, count, partitions, start)
+            )
+            for n in range(producers)
+        ]
         for worker in workers:
             worker.start()
         start.set()
@@ -558,8 +613,9 @@ class LogContract:
         assert seen == {(p, s) for p in range(producers) for s in range(count)}
 
 
-def append_worker(url: str, topic: str, producer: int, count: int, partitions: int,
-                  start: object) -> None:
+def append_worker(
+    url: str, topic: str, producer: int, count: int, partitions: int, start: object
+) -> None:
     """One appender process: ``count`` records, one append each, keys over all partitions."""
     start.wait(60)  # type: ignore[attr-defined]
 

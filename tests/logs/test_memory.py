@@ -21,10 +21,13 @@ class TestMemoryLog(LogContract):
         await log.close()
 
 
-@pytest.mark.parametrize(("url", "message"), [
-    ("memory://?x=1", "unknown option 'x' for memory:// (it takes: none)"),
-    ("memory://somewhere", "takes nothing after memory://"),
-])
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("memory://?x=1", "unknown option 'x' for memory:// (it takes: none)"),
+        ("memory://somewhere", "takes nothing after memory://"),
+    ],
+)
 def test_a_memory_url_takes_nothing_after_the_scheme(url: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         open_log(url)

@@ -79,8 +79,18 @@ async def test_each_server_is_the_version_its_id_names(
 
 
 HEADERS = {"wk-v": b"1", "wk-type": b"t", "wk-key": b"k", "wk-alg": b"plain"}
-WEIRD_KEYS = ["a.b", "*", ">", "a b", "line\nbreak", "nul\x00byte", "emoji 🎉✓", "x" * 1000,
-              " padded ", "$KV.x.>"]
+WEIRD_KEYS = [
+    "a.b",
+    "*",
+    ">",
+    "a b",
+    "line\nbreak",
+    "nul\x00byte",
+    "emoji 🎉✓",
+    "x" * 1000,
+    " padded ",
+    "$KV.x.>",
+]
 
 
 @wk.event("tests.nats.weird", key="key")
@@ -93,7 +103,8 @@ async def test_weird_keys_and_header_values_round_trip_in_key_order(log: NatsLog
     await log.create_topic("weird", 3)
     events = [Weird(key, n) for n in range(5) for key in WEIRD_KEYS]
     await wk.Producer(log, "weird").publish_many(
-        events, properties={"note": " spaces \n and \x00 and 🎉 " + "p" * 1000})
+        events, properties={"note": " spaces \n and \x00 and 🎉 " + "p" * 1000}
+    )
     handled: list[Weird] = []
 
     async def handle(chunk: Sequence[Weird]) -> None:
@@ -106,7 +117,7 @@ async def test_weird_keys_and_header_values_round_trip_in_key_order(log: NatsLog
     # Raw header values keep every byte (NATS headers would trim and mangle them).
     value = b" \x00\r\n trailing \t"
     await log.append("weird", 0, [({**HEADERS, "wk-key": value, "name with space": b""}, b"x")])
-    (record,) = (await log.read("weird", 0, (await log.end_offsets("weird"))[0] - 1))
+    (record,) = await log.read("weird", 0, (await log.end_offsets("weird"))[0] - 1)
     assert record.headers == {**HEADERS, "wk-key": value, "name with space": b""}
 
 
@@ -138,8 +149,9 @@ async def test_an_append_whose_answer_was_lost_is_stored_once(
     real = log._publish
     lost: list[str] = []
 
-    async def answer_lost_once(subject: str, payload: bytes,
-                               headers: dict[str, str] | None = None) -> Any:
+    async def answer_lost_once(
+        subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> Any:
         answer = await real(subject, payload, headers)
         if not lost:
             lost.append(headers["Nats-Msg-Id"] if headers else "")
@@ -177,9 +189,7 @@ async def test_a_takeover_between_the_check_and_the_commit_is_refused(
     assert await log.committed("g", "orders", 0) == 5
 
 
-async def test_max_payload_is_read_and_the_producer_refuses_larger_records(
-    log: NatsLog
-) -> None:
+async def test_max_payload_is_read_and_the_producer_refuses_larger_records(log: NatsLog) -> None:
     await log.create_topic("orders", 1)
     producer = wk.Producer(log, "orders")
     assert await producer.partitions() == 1
@@ -264,8 +274,11 @@ async def test_instances_that_cached_a_deleted_topic_get_unknown_topic(log: Nats
         assert isinstance(other, NatsLog)
         await other.append("orders", 2, [(HEADERS, b"a")])
         assert await log.delete_topic("orders") is True
-        for call in (other.read("orders", 0, 0), other.end_offsets("orders"),
-                     other.append("orders", 1, [(HEADERS, b"late")])):
+        for call in (
+            other.read("orders", 0, 0),
+            other.end_offsets("orders"),
+            other.append("orders", 1, [(HEADERS, b"late")]),
+        ):
             with pytest.raises(UnknownTopicError):
                 await call
         # Made again with fewer partitions: the cached count is not trusted either.
@@ -296,9 +309,7 @@ async def test_delete_group_counts_and_purges_only_that_group(log: NatsLog) -> N
     assert await log.committed("g.x", "a.b", 0) == 1
 
 
-def test_open_log_parses_servers_credentials_and_options(
-    monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_open_log_parses_servers_credentials_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     log = open_log("nats://alice:s%40cret@h1:4222,h2:4223?prefix=abc&timeout=2.5")
     assert isinstance(log, NatsLog)
@@ -310,14 +321,18 @@ def test_open_log_parses_servers_credentials_and_options(
     tokened = open_log("nats://tok123@127.0.0.1:4222")
     assert isinstance(tokened, NatsLog) and tokened._token == "tok123"
     assert "tok123" not in tokened.url and "tok123" not in repr(tokened)
-    for bad, problem in (("nats://", "no host"), ("nats://h:1?retries=3", "unknown option"),
-                         ("nats://h:1?prefix=a.b", "prefix"), ("nats://h:1?timeout=x", "timeout")):
+    for bad, problem in (
+        ("nats://", "no host"),
+        ("nats://h:1?retries=3", "unknown option"),
+        ("nats://h:1?prefix=a.b", "prefix"),
+        ("nats://h:1?timeout=x", "timeout"),
+    ):
         with pytest.raises(ConfigError, match=problem):
             open_log(bad)
 
 
 async def test_a_token_from_the_environment_is_used_and_a_refusal_is_unavailable(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The shared server takes no token; an unknown server port refuses the connection.
     monkeypatch.setenv(TOKEN_ENV, "from-env")

@@ -21,9 +21,13 @@ from wakuwaku import LogUnavailableError
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs.nats import NatsLog
 
-pytestmark = [pytest.mark.nats, pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("nats-server") is None,
-                                 reason="nats-server is not installed (make services)")]
+pytestmark = [
+    pytest.mark.nats,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("nats-server") is None, reason="nats-server is not installed (make services)"
+    ),
+]
 
 
 class Server:
@@ -39,8 +43,10 @@ class Server:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd",
-             str(self.store)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
             try:
@@ -80,8 +86,12 @@ async def test_calls_on_a_lost_server_are_log_unavailable_and_bounded(server: Se
         assert await log.append("orders", 0, [({}, b"a")]) == [0]
         server.kill()
         started = time.monotonic()
-        for call in (log.append("orders", 0, [({}, b"b")]), log.read("orders", 0, 0),
-                     log.end_offsets("orders"), log.commit("g", "orders", 0, 1)):
+        for call in (
+            log.append("orders", 0, [({}, b"b")]),
+            log.read("orders", 0, 0),
+            log.end_offsets("orders"),
+            log.commit("g", "orders", 0, 1),
+        ):
             with pytest.raises(LogUnavailableError):
                 await call
         assert time.monotonic() - started < 4 * 1.0 + 2.0
@@ -106,7 +116,8 @@ async def test_a_server_killed_mid_consumption_loses_nothing_and_keeps_key_order
     log = NatsLog(server.url, timeout=1.0)
     await log.create_topic("ticks", 2)
     await wk.Producer(log, "ticks").publish_many(
-        Tick(f"k{k}", n) for n in range(per_key) for k in range(keys))
+        Tick(f"k{k}", n) for n in range(per_key) for k in range(keys)
+    )
     handled: list[Tick] = []
     killed = asyncio.Event()
 
@@ -116,8 +127,13 @@ async def test_a_server_killed_mid_consumption_loses_nothing_and_keeps_key_order
         if len(handled) >= 100 and not killed.is_set():
             killed.set()
 
-    config = ConsumerConfig(topic="ticks", group="g", max_poll_records=20,
-                            retry_delays=(0.1, 0.2, 0.4), poll_interval=0.02)
+    config = ConsumerConfig(
+        topic="ticks",
+        group="g",
+        max_poll_records=20,
+        retry_delays=(0.1, 0.2, 0.4),
+        poll_interval=0.02,
+    )
     consumer = Consumer(config, [Handler(Tick, handle)], log)
     expected = {(f"k{k}", n) for k in range(keys) for n in range(per_key)}
     with caplog.at_level(logging.WARNING, logger="wakuwaku"):

@@ -75,14 +75,21 @@ HEADERS = {"wk-v": b"1", "wk-type": b"t", "wk-key": b"k", "wk-alg": b"plain"}
 
 def test_url_options_and_the_password_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
     log = RedisLog("redis://user:s3cret@127.0.0.1:6390/3?prefix=app1&timeout=0.5")
-    assert (log.url, log.prefix, log.timeout) == ("redis://127.0.0.1:6390/3?prefix=app1", "app1",
-                                                  0.5)
+    assert (log.url, log.prefix, log.timeout) == (
+        "redis://127.0.0.1:6390/3?prefix=app1",
+        "app1",
+        0.5,
+    )
     assert "s3cret" not in repr(log) and "s3cret" not in log.url
     monkeypatch.setenv(PASSWORD_ENV, "from-env")
     assert open_log("rediss://localhost").url == "rediss://localhost:6379/0"
-    for bad, why in [("redis://h/x", "db number"), ("redis://h/0?fsync=1", "unknown option"),
-                     ("redis://:pw@h/0?timeout=0", "timeout"), ("redis:///0", "redis://host"),
-                     ("redis://h/0?prefix=a{b", "prefix")]:
+    for bad, why in [
+        ("redis://h/x", "db number"),
+        ("redis://h/0?fsync=1", "unknown option"),
+        ("redis://:pw@h/0?timeout=0", "timeout"),
+        ("redis:///0", "redis://host"),
+        ("redis://h/0?prefix=a{b", "prefix"),
+    ]:
         with pytest.raises(ConfigError, match=why) as caught:
             RedisLog(bad)
         assert "pw@" not in str(caught.value)
@@ -92,8 +99,12 @@ async def test_an_unreachable_server_is_unavailable_at_once_without_the_password
     port = free_port()
     log = RedisLog(f"redis://:s3cret@127.0.0.1:{port}/0?timeout=1")
     started = time.monotonic()
-    for call in (log.list_topics(), log.read("t", 0, 0, wait=5.0),
-                 log.commit("g", "t", 0, 1), log.append("t", 0, [(HEADERS, b"x")])):
+    for call in (
+        log.list_topics(),
+        log.read("t", 0, 0, wait=5.0),
+        log.commit("g", "t", 0, 1),
+        log.append("t", 0, [(HEADERS, b"x")]),
+    ):
         with pytest.raises(LogUnavailableError) as caught:
             await call
         assert "s3cret" not in str(caught.value)
@@ -156,12 +167,21 @@ async def test_cancelled_reads_leave_no_stray_reply_on_the_pool(redis_log: Redis
 
 # -- hostile keys and headers ---------------------------------------------------
 
-HOSTILE = ["{tag}", "}{", "a b", "line\nbreak", "nul\x00byte", "🎉emoji🎉", "x" * 1000,
-           "{" * 3 + "}" * 2, ""]
+HOSTILE = [
+    "{tag}",
+    "}{",
+    "a b",
+    "line\nbreak",
+    "nul\x00byte",
+    "🎉emoji🎉",
+    "x" * 1000,
+    "{" * 3 + "}" * 2,
+    "",
+]
 
 
 async def test_hostile_keys_topics_and_headers_round_trip_in_per_key_order(
-    redis_log: RedisLog
+    redis_log: RedisLog,
 ) -> None:
     topics = ["a{b}c", "}{", "plain"]
     for topic in topics:
@@ -172,8 +192,12 @@ async def test_hostile_keys_topics_and_headers_round_trip_in_per_key_order(
         key, topic = keys[n % len(keys)], topics[n % len(topics)]
         partition = partition_for(key, 4)
         props = json.dumps({"v": HOSTILE[n % len(HOSTILE)]}).encode()
-        headers = {**HEADERS, "wk-key": key.encode(), "wk-props": props,
-                   "{x} y\n\x00🎉": HOSTILE[n % len(HOSTILE)].encode()}
+        headers = {
+            **HEADERS,
+            "wk-key": key.encode(),
+            "wk-props": props,
+            "{x} y\n\x00🎉": HOSTILE[n % len(HOSTILE)].encode(),
+        }
         await redis_log.append(topic, partition, [(headers, b"%d" % n)])
         expected.setdefault((topic, key), []).append(n)
     seen: dict[tuple[str, str], list[int]] = {}
@@ -225,8 +249,12 @@ def test_a_partitions_retry_and_dead_letter_keys_share_its_cluster_slot(main: st
 
     log = RedisLog("redis://127.0.0.1:6379/15?prefix=slot-test")
     config = ConsumerConfig(topic=main, group="billing")
-    family = [main, config.retry_topic(main), config.dead_letter_topic(main),
-              f"wk-replayed.billing.{main}"]
+    family = [
+        main,
+        config.retry_topic(main),
+        config.dead_letter_topic(main),
+        f"wk-replayed.billing.{main}",
+    ]
     for partition in (0, 3):
         keys = [f"{log._tag(topic, partition)}:lease" for topic in family]
         assert len(set(keys)) == len(family)  # one key per topic, still

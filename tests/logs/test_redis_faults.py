@@ -23,9 +23,12 @@ from wakuwaku.logs.redis import RedisLog
 from ..engine.conftest import Item
 from .test_redis import free_port
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("redis-server") is None,
-                                 reason="redis-server is not installed (make services)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("redis-server") is None, reason="redis-server is not installed (make services)"
+    ),
+]
 
 
 class Server:
@@ -38,10 +41,26 @@ class Server:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory),
-             "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(self.directory),
+                "--daemonize",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def kill(self) -> None:
         assert self.process is not None
@@ -77,8 +96,7 @@ async def test_a_killed_and_restarted_server_pauses_the_consumer_and_loses_nothi
     await until_up(log)
     await log.create_topic("orders", 2)
     keys = [f"k{i}" for i in range(20)]
-    await wk.Producer(log, "orders").publish_many(
-        Item(keys[n % len(keys)], n) for n in range(2000))
+    await wk.Producer(log, "orders").publish_many(Item(keys[n % len(keys)], n) for n in range(2000))
     handled: list[Item] = []
     killed, done = asyncio.Event(), asyncio.Event()
 
@@ -91,8 +109,14 @@ async def test_a_killed_and_restarted_server_pauses_the_consumer_and_loses_nothi
             killed.set()
             server.kill()
 
-    config = ConsumerConfig(topic="orders", group="g", retry_delays=(0.05, 0.1, 0.2),
-                            max_poll_records=50, poll_interval=0.02, lease_ttl=30.0)
+    config = ConsumerConfig(
+        topic="orders",
+        group="g",
+        retry_delays=(0.05, 0.1, 0.2),
+        max_poll_records=50,
+        poll_interval=0.02,
+        lease_ttl=30.0,
+    )
     consumer = Consumer(config, [Handler(Item, handle)], log)
     caplog.set_level(logging.WARNING, logger="wakuwaku")
     task = asyncio.create_task(consumer.run(install_signal_handlers=False))

@@ -305,8 +305,11 @@ async def test_open_log_builds_sqlite_logs(url: str, path: str) -> None:
 
 @pytest.mark.parametrize(
     ("url", "fsync", "busy_timeout"),
-    [("sqlite:///log.db?fsync=0", False, 30.0), ("sqlite:///log.db?fsync=true", True, 30.0),
-     ("sqlite:///log.db?busy_timeout=2.5&fsync=off", False, 2.5)],
+    [
+        ("sqlite:///log.db?fsync=0", False, 30.0),
+        ("sqlite:///log.db?fsync=true", True, 30.0),
+        ("sqlite:///log.db?busy_timeout=2.5&fsync=off", False, 2.5),
+    ],
 )
 async def test_url_options_of_the_sqlite_log(url: str, fsync: bool, busy_timeout: float) -> None:
     log = open_log(url)
@@ -322,14 +325,18 @@ async def test_url_options_of_the_sqlite_log(url: str, fsync: bool, busy_timeout
 
 @pytest.mark.parametrize(
     ("url", "message"),
-    [("sqlite:///log.db?fsycn=0", "unknown option 'fsycn' for sqlite:// (it takes: fsync, "
-      "busy_timeout)"),
-     ("sqlite:///log.db?fsync=maybe", "fsync must be 1/0"),
-     ("sqlite:///log.db?busy_timeout=-1", "busy_timeout must be seconds >= 0"),
-     ("sqlite:///log.db?fsync=0&fsync=1", "option 'fsync' is given twice"),
-     ("sqlite:///log.db?fsync", "options must be name=value"),
-     ("sqlite:////tmp/log.db#x", "fragment"),
-     ("memory://?x=1", "unknown option 'x' for memory:// (it takes: none)")],
+    [
+        (
+            "sqlite:///log.db?fsycn=0",
+            "unknown option 'fsycn' for sqlite:// (it takes: fsync, busy_timeout)",
+        ),
+        ("sqlite:///log.db?fsync=maybe", "fsync must be 1/0"),
+        ("sqlite:///log.db?busy_timeout=-1", "busy_timeout must be seconds >= 0"),
+        ("sqlite:///log.db?fsync=0&fsync=1", "option 'fsync' is given twice"),
+        ("sqlite:///log.db?fsync", "options must be name=value"),
+        ("sqlite:////tmp/log.db#x", "fragment"),
+        ("memory://?x=1", "unknown option 'x' for memory:// (it takes: none)"),
+    ],
 )
 def test_bad_url_options_are_refused_by_name(url: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -125,8 +125,14 @@ async def test_destructive_mode_never_waits_after_a_failed_parse(
     producer = asyncio.create_task(produce())
     with pytest.raises(ProtocolError) as info:
         await wait_for_result(
-            recording, JOB, STEP, 30, mode=ReadMode.DESTRUCTIVE, poll_interval=3600,
-            prefix=prefix, observer=events,
+            recording,
+            JOB,
+            STEP,
+            30,
+            mode=ReadMode.DESTRUCTIVE,
+            poll_interval=3600,
+            prefix=prefix,
+            observer=events,
         )
     await producer
     assert info.value.reason == ProtocolReason.NOT_JSON
@@ -157,7 +163,13 @@ async def test_a_result_published_between_subscribe_and_first_read_is_not_lost(
             assert receivers == 1
 
     result = await wait_for_result(
-        recording, JOB, STEP, 10, mode=mode, poll_interval=3600, prefix=prefix,
+        recording,
+        JOB,
+        STEP,
+        10,
+        mode=mode,
+        poll_interval=3600,
+        prefix=prefix,
         observer=PublishRightAfterSubscribing(),
     )
     assert result.content == [1, 2]
@@ -180,7 +192,13 @@ async def test_a_nudge_wakes_the_waiter_long_before_the_poll(
     producer = asyncio.create_task(produce())
     # poll_interval 3600 s: only the nudge can end this wait within the timeout.
     result = await wait_for_result(
-        redis_client, JOB, STEP, 10, mode=mode, poll_interval=3600, prefix=prefix,
+        redis_client,
+        JOB,
+        STEP,
+        10,
+        mode=mode,
+        poll_interval=3600,
+        prefix=prefix,
         observer=Observer(),
     )
     await producer
@@ -216,8 +234,13 @@ async def test_a_step_error_published_while_waiting_is_raised_with_its_flag(
     async def produce() -> None:
         await events.subscribed_event.wait()
         await publish_result(
-            redis_client, JOB, STEP, "error", message="GPU out of memory at /opt/x",
-            retryable=True, prefix=prefix,
+            redis_client,
+            JOB,
+            STEP,
+            "error",
+            message="GPU out of memory at /opt/x",
+            retryable=True,
+            prefix=prefix,
         )
 
     producer = asyncio.create_task(produce())
@@ -286,7 +309,10 @@ async def test_a_redis_restart_is_transient_then_the_result_arrives(
 ) -> None:
     def client() -> aioredis.Redis:
         return aioredis.Redis(
-            host="127.0.0.1", port=own_redis.port, socket_timeout=2, socket_connect_timeout=1,
+            host="127.0.0.1",
+            port=own_redis.port,
+            socket_timeout=2,
+            socket_connect_timeout=1,
             retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
         )
 
@@ -295,8 +321,14 @@ async def test_a_redis_restart_is_transient_then_the_result_arrives(
     try:
         waiting = asyncio.create_task(
             wait_for_result(
-                waiter_client, JOB, STEP, 60, mode=mode, poll_interval=0.05,
-                backoff=Backoff(0.02, 0.2), observer=events,
+                waiter_client,
+                JOB,
+                STEP,
+                60,
+                mode=mode,
+                poll_interval=0.05,
+                backoff=Backoff(0.02, 0.2),
+                observer=events,
             )
         )
         await events.subscribed_event.wait()

@@ -46,16 +46,28 @@ CONTRACT: list[tuple[str, bytes, object]] = [
     ("json_array", b'["done"]', ProtocolReason.NOT_OBJECT),
     # Issue 16: the last duplicate won, so an error read as done.
     ("duplicate_status", b'{"status":"error","status":"done"}', ProtocolReason.DUPLICATE_KEY),
-    ("duplicate_in_content", b'{"status": "done", "content": {"a": 1, "a": 2}}',
-     ProtocolReason.DUPLICATE_KEY),
-    ("duplicate_in_list", b'{"status": "done", "content": [{"b": 1, "b": 1}]}',
-     ProtocolReason.DUPLICATE_KEY),
-    ("same_key_in_two_objects", b'{"status": "done", "content": [{"b": 1}, {"b": 2}]}',
-     [{"b": 1}, {"b": 2}]),
+    (
+        "duplicate_in_content",
+        b'{"status": "done", "content": {"a": 1, "a": 2}}',
+        ProtocolReason.DUPLICATE_KEY,
+    ),
+    (
+        "duplicate_in_list",
+        b'{"status": "done", "content": [{"b": 1, "b": 1}]}',
+        ProtocolReason.DUPLICATE_KEY,
+    ),
+    (
+        "same_key_in_two_objects",
+        b'{"status": "done", "content": [{"b": 1}, {"b": 2}]}',
+        [{"b": 1}, {"b": 2}],
+    ),
     ("json_string", b'"done"', ProtocolReason.NOT_OBJECT),
     ("message_number", b'{"status": "error", "message": 7}', ProtocolReason.MESSAGE_NOT_STRING),
-    ("retryable_string", b'{"status": "error", "retryable": "yes"}',
-     ProtocolReason.RETRYABLE_NOT_BOOL),
+    (
+        "retryable_string",
+        b'{"status": "error", "retryable": "yes"}',
+        ProtocolReason.RETRYABLE_NOT_BOOL,
+    ),
 ]
 
 
@@ -266,8 +278,14 @@ async def test_transient_errors_back_off_exponentially_then_the_result_comes() -
             seen.append(delay)
 
     result = await wait_for_result(
-        stub, JOB, STEP, 60, poll_interval=5, backoff=Backoff(0.1, 0.4),  # type: ignore[arg-type]
-        clock=clock, observer=Observer(),
+        stub,
+        JOB,
+        STEP,
+        60,
+        poll_interval=5,
+        backoff=Backoff(0.1, 0.4),  # type: ignore[arg-type]
+        clock=clock,
+        observer=Observer(),
     )
     assert result.content == "ok"
     assert seen == [0.1, 0.2, 0.4, 0.4]
@@ -292,7 +310,13 @@ async def test_a_nudge_triggers_a_read_before_the_tick() -> None:
                 asyncio.get_running_loop().call_soon(stub.nudge)
 
     result = await wait_for_result(
-        stub, JOB, STEP, 60, poll_interval=100, clock=clock, observer=Observer()  # type: ignore[arg-type]
+        stub,
+        JOB,
+        STEP,
+        60,
+        poll_interval=100,
+        clock=clock,
+        observer=Observer(),  # type: ignore[arg-type]
     )
     assert result.content == "ok"
     assert times(stub, "get") == [0.0, 0.0]
@@ -365,7 +389,13 @@ async def test_a_lost_subscription_is_made_again_and_triggers_a_read() -> None:
                 stub.pubsubs[0].queue.put_nowait(redis_errors.ConnectionError("reset by peer"))
 
     result = await wait_for_result(
-        stub, JOB, STEP, 60, poll_interval=1000, clock=clock, observer=Observer()  # type: ignore[arg-type]
+        stub,
+        JOB,
+        STEP,
+        60,
+        poll_interval=1000,
+        clock=clock,
+        observer=Observer(),  # type: ignore[arg-type]
     )
     assert result.content == "ok"
     assert stub.subscriptions == 2
@@ -381,7 +411,13 @@ async def test_destructive_read_claims_only_a_key_it_saw() -> None:
     clock = FakeClock()
     stub = StubRedis(clock, exists=[0, 0, 1], getdel=[DONE])
     result = await wait_for_result(
-        stub, JOB, STEP, 60, mode=ReadMode.DESTRUCTIVE, poll_interval=1, clock=clock  # type: ignore[arg-type]
+        stub,
+        JOB,
+        STEP,
+        60,
+        mode=ReadMode.DESTRUCTIVE,
+        poll_interval=1,
+        clock=clock,  # type: ignore[arg-type]
     )
     assert result.content == "ok"
     assert [c for c, _ in stub.calls] == ["exists", "exists", "exists", "getdel"]
@@ -393,7 +429,12 @@ async def test_destructive_read_of_a_bad_payload_fails_at_once() -> None:
     stub = StubRedis(clock, exists=[1], getdel=[b"not json at all"])
     with pytest.raises(ProtocolError) as info:
         await wait_for_result(
-            stub, JOB, STEP, 60, mode=ReadMode.DESTRUCTIVE, clock=clock  # type: ignore[arg-type]
+            stub,
+            JOB,
+            STEP,
+            60,
+            mode=ReadMode.DESTRUCTIVE,
+            clock=clock,  # type: ignore[arg-type]
         )
     assert info.value.reason == ProtocolReason.NOT_JSON
     assert clock.monotonic() == 0
@@ -407,7 +448,12 @@ async def test_destructive_read_that_came_back_empty_is_a_lost_result() -> None:
     stub = StubRedis(clock, exists=[1], getdel=[None])
     with pytest.raises(ProtocolError) as info:
         await wait_for_result(
-            stub, JOB, STEP, 60, mode=ReadMode.DESTRUCTIVE, clock=clock  # type: ignore[arg-type]
+            stub,
+            JOB,
+            STEP,
+            60,
+            mode=ReadMode.DESTRUCTIVE,
+            clock=clock,  # type: ignore[arg-type]
         )
     assert info.value.reason == ProtocolReason.RESULT_LOST
     assert clock.monotonic() == 0
@@ -419,7 +465,12 @@ async def test_destructive_read_whose_reply_was_lost_fails_instead_of_hanging() 
     stub = StubRedis(clock, exists=[1, 0], getdel=[reset])
     with pytest.raises(ProtocolError) as info:
         await wait_for_result(
-            stub, JOB, STEP, 60, mode=ReadMode.DESTRUCTIVE, clock=clock  # type: ignore[arg-type]
+            stub,
+            JOB,
+            STEP,
+            60,
+            mode=ReadMode.DESTRUCTIVE,
+            clock=clock,  # type: ignore[arg-type]
         )
     assert info.value.reason == ProtocolReason.RESULT_LOST
     assert clock.monotonic() == pytest.approx(0.05)  # one backoff, not the 60 s timeout
@@ -430,7 +481,12 @@ async def test_destructive_read_retries_a_claim_that_never_reached_redis() -> No
     reset = redis_errors.ConnectionError("Connection refused")
     stub = StubRedis(clock, exists=[1, 1], getdel=[reset, DONE])
     result = await wait_for_result(
-        stub, JOB, STEP, 60, mode=ReadMode.DESTRUCTIVE, clock=clock  # type: ignore[arg-type]
+        stub,
+        JOB,
+        STEP,
+        60,
+        mode=ReadMode.DESTRUCTIVE,
+        clock=clock,  # type: ignore[arg-type]
     )
     assert result.content == "ok"
 

@@ -42,8 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     cli = build_cli()
     try:
-        result = cli.main(args=list(argv) if argv is not None else None,
-                          prog_name="wakuwaku", standalone_mode=False)
+        result = cli.main(
+            args=list(argv) if argv is not None else None,
+            prog_name="wakuwaku",
+            standalone_mode=False,
+        )
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return ExitCode.INTERRUPTED

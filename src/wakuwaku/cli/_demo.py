@@ -26,29 +26,70 @@ def register(group: click.Group) -> None:
         """Demonstrations of the whole library on real data."""
 
     @demo.command()
-    @click.option("--log", "log_url", default=None, envvar="WAKUWAKU_DEMO_LOG",
-                  help="Log URL (default: a fresh SQLite file in --workdir).")
-    @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
-                  default=Path("demo-out"), show_default=True,
-                  help="Where the demo's databases and consumer log go (replaced each run).")
+    @click.option(
+        "--log",
+        "log_url",
+        default=None,
+        envvar="WAKUWAKU_DEMO_LOG",
+        help="Log URL (default: a fresh SQLite file in --workdir).",
+    )
+    @click.option(
+        "--workdir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("demo-out"),
+        show_default=True,
+        help="Where the demo's databases and consumer log go (replaced each run).",
+    )
     @click.option("--partitions", type=click.IntRange(1, 64), default=4, show_default=True)
-    @click.option("--chaos", is_flag=True,
-                  help="Lock the projection for a few seconds and SIGKILL the consumer once.")
-    @click.option("--replay-dead-letters", "replay", is_flag=True,
-                  help="Then register the missing aircraft and replay the dead letters.")
-    @click.option("--limit", type=click.IntRange(1), default=None,
-                  help="Use only the first N flights.")
-    @click.option("--retry-delays", callback=_delays,
-                  default=",".join(str(d) for d in DEFAULT_DELAYS), show_default=True,
-                  help="The consumer's retry schedule, comma-separated seconds.")
-    @click.option("--lock-seconds", type=click.FloatRange(0.1, 60), default=3.0,
-                  show_default=True, help="How long --chaos locks the projection.")
-    def flights(log_url: str | None, workdir: Path, partitions: int, chaos: bool, replay: bool,
-                limit: int | None, retry_delays: tuple[float, ...], lock_seconds: float) -> int:
+    @click.option(
+        "--chaos",
+        is_flag=True,
+        help="Lock the projection for a few seconds and SIGKILL the consumer once.",
+    )
+    @click.option(
+        "--replay-dead-letters",
+        "replay",
+        is_flag=True,
+        help="Then register the missing aircraft and replay the dead letters.",
+    )
+    @click.option(
+        "--limit", type=click.IntRange(1), default=None, help="Use only the first N flights."
+    )
+    @click.option(
+        "--retry-delays",
+        callback=_delays,
+        default=",".join(str(d) for d in DEFAULT_DELAYS),
+        show_default=True,
+        help="The consumer's retry schedule, comma-separated seconds.",
+    )
+    @click.option(
+        "--lock-seconds",
+        type=click.FloatRange(0.1, 60),
+        default=3.0,
+        show_default=True,
+        help="How long --chaos locks the projection.",
+    )
+    def flights(
+        log_url: str | None,
+        workdir: Path,
+        partitions: int,
+        chaos: bool,
+        replay: bool,
+        limit: int | None,
+        retry_delays: tuple[float, ...],
+        lock_seconds: float,
+    ) -> int:
         """Project the 2013 New York flights and aircraft register, then verify the result."""
         from ..demo.run import run_demo
 
-        options = DemoOptions(workdir=workdir, log_url=log_url, partitions=partitions,
-                              chaos=chaos, replay=replay, limit=limit,
-                              retry_delays=retry_delays, lock_seconds=lock_seconds)
+        options = DemoOptions(
+            workdir=workdir,
+            log_url=log_url,
+            partitions=partitions,
+            chaos=chaos,
+            replay=replay,
+            limit=limit,
+            retry_delays=retry_delays,
+            lock_seconds=lock_seconds,
+        )
         return asyncio.run(run_demo(options, click.echo))

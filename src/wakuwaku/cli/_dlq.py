@@ -43,13 +43,16 @@ def _dlq_name(topic: str, group: str, namespace: str) -> str:
 
 
 def _filters(fn: Any) -> Any:
-    fn = click.option("--group", "-g", required=True,
-                      help="The consumer group whose dead letters these are.")(fn)
-    fn = click.option("--limit", type=click.IntRange(min=1), default=None,
-                      help="At most this many dead letters.")(fn)
+    fn = click.option(
+        "--group", "-g", required=True, help="The consumer group whose dead letters these are."
+    )(fn)
+    fn = click.option(
+        "--limit", type=click.IntRange(min=1), default=None, help="At most this many dead letters."
+    )(fn)
     fn = click.option("--key", default=None, help="Only dead letters of this key.")(fn)
-    fn = click.option("--reason", type=_REASON, default=None,
-                      help="Only dead letters with this reason code.")(fn)
+    fn = click.option(
+        "--reason", type=_REASON, default=None, help="Only dead letters with this reason code."
+    )(fn)
     return fn
 
 
@@ -84,20 +87,34 @@ def _line(letter: DeadLetter) -> str:
 @dlq_group.command("list")
 @click.argument("topic")
 @_filters
-@click.option("--json", "as_json", is_flag=True,
-              help="Print a JSON array (headers as text, body as text or body_hex).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a JSON array (headers as text, body as text or body_hex).",
+)
 @namespace_option
 @log_option
-def list_command(topic: str, group: str, reason: str | None, key: str | None,
-                 limit: int | None, as_json: bool, namespace: str, log_url: str) -> int:
+def list_command(
+    topic: str,
+    group: str,
+    reason: str | None,
+    key: str | None,
+    limit: int | None,
+    as_json: bool,
+    namespace: str,
+    log_url: str,
+) -> int:
     """List TOPIC's dead letters: dlq partition@offset, reason, key, type, source, error.
 
     Dead letters with broken headers are listed with what is broken.
     Exit status 3 when TOPIC does not exist.
     """
+
     async def work(log: Log) -> tuple[list[DeadLetter], list[str]]:
-        found = await list_dead_letters(log, topic, group=group, reason=reason, key=key,
-                                        limit=limit, namespace=namespace)
+        found = await list_dead_letters(
+            log, topic, group=group, reason=reason, key=key, limit=limit, namespace=namespace
+        )
         return found, [] if found else await dead_letter_groups(log, topic, namespace)
 
     letters, groups = with_log(log_url, work)
@@ -123,9 +140,11 @@ def list_command(topic: str, group: str, reason: str | None, key: str | None,
 
 def _no_such_group(topic: str, group: str, groups: list[str]) -> None:
     others = ", ".join(repr(g) for g in groups) or "none"
-    click.echo(f"error: group {group!r} has no dead-letter topic for {topic!r}: it never "
-               f"consumed {topic!r} (a mistyped --group?); groups that did: {others}",
-               err=True)
+    click.echo(
+        f"error: group {group!r} has no dead-letter topic for {topic!r}: it never "
+        f"consumed {topic!r} (a mistyped --group?); groups that did: {others}",
+        err=True,
+    )
 
 
 def _describe(report: ReplayReport, topic: str) -> str:
@@ -140,13 +159,25 @@ def _describe(report: ReplayReport, topic: str) -> str:
 @click.argument("topic")
 @_filters
 @click.option("--dry-run", is_flag=True, help="Write nothing; say what would be replayed.")
-@click.option("--all", "everything", is_flag=True,
-              help="Replay again what an earlier replay already replayed.")
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="Replay again what an earlier replay already replayed.",
+)
 @namespace_option
 @log_option
-def replay_command(topic: str, group: str, reason: str | None, key: str | None,
-                   limit: int | None, dry_run: bool, everything: bool, namespace: str,
-                   log_url: str) -> int:
+def replay_command(
+    topic: str,
+    group: str,
+    reason: str | None,
+    key: str | None,
+    limit: int | None,
+    dry_run: bool,
+    everything: bool,
+    namespace: str,
+    log_url: str,
+) -> int:
     """Write TOPIC's matching dead letters back into TOPIC (keeping their identity).
 
     Prints how many were replayed per partition. Dead letters already
@@ -154,10 +185,19 @@ def replay_command(topic: str, group: str, reason: str | None, key: str | None,
     that cannot be replayed (no key to route by, broken wk-src) are named on
     stderr and make the exit status 1; exit status 3 when TOPIC does not exist.
     """
+
     async def work(log: Log) -> tuple[ReplayReport, list[str]]:
-        done = await replay_dead_letters(log, topic, group=group, reason=reason, key=key,
-                                         limit=limit, dry_run=dry_run, everything=everything,
-                                         namespace=namespace)
+        done = await replay_dead_letters(
+            log,
+            topic,
+            group=group,
+            reason=reason,
+            key=key,
+            limit=limit,
+            dry_run=dry_run,
+            everything=everything,
+            namespace=namespace,
+        )
         return done, await dead_letter_groups(log, topic, namespace)
 
     report, groups = with_log(log_url, work)
@@ -167,16 +207,23 @@ def replay_command(topic: str, group: str, reason: str | None, key: str | None,
     click.echo(_describe(report, topic))
     if dry_run:
         for entry in report.replayed:
-            click.echo(f"  {entry.dlq_partition}@{entry.dlq_offset}\tkey="
-                       f"{printable(entry.key, KEY_LIMIT)!r}\t-> partition {entry.partition}")
+            click.echo(
+                f"  {entry.dlq_partition}@{entry.dlq_offset}\tkey="
+                f"{printable(entry.key, KEY_LIMIT)!r}\t-> partition {entry.partition}"
+            )
     if report.already_replayed:
-        click.echo(f"{report.already_replayed} matching dead letters were replayed before "
-                   "(use --all to replay them again)")
+        click.echo(
+            f"{report.already_replayed} matching dead letters were replayed before "
+            "(use --all to replay them again)"
+        )
     dlq = _dlq_name(topic, group, namespace)
     for skip in report.skipped:
         key_text = "-" if skip.key is None else repr(printable(skip.key, KEY_LIMIT))
-        click.echo(f"skipped {dlq!r} partition {skip.dlq_partition} offset "
-                   f"{skip.dlq_offset} (key {key_text}): {skip.reason}", err=True)
+        click.echo(
+            f"skipped {dlq!r} partition {skip.dlq_partition} offset "
+            f"{skip.dlq_offset} (key {key_text}): {skip.reason}",
+            err=True,
+        )
     if report.skipped:
         click.echo(f"{len(report.skipped)} dead letters could not be replayed", err=True)
         return ExitCode.FAILURE

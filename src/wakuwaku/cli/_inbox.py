@@ -86,11 +86,19 @@ async def _call(work: Callable[[], Awaitable[T]]) -> T:
 
 
 def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option("--table", default=DEFAULT_TABLE, show_default=True,
-                      help="Claims table (the dead letters are in <table>_dead).")(fn)
+    fn = click.option(
+        "--table",
+        default=DEFAULT_TABLE,
+        show_default=True,
+        help="Claims table (the dead letters are in <table>_dead).",
+    )(fn)
     fn = click.option("--group", "-g", required=True, help="Consumer group.")(fn)
-    fn = click.option("--db", required=True, metavar="PATH|DSN",
-                      help="SQLite file (or sqlite:///path) or postgresql:// DSN.")(fn)
+    fn = click.option(
+        "--db",
+        required=True,
+        metavar="PATH|DSN",
+        help="SQLite file (or sqlite:///path) or postgresql:// DSN.",
+    )(fn)
     return fn
 
 
@@ -99,8 +107,11 @@ def _unknown_group(inbox: Inbox, group: str) -> int:
     otherwise), name the groups that have some; exit status 1."""
     groups = _run(inbox, inbox.groups)
     known = ", ".join(repr(g) for g in groups) if groups else "none"
-    click.echo(f"group {group!r} has no claims, failures or dead letters in "
-               f"{inbox.table!r}; groups with rows: {known}", err=True)
+    click.echo(
+        f"group {group!r} has no claims, failures or dead letters in "
+        f"{inbox.table!r}; groups with rows: {known}",
+        err=True,
+    )
     return ExitCode.FAILURE
 
 
@@ -129,8 +140,13 @@ def stats_command(db: str, group: str, table: str) -> int:
 
 @inbox_group.command("dead")
 @_options
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1),
-              help="List at most this many, most recent first.")
+@click.option(
+    "--limit",
+    default=100,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="List at most this many, most recent first.",
+)
 def dead_command(db: str, group: str, table: str, limit: int) -> int:
     """List poisoned messages: key, attempts, when, source and sanitized error."""
     inbox = open_inbox(db, group, table)
@@ -141,11 +157,16 @@ def dead_command(db: str, group: str, table: str, limit: int) -> int:
         click.echo(f"no dead letters for group {group!r}")
         return ExitCode.OK
     for item in dead:
-        source = (f"{item.source_topic}/{item.source_partition}@{item.source_offset}"
-                  if item.source_topic is not None else "-")
+        source = (
+            f"{item.source_topic}/{item.source_partition}@{item.source_offset}"
+            if item.source_topic is not None
+            else "-"
+        )
         error = sanitize(item.last_error or "", 300)
-        click.echo(f"{printable(item.message_key, 200)}\tattempts={item.attempts}\t"
-                   f"dead_at={when(item.dead_at)}\tsource={source}\terror={error}")
+        click.echo(
+            f"{printable(item.message_key, 200)}\tattempts={item.attempts}\t"
+            f"dead_at={when(item.dead_at)}\tsource={source}\terror={error}"
+        )
     return ExitCode.OK
 
 

@@ -35,6 +35,7 @@ from ._status import LOG_ENV, log_option, open_existing_log
 
 logger = logging.getLogger("wakuwaku.cli")
 
+
 @contextlib.contextmanager
 def logging_to_stderr(level: str) -> Iterator[None]:
     """Log to stderr at ``level`` with :class:`StructuredFormatter` while inside;
@@ -61,30 +62,35 @@ def load_target(spec: str) -> Any:
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise click.BadParameter(f"{spec!r} is not module:attr (e.g. myapp.consumers:billing)",
-                                 param_hint="MODULE:ATTR")
+        raise click.BadParameter(
+            f"{spec!r} is not module:attr (e.g. myapp.consumers:billing)", param_hint="MODULE:ATTR"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name == exc.name
-                                     or module_name.startswith(exc.name + ".")):
-            raise click.BadParameter(f"no module named {module_name!r} (from {spec!r})",
-                                     param_hint="MODULE:ATTR") from None
+        if exc.name is not None and (
+            module_name == exc.name or module_name.startswith(exc.name + ".")
+        ):
+            raise click.BadParameter(
+                f"no module named {module_name!r} (from {spec!r})", param_hint="MODULE:ATTR"
+            ) from None
         logger.error("importing %r failed", module_name, exc_info=True)
         raise ConfigError(f"importing module {module_name!r} failed: {exc}") from exc
     except Exception as exc:
         logger.error("importing %r failed", module_name, exc_info=True)
         raise ConfigError(
-            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     target: Any = module
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise click.BadParameter(f"module {module_name!r} has no attribute {attr!r}",
-                                     param_hint="MODULE:ATTR") from None
+            raise click.BadParameter(
+                f"module {module_name!r} has no attribute {attr!r}", param_hint="MODULE:ATTR"
+            ) from None
     return target
 
 
@@ -93,8 +99,12 @@ def _wants_log(factory: Any) -> bool:
         params = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):
         return False
-    required = [p for p in params if p.default is inspect.Parameter.empty
-                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [
+        p
+        for p in params
+        if p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     return len(required) == 1
 
 
@@ -110,7 +120,9 @@ async def build_consumer(target: Any, spec: str, log_url: str) -> Consumer:
     if not callable(target):
         raise click.BadParameter(
             f"{spec!r} is a {type(target).__name__}, not a wakuwaku Consumer or a "
-            "callable returning one", param_hint="MODULE:ATTR")
+            "callable returning one",
+            param_hint="MODULE:ATTR",
+        )
     try:
         built = target(open_existing_log(log_url)) if _wants_log(target) else target()
         if inspect.isawaitable(built):
@@ -123,20 +135,28 @@ async def build_consumer(target: Any, spec: str, log_url: str) -> Consumer:
     if not isinstance(built, Consumer):
         raise click.BadParameter(
             f"{spec!r} returned a {type(built).__name__}, not a wakuwaku Consumer",
-            param_hint="MODULE:ATTR")
+            param_hint="MODULE:ATTR",
+        )
     return built
 
 
-async def _serve(spec: str, target: Any, log_url: str, drain: bool,
-                 metrics_port: int | None, metrics_addr: str) -> None:
+async def _serve(
+    spec: str, target: Any, log_url: str, drain: bool, metrics_port: int | None, metrics_addr: str
+) -> None:
     consumer = await build_consumer(target, spec, log_url)
     refresher: asyncio.Task[None] | None = None
     try:
         if metrics_port is not None:
             refresher = _start_metrics(consumer, metrics_port, metrics_addr)
-        logger.info("consumer starting", extra={
-            "topics": list(consumer.config.topics), "group": consumer.config.group,
-            "log": consumer.log.url, "drain": drain})
+        logger.info(
+            "consumer starting",
+            extra={
+                "topics": list(consumer.config.topics),
+                "group": consumer.config.group,
+                "log": consumer.log.url,
+                "drain": drain,
+            },
+        )
         if drain:
             stats = await consumer.drain(install_signal_handlers=True)
         else:
@@ -165,18 +185,39 @@ def _start_metrics(consumer: Consumer, port: int, addr: str) -> asyncio.Task[Non
 
 @click.command("run")
 @click.argument("target", metavar="MODULE:ATTR")
-@click.option("--drain", is_flag=True,
-              help="Stop once every partition is caught up and no key is quarantined.")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-              help="Log to stderr from this level up.")
-@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
-              help="Serve Prometheus metrics on this port (needs wakuwaku[prometheus]).")
-@click.option("--metrics-addr", default="0.0.0.0", show_default=True,
-              help="The address the metrics server listens on.")
+@click.option(
+    "--drain",
+    is_flag=True,
+    help="Stop once every partition is caught up and no key is quarantined.",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Log to stderr from this level up.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (needs wakuwaku[prometheus]).",
+)
+@click.option(
+    "--metrics-addr",
+    default="0.0.0.0",
+    show_default=True,
+    help="The address the metrics server listens on.",
+)
 @log_option
-def run_command(target: str, drain: bool, log_level: str, metrics_port: int | None,
-                metrics_addr: str, log_url: str) -> int:
+def run_command(
+    target: str,
+    drain: bool,
+    log_level: str,
+    metrics_port: int | None,
+    metrics_addr: str,
+    log_url: str,
+) -> int:
     """Run the consumer MODULE:ATTR names until SIGINT/SIGTERM (or idle, with --drain).
 
     ATTR is a wakuwaku Consumer, or a callable (sync or async) returning

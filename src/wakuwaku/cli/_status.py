@@ -33,17 +33,25 @@ LOG_ENV = "WAKUWAKU_LOG"
 def log_option(fn: F) -> F:
     """``--log URL`` (env ``WAKUWAKU_LOG``, default ``sqlite:///wakuwaku.db``)."""
     return click.option(
-        "--log", "log_url", envvar=LOG_ENV, default=DEFAULT_LOG_URL, show_default=True,
+        "--log",
+        "log_url",
+        envvar=LOG_ENV,
+        default=DEFAULT_LOG_URL,
+        show_default=True,
         metavar="URL",
-        help=(f"The log (sqlite:///file.db[?fsync=0&busy_timeout=S], redis://host:port/db, "
-              f"nats://host:port, memory://); env {LOG_ENV}."),
+        help=(
+            f"The log (sqlite:///file.db[?fsync=0&busy_timeout=S], redis://host:port/db, "
+            f"nats://host:port, memory://); env {LOG_ENV}."
+        ),
     )(fn)
 
 
 def namespace_option(fn: F) -> F:
     """``--namespace NS``: the consumer's ``ConsumerConfig.namespace``."""
     return click.option(
-        "--namespace", default="", metavar="NS",
+        "--namespace",
+        default="",
+        metavar="NS",
         help="The consumer's namespace prefix (ConsumerConfig.namespace), if any.",
     )(fn)
 
@@ -122,8 +130,9 @@ def _parse_delays(raw: str) -> tuple[float, ...]:
             param_hint="--retry-delays",
         ) from None
     if not delays or any(d < 0 for d in delays):
-        raise click.BadParameter(f"{raw!r}: need at least one delay, none negative",
-                                 param_hint="--retry-delays")
+        raise click.BadParameter(
+            f"{raw!r}: need at least one delay, none negative", param_hint="--retry-delays"
+        )
     return delays
 
 
@@ -146,19 +155,25 @@ def never_committed(status: Status) -> str:
         others = "groups that did: " + ", ".join(repr(g) for g in status.groups)
     else:
         others = "no group has committed on it"
-    return (f"group {status.group!r} has never committed on topic {status.topic!r} "
-            f"(a mistyped group, or a consumer that has not committed yet); {others}")
+    return (
+        f"group {status.group!r} has never committed on topic {status.topic!r} "
+        f"(a mistyped group, or a consumer that has not committed yet); {others}"
+    )
 
 
 def render_status(status: Status, now: float) -> list[str]:
     """The human-readable lines of ``wakuwaku status``."""
     lines = [f"topic {status.topic!r}, group {status.group!r}"]
-    lines.append(f"{'partition':>9}  {'end':>10}  {'committed':>10}  {'lag':>8}  "
-                 f"{'backlog':>8}  {'quarantined':>11}")
+    lines.append(
+        f"{'partition':>9}  {'end':>10}  {'committed':>10}  {'lag':>8}  "
+        f"{'backlog':>8}  {'quarantined':>11}"
+    )
     for p in status.partitions:
         committed = "-" if p.committed is None else str(p.committed)
-        lines.append(f"{p.partition:>9}  {p.end_offset:>10}  {committed:>10}  {p.lag:>8}  "
-                     f"{p.retry_pending:>8}  {p.quarantined:>11}")
+        lines.append(
+            f"{p.partition:>9}  {p.end_offset:>10}  {committed:>10}  {p.lag:>8}  "
+            f"{p.retry_pending:>8}  {p.quarantined:>11}"
+        )
     lines.append(f"lag: {status.lag} records")
     lines.append(f"retry backlog: {status.backlog} records pending")
     if status.quarantined:
@@ -174,8 +189,9 @@ def render_status(status: Status, now: float) -> list[str]:
     if status.dead_letters:
         waiting = status.not_replayed
         lines.append(f"dead letters not replayed: {sum(waiting.values())}{_per_reason(waiting)}")
-        lines.append(f"dead letters replayed: {sum(status.replayed.values())}"
-                     f"{_per_reason(status.replayed)}")
+        lines.append(
+            f"dead letters replayed: {sum(status.replayed.values())}{_per_reason(status.replayed)}"
+        )
     else:
         lines.append("dead letters: none")
     lines.extend(f"problem: {problem}" for problem in status.problems)
@@ -185,15 +201,20 @@ def render_status(status: Status, now: float) -> list[str]:
 @click.command("status")
 @click.argument("topic")
 @click.option("--group", "-g", required=True, help="The consumer group.")
-@click.option("--retry-delays", default=",".join(f"{d:g}" for d in DEFAULT_RETRY_DELAYS),
-              show_default=True, metavar="S,S,...",
-              help="Only for retry records written before the consumer stored next attempt "
-                   "times (wk-due-at): the schedule, in seconds, to derive them.")
+@click.option(
+    "--retry-delays",
+    default=",".join(f"{d:g}" for d in DEFAULT_RETRY_DELAYS),
+    show_default=True,
+    metavar="S,S,...",
+    help="Only for retry records written before the consumer stored next attempt "
+    "times (wk-due-at): the schedule, in seconds, to derive them.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @namespace_option
 @log_option
-def status_command(topic: str, group: str, retry_delays: str, as_json: bool, namespace: str,
-                   log_url: str) -> int:
+def status_command(
+    topic: str, group: str, retry_delays: str, as_json: bool, namespace: str, log_url: str
+) -> int:
     """Show a group's lag, quarantined keys (next attempt time), backlog and dead letters.
 
     Next attempt times are the ones the consumer stored. Dead letters are
@@ -203,8 +224,10 @@ def status_command(topic: str, group: str, retry_delays: str, as_json: bool, nam
     TOPIC (the groups that did are named).
     """
     delays = _parse_delays(retry_delays)
-    status = with_log(log_url, lambda log: consumer_status(
-        log, topic, group, retry_delays=delays, namespace=namespace))
+    status = with_log(
+        log_url,
+        lambda log: consumer_status(log, topic, group, retry_delays=delays, namespace=namespace),
+    )
     if as_json:
         click.echo(json.dumps(status.as_dict(), ensure_ascii=False, sort_keys=True))
     elif status.never_committed:

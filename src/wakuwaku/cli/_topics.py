@@ -61,8 +61,14 @@ def topic_group() -> None:
 
 @topic_group.command("create")
 @click.argument("name")
-@click.option("--partitions", "-p", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Partition count (fixed once created).")
+@click.option(
+    "--partitions",
+    "-p",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Partition count (fixed once created).",
+)
 @log_option
 def create_command(name: str, partitions: int, log_url: str) -> None:
     """Create topic NAME; nothing happens when it exists with the same count.
@@ -74,9 +80,11 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
     internal = split_internal_topic(name)
     if internal is not None:
         kind, group, main = internal
-        raise ConfigError(f"{name!r} is the {kind} topic of group {group!r} for topic "
-                          f"{main!r}: the consumer creates it with {main!r}'s partition "
-                          "count; create the main topic instead")
+        raise ConfigError(
+            f"{name!r} is the {kind} topic of group {group!r} for topic "
+            f"{main!r}: the consumer creates it with {main!r}'s partition "
+            "count; create the main topic instead"
+        )
 
     async def work(log: Log) -> bool:
         existed = name in {t.name for t in await log.list_topics()}
@@ -105,8 +113,10 @@ def delete_command(name: str, yes: bool, log_url: str) -> int:
     if split_internal_topic(name) is not None:  # itself a group's retry/dead-letter topic
         click.echo(f"topic {name} deleted")
     else:
-        click.echo(f"topic {name} deleted (its groups' wk-retry.*, wk-dlq.* and wk-replayed.* "
-                   "topics are kept: delete them by name when they are no longer needed)")
+        click.echo(
+            f"topic {name} deleted (its groups' wk-retry.*, wk-dlq.* and wk-replayed.* "
+            "topics are kept: delete them by name when they are no longer needed)"
+        )
     return ExitCode.OK
 
 
@@ -146,12 +156,16 @@ def group_delete_command(group: str, topic: str | None, yes: bool, log_url: str)
         return ExitCode.FAILURE
     removed = run_on_log(log_url, lambda log: log.delete_group(group, topic))
     if not removed:
-        click.echo(f"group {group} has no committed offset{where} (a mistyped name?): "
-                   "nothing deleted", err=True)
+        click.echo(
+            f"group {group} has no committed offset{where} (a mistyped name?): nothing deleted",
+            err=True,
+        )
         return ExitCode.FAILURE
-    click.echo(f"group {group}: {removed} committed offset{'s' * (removed != 1)} "
-               f"deleted{where} (its wk-retry.{group}.* and wk-dlq.{group}.* topics are "
-               "kept)")
+    click.echo(
+        f"group {group}: {removed} committed offset{'s' * (removed != 1)} "
+        f"deleted{where} (its wk-retry.{group}.* and wk-dlq.{group}.* topics are "
+        "kept)"
+    )
     return ExitCode.OK
 
 
@@ -183,19 +197,30 @@ def describe_command(name: str, as_json: bool, log_url: str) -> None:
     """
     found = run_on_log(log_url, lambda log: _describe(log, name))
     if as_json:
-        click.echo(json.dumps({
-            "topic": name, "partitions": found.partitions,
-            "offsets": [{"partition": p, "start": found.start[p], "end": found.end[p]}
-                        for p in range(found.partitions)],
-            "groups": {g: {str(p): o for p, o in parts.items()}
-                       for g, parts in (found.groups or {}).items()},
-        }, ensure_ascii=False))
+        click.echo(
+            json.dumps(
+                {
+                    "topic": name,
+                    "partitions": found.partitions,
+                    "offsets": [
+                        {"partition": p, "start": found.start[p], "end": found.end[p]}
+                        for p in range(found.partitions)
+                    ],
+                    "groups": {
+                        g: {str(p): o for p, o in parts.items()}
+                        for g, parts in (found.groups or {}).items()
+                    },
+                },
+                ensure_ascii=False,
+            )
+        )
         return
     click.echo(f"topic {name}: {found.partitions} partitions")
     click.echo(f"{'partition':>9}  {'start':>12}  {'end':>12}  {'records':>12}")
     for p in range(found.partitions):
-        click.echo(f"{p:>9}  {found.start[p]:>12}  {found.end[p]:>12}  "
-                   f"{found.end[p] - found.start[p]:>12}")
+        click.echo(
+            f"{p:>9}  {found.start[p]:>12}  {found.end[p]:>12}  {found.end[p] - found.start[p]:>12}"
+        )
     if found.groups is None:
         return
     if not found.groups:
@@ -215,8 +240,9 @@ def list_command(as_json: bool, log_url: str) -> None:
     topics = run_on_log(log_url, lambda log: log.list_topics())
     for info in topics:
         if as_json:
-            click.echo(json.dumps({"topic": info.name, "partitions": info.partitions},
-                                  ensure_ascii=False))
+            click.echo(
+                json.dumps({"topic": info.name, "partitions": info.partitions}, ensure_ascii=False)
+            )
         else:
             click.echo(f"{info.name}\t{info.partitions}")
 
@@ -263,8 +289,10 @@ class _LineParser:
             return self._record(self.type_tag, key, document, None, self.algebra)
         tag = document.get("type")
         if not isinstance(tag, str) or not tag:
-            raise _Refused('the envelope needs a non-empty string "type" '
-                           "(or use --type and --key-field for plain bodies)")
+            raise _Refused(
+                'the envelope needs a non-empty string "type" '
+                "(or use --type and --key-field for plain bodies)"
+            )
         if "body" not in document:
             raise _Refused('the envelope has no "body"')
         key = _key(document.get("key", _MISSING), '"key"')
@@ -280,8 +308,9 @@ class _LineParser:
             raise _Refused('"props" must be an object of strings')
         return self._record(tag, key, document["body"], props, algebra)
 
-    def _record(self, tag: str, key: str, body: object, props: dict[str, str] | None,
-                algebra: Algebra) -> tuple[str, OutgoingRecord]:
+    def _record(
+        self, tag: str, key: str, body: object, props: dict[str, str] | None, algebra: Algebra
+    ) -> tuple[str, OutgoingRecord]:
         headers = build_headers(self._type(tag, algebra), key, props)
         return key, (headers, msgspec.json.encode(body))
 
@@ -300,8 +329,13 @@ def _key(value: object, where: str) -> str:
     raise _Refused(f"no usable key: {where} is {json.dumps(value)}")
 
 
-async def _produce(log: Log, topic: str, lines: Iterable[str], parser: _LineParser,
-                   refuse: Callable[[int, str], None]) -> int:
+async def _produce(
+    log: Log,
+    topic: str,
+    lines: Iterable[str],
+    parser: _LineParser,
+    refuse: Callable[[int, str], None],
+) -> int:
     partitions = (await log.describe_topic(topic)).partitions
     pending: dict[int, list[OutgoingRecord]] = {}
     written = waiting = 0
@@ -331,16 +365,32 @@ async def _produce(log: Log, topic: str, lines: Iterable[str], parser: _LinePars
 
 @click.command("produce")
 @click.argument("topic")
-@click.argument("file", type=click.File("r", encoding="utf-8", errors="surrogateescape"),
-                default="-")
-@click.option("--type", "type_tag", metavar="TAG",
-              help="Lines are plain bodies of this type (needs --key-field).")
+@click.argument(
+    "file", type=click.File("r", encoding="utf-8", errors="surrogateescape"), default="-"
+)
+@click.option(
+    "--type",
+    "type_tag",
+    metavar="TAG",
+    help="Lines are plain bodies of this type (needs --key-field).",
+)
 @click.option("--key-field", metavar="FIELD", help="The body field that holds the key.")
-@click.option("--algebra", type=_ALGEBRAS, default="plain", show_default=True,
-              help="The wk-alg marker, unless an envelope says \"alg\".")
+@click.option(
+    "--algebra",
+    type=_ALGEBRAS,
+    default="plain",
+    show_default=True,
+    help='The wk-alg marker, unless an envelope says "alg".',
+)
 @log_option
-def produce_command(topic: str, file: IO[str], type_tag: str | None, key_field: str | None,
-                    algebra: str, log_url: str) -> int:
+def produce_command(
+    topic: str,
+    file: IO[str],
+    type_tag: str | None,
+    key_field: str | None,
+    algebra: str,
+    log_url: str,
+) -> int:
     """Write JSON lines from FILE (default stdin) to TOPIC, one record each.
 
     A line is an envelope {"type": ..., "key": ..., "body": {...}, "props": {...}}
@@ -363,8 +413,9 @@ def produce_command(topic: str, file: IO[str], type_tag: str | None, key_field: 
     written = run_on_log(log_url, lambda log: _produce(log, topic, file, parser, refuse))
     click.echo(f"produced {written} record{'s' * (written != 1)} to {topic}", err=True)
     if refused:
-        click.echo(f"refused {len(refused)} line{'s' * (len(refused) != 1)} "
-                   f"(not written)", err=True)
+        click.echo(
+            f"refused {len(refused)} line{'s' * (len(refused) != 1)} (not written)", err=True
+        )
         return ExitCode.FAILURE
     return ExitCode.OK
 
@@ -384,7 +435,9 @@ def record_json(topic: str, partition: int, record: Record) -> str:
     UTF-8); exactly one of ``body`` (the body parsed as JSON), ``body_text``
     (UTF-8 that is not JSON) or ``body_base64``."""
     out: dict[str, Any] = {
-        "topic": topic, "partition": partition, "offset": record.offset,
+        "topic": topic,
+        "partition": partition,
+        "offset": record.offset,
         "timestamp": record.timestamp,
         "headers": {name: _header_value(value) for name, value in record.headers.items()},
     }
@@ -398,12 +451,15 @@ def record_json(topic: str, partition: int, record: Record) -> str:
     return json.dumps(out, ensure_ascii=False)
 
 
-async def _tail(log: Log, topic: str, partition: int | None, start: str | int,
-                follow: bool, limit: int | None) -> None:
+async def _tail(
+    log: Log, topic: str, partition: int | None, start: str | int, follow: bool, limit: int | None
+) -> None:
     info = await log.describe_topic(topic)
     if partition is not None and not 0 <= partition < info.partitions:
-        raise ConfigError(f"topic {topic!r} has {info.partitions} partitions; "
-                          f"--partition {partition} does not exist")
+        raise ConfigError(
+            f"topic {topic!r} has {info.partitions} partitions; "
+            f"--partition {partition} does not exist"
+        )
     chosen = [partition] if partition is not None else list(range(info.partitions))
     firsts, ends = await log.start_offsets(topic), await log.end_offsets(topic)
     position: dict[int, int] = {}
@@ -437,17 +493,34 @@ async def _tail(log: Log, topic: str, partition: int | None, start: str | int,
 
 @click.command("tail")
 @click.argument("topic")
-@click.option("--partition", "-p", type=click.IntRange(min=0), default=None,
-              help="Only this partition (default: all).")
+@click.option(
+    "--partition",
+    "-p",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Only this partition (default: all).",
+)
 @click.option("--from-beginning", is_flag=True, help="Start at the oldest stored record.")
-@click.option("--offset", type=click.IntRange(min=0), default=None,
-              help="Start at this offset in each chosen partition.")
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Start at this offset in each chosen partition.",
+)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new records until Ctrl-C.")
-@click.option("--max", "limit", type=click.IntRange(min=1), default=None,
-              help="Stop after this many records.")
+@click.option(
+    "--max", "limit", type=click.IntRange(min=1), default=None, help="Stop after this many records."
+)
 @log_option
-def tail_command(topic: str, partition: int | None, from_beginning: bool, offset: int | None,
-                 follow: bool, limit: int | None, log_url: str) -> None:
+def tail_command(
+    topic: str,
+    partition: int | None,
+    from_beginning: bool,
+    offset: int | None,
+    follow: bool,
+    limit: int | None,
+    log_url: str,
+) -> None:
     """Print records of TOPIC as JSON lines (default: the last 10 of each partition).
 
     Each line has topic, partition, offset, timestamp (seconds since the
@@ -466,4 +539,3 @@ def register(group: click.Group) -> None:
     group.add_command(group_group)
     group.add_command(produce_command)
     group.add_command(tail_command)
-

@@ -26,8 +26,9 @@ from .flights import FLIGHTS_TOPIC, GROUP, PLANES_TOPIC, Projection
 STATS_EVERY = 0.5
 
 
-def build(log_url: str, projection: Path, retry_delays: Sequence[float],
-          partitions_owner: str) -> Consumer:
+def build(
+    log_url: str, projection: Path, retry_delays: Sequence[float], partitions_owner: str
+) -> Consumer:
     """The demo's consumer over the log at ``log_url``."""
     config = ConsumerConfig(
         topic=(PLANES_TOPIC, FLIGHTS_TOPIC),
@@ -48,8 +49,9 @@ def _dump(consumer: Consumer, path: Path) -> None:
     os.replace(tmp, path)
 
 
-async def run(log_url: str, projection: Path, retry_delays: Sequence[float],
-              stats: Path, done: Path) -> int:
+async def run(
+    log_url: str, projection: Path, retry_delays: Sequence[float], stats: Path, done: Path
+) -> int:
     """Consume until the producers are done and everything is handled."""
     # A stable member id: a restarted demo consumer takes its leases back at once.
     consumer = build(log_url, projection, retry_delays, "flights-demo-consumer")
@@ -78,8 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stats", type=Path, required=True)
     parser.add_argument("--done", type=Path, required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.ERROR, stream=sys.stderr,
-                        format="consumer %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.ERROR, stream=sys.stderr, format="consumer %(levelname)s %(message)s"
+    )
     logging.getLogger("wakuwaku.consumer").setLevel(logging.CRITICAL)
     delays = [float(d) for d in args.retry_delays.split(",")]
     return asyncio.run(run(args.log, args.projection, delays, args.stats, args.done))

@@ -130,8 +130,9 @@ class Projection:
             conn.close()
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+        )
         conn.execute("PRAGMA journal_mode=WAL")
         # OFF is still safe against a killed process (the OS keeps the writes);
         # only a power loss could lose the last transactions of this demo file.
@@ -174,7 +175,8 @@ class Projection:
             # Claiming ids of events this call does not apply would lose them.
             raise Unrecoverable(
                 f"chunk of plane {chunk.key!r} has {len(chunk.message_ids)} events but the "
-                f"handler got {count}")
+                f"handler got {count}"
+            )
         claim = self.inbox.claim(conn, chunk.all_message_ids)
         unclaimed = set(claim.new)  # a repeated id is new at most once
         flags = []
@@ -206,10 +208,13 @@ class Projection:
         with self.transaction() as conn:
             rows = [
                 (f.flights, f.distance, f.air_time, f.arr_delay, f.tailnum)
-                for f, new in zip(run, self._new_events(conn, len(run)), strict=True) if new
+                for f, new in zip(run, self._new_events(conn, len(run)), strict=True)
+                if new
             ]
-            conn.executemany("INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
-                             [(r[-1],) for r in rows[:1]])
+            conn.executemany(
+                "INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
+                [(r[-1],) for r in rows[:1]],
+            )
             conn.executemany(
                 "UPDATE totals SET flights = flights + ?, distance = distance + ?, "
                 "air_time = air_time + ?, arr_delay = arr_delay + ? WHERE tailnum = ?",
@@ -222,10 +227,14 @@ class Projection:
         with self.transaction() as conn:
             count = sum(self._new_events(conn, len(run)))
             if count:
-                conn.execute("INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
-                             (run[0].tailnum,))
-                conn.execute("UPDATE totals SET cancelled = cancelled + ? WHERE tailnum = ?",
-                             (count, run[0].tailnum))
+                conn.execute(
+                    "INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
+                    (run[0].tailnum,),
+                )
+                conn.execute(
+                    "UPDATE totals SET cancelled = cancelled + ? WHERE tailnum = ?",
+                    (count, run[0].tailnum),
+                )
 
     def totals(self) -> dict[str, tuple[int, int, int, int, int]]:
         """Every plane's (flights, cancelled, distance, air_time, arr_delay)."""
@@ -233,8 +242,9 @@ class Projection:
         try:
             return {
                 row[0]: tuple(row[1:])
-                for row in conn.execute("SELECT tailnum, flights, cancelled, distance, "
-                                        "air_time, arr_delay FROM totals")
+                for row in conn.execute(
+                    "SELECT tailnum, flights, cancelled, distance, air_time, arr_delay FROM totals"
+                )
             }
         finally:
             conn.close()
@@ -243,9 +253,14 @@ class Projection:
         """The message ids the inbox holds as applied."""
         conn = sqlite3.connect(self.path)
         try:
-            return {row[0] for row in conn.execute(
-                f"SELECT message_key FROM {self.inbox.table} WHERE consumer_group = ? "
-                "AND status = 'done'", (GROUP,))}
+            return {
+                row[0]
+                for row in conn.execute(
+                    f"SELECT message_key FROM {self.inbox.table} WHERE consumer_group = ? "
+                    "AND status = 'done'",
+                    (GROUP,),
+                )
+            }
         finally:
             conn.close()
 

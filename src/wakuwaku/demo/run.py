@@ -104,8 +104,9 @@ class Chaos:
     notes: list[str] = field(default_factory=list)
 
 
-def flight_event(tailnum: str | None, cancelled: bool, distance: int, air_time: int | None,
-                 arr_delay: int | None) -> FlightFlown | FlightCancelled:
+def flight_event(
+    tailnum: str | None, cancelled: bool, distance: int, air_time: int | None, arr_delay: int | None
+) -> FlightFlown | FlightCancelled:
     """The event of one CSV row (a missing tail number stays missing: the producer refuses it)."""
     tail: Any = tailnum
     if cancelled:
@@ -126,8 +127,10 @@ async def produce(log: Log, limit: int | None) -> Produced:
         # go through Retryable), but no plane comes after its retry schedule.
         for i in range(0, len(rows), 1000):
             await producer.publish_many(
-                [PlaneRegistered(p.tailnum, p.year, p.manufacturer, p.model, p.seats)
-                 for p in rows[i : i + 1000]]
+                [
+                    PlaneRegistered(p.tailnum, p.year, p.manufacturer, p.model, p.seats)
+                    for p in rows[i : i + 1000]
+                ]
             )
             produced.planes += len(rows[i : i + 1000])
             await asyncio.sleep(0)
@@ -136,8 +139,7 @@ async def produce(log: Log, limit: int | None) -> Produced:
         producer = Producer(log, FLIGHTS_TOPIC)
         batch: list[FlightFlown | FlightCancelled] = []
         for row in read_flights(limit):
-            ev = flight_event(row.tailnum, row.cancelled, row.distance, row.air_time,
-                              row.arr_delay)
+            ev = flight_event(row.tailnum, row.cancelled, row.distance, row.air_time, row.arr_delay)
             try:
                 event_type(ev).key_of(ev)
             except MissingKeyError as exc:
@@ -155,8 +157,9 @@ async def produce(log: Log, limit: int | None) -> Produced:
     return produced
 
 
-async def _publish(producer: Producer, batch: list[FlightFlown | FlightCancelled],
-                   produced: Produced) -> None:
+async def _publish(
+    producer: Producer, batch: list[FlightFlown | FlightCancelled], produced: Produced
+) -> None:
     if not batch:
         return
     await producer.publish_many(batch)
@@ -183,10 +186,24 @@ class ConsumerProcess:
         self.stats_files.append(stats)
         logfile = (self.opts.workdir / "consumer.log").open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "wakuwaku.demo.consumer", "--log", self.log_url,
-             "--projection", str(self.projection), "--stats", str(stats), "--done",
-             str(self.done), "--retry-delays", ",".join(map(str, self.opts.retry_delays))],
-            stdout=logfile, stderr=logfile, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            [
+                sys.executable,
+                "-m",
+                "wakuwaku.demo.consumer",
+                "--log",
+                self.log_url,
+                "--projection",
+                str(self.projection),
+                "--stats",
+                str(stats),
+                "--done",
+                str(self.done),
+                "--retry-delays",
+                ",".join(map(str, self.opts.retry_delays)),
+            ],
+            stdout=logfile,
+            stderr=logfile,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         logfile.close()
 
@@ -236,8 +253,14 @@ def lock_projection(path: Path, seconds: float) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code, str(path), str(seconds)])
 
 
-async def chaos_monkey(opts: DemoOptions, consumer: ConsumerProcess, projection: Projection,
-                       rows: int, started: float, chaos: Chaos) -> None:
+async def chaos_monkey(
+    opts: DemoOptions,
+    consumer: ConsumerProcess,
+    projection: Projection,
+    rows: int,
+    started: float,
+    chaos: Chaos,
+) -> None:
     """Lock the projection at ~10 % applied, SIGKILL the consumer at ~35 %."""
     locker: subprocess.Popen[bytes] | None = None
     while chaos.kill_at is None:
@@ -246,8 +269,10 @@ async def chaos_monkey(opts: DemoOptions, consumer: ConsumerProcess, projection:
         if chaos.lock_at is None and applied >= rows * 0.10:
             locker = lock_projection(projection.path, opts.lock_seconds)
             chaos.lock_at = time.perf_counter() - started
-        if chaos.lock_at is not None and applied >= rows * 0.35 and (
-            locker is None or locker.poll() is not None
+        if (
+            chaos.lock_at is not None
+            and applied >= rows * 0.35
+            and (locker is None or locker.poll() is not None)
         ):
             if consumer.kill():
                 chaos.kill_at = time.perf_counter() - started
@@ -285,24 +310,36 @@ class Verification:
         self.lines.append(f"  [{'ok' if ok else 'FAILED'}] {text}")
 
 
-async def verify(log: Log, projection: Projection, expected: Expected, registered: set[str],
-                 refused: int, *, after_replay: bool) -> Verification:
+async def verify(
+    log: Log,
+    projection: Projection,
+    expected: Expected,
+    registered: set[str],
+    refused: int,
+    *,
+    after_replay: bool,
+) -> Verification:
     """Check the projection and the dead letters against the CSV totals."""
     result = Verification()
     zero = Totals().as_tuple()
     actual = projection.totals()
     tails = set(expected.totals)
-    wrong = [t for t in tails & registered
-             if actual.get(t, zero) != expected.totals[t].as_tuple()]
-    result.check(not wrong, f"projection equals the CSV totals for all {len(registered):,} "
-                 f"registered tail numbers" + (f" (wrong: {sorted(wrong)[:5]})" if wrong else ""))
+    wrong = [t for t in tails & registered if actual.get(t, zero) != expected.totals[t].as_tuple()]
+    result.check(
+        not wrong,
+        f"projection equals the CSV totals for all {len(registered):,} "
+        f"registered tail numbers" + (f" (wrong: {sorted(wrong)[:5]})" if wrong else ""),
+    )
     strays = sorted(set(actual) - registered)
-    result.check(not strays, "no totals for unregistered tail numbers"
-                 + (f" (found {strays[:5]})" if strays else ""))
+    result.check(
+        not strays,
+        "no totals for unregistered tail numbers" + (f" (found {strays[:5]})" if strays else ""),
+    )
     dead = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
     other = Counter(d.reason for d in dead if d.reason != "gave_up_retry")
-    result.check(not other, "no dead letters but gave_up_retry" + (f" ({dict(other)})"
-                                                                   if other else ""))
+    result.check(
+        not other, "no dead letters but gave_up_retry" + (f" ({dict(other)})" if other else "")
+    )
     dead_ids: set[str] = set()
     dead_totals: dict[str, Totals] = {}
     seen: set[tuple[str | None, tuple[str, ...]]] = set()
@@ -326,22 +363,32 @@ async def verify(log: Log, projection: Projection, expected: Expected, registere
     applied = projection.applied_ids()
     if not after_replay:
         missing = tails - registered
-        wrong_dead = [t for t in missing
-                      if dead_totals.get(t, Totals()).as_tuple() != expected.totals[t].as_tuple()]
-        result.check(not wrong_dead, f"dead letters hold exactly the flights of the "
-                     f"{len(missing):,} unregistered tail numbers")
+        wrong_dead = [
+            t
+            for t in missing
+            if dead_totals.get(t, Totals()).as_tuple() != expected.totals[t].as_tuple()
+        ]
+        result.check(
+            not wrong_dead,
+            f"dead letters hold exactly the flights of the "
+            f"{len(missing):,} unregistered tail numbers",
+        )
         overlap = applied & dead_ids
         result.check(not overlap, "no flight both applied and dead-lettered")
         total = len(applied) + len(dead_ids) + refused
-        result.check(total == expected.rows,
-                     f"every row accounted for exactly once: {len(applied):,} applied + "
-                     f"{len(dead_ids):,} dead-lettered + {refused:,} refused = {total:,} "
-                     f"of {expected.rows:,}")
+        result.check(
+            total == expected.rows,
+            f"every row accounted for exactly once: {len(applied):,} applied + "
+            f"{len(dead_ids):,} dead-lettered + {refused:,} refused = {total:,} "
+            f"of {expected.rows:,}",
+        )
     else:
         with_tail = expected.rows - expected.without_tail
-        result.check(len(applied) == with_tail and refused == expected.without_tail,
-                     f"every flight with a tail number applied exactly once: {len(applied):,} "
-                     f"of {with_tail:,} (plus {refused:,} refused without one)")
+        result.check(
+            len(applied) == with_tail and refused == expected.without_tail,
+            f"every flight with a tail number applied exactly once: {len(applied):,} "
+            f"of {with_tail:,} (plus {refused:,} refused without one)",
+        )
     return result
 
 
@@ -362,32 +409,59 @@ async def forget_earlier_runs(log: Log) -> None:
     await log.delete_group(GROUP)
 
 
-def report(out: Print, *, opts: DemoOptions, log_url: str, produced: Produced,
-           stats: dict[str, Any], dead: Counter[str], chaos: Chaos, seconds: float,
-           runs: int) -> None:
+def report(
+    out: Print,
+    *,
+    opts: DemoOptions,
+    log_url: str,
+    produced: Produced,
+    stats: dict[str, Any],
+    dead: Counter[str],
+    chaos: Chaos,
+    seconds: float,
+    runs: int,
+) -> None:
     """Print the demo's report (the README explains each line)."""
     events = produced.planes + produced.flown + produced.cancelled
     attempts = stats.get("attempts", 0)
     out(f"log                      {log_url} ({opts.partitions} partitions per topic)")
-    out(f"produced                 {produced.planes:,} PlaneRegistered, {produced.flown:,} "
-        f"FlightFlown, {produced.cancelled:,} FlightCancelled in {produced.seconds:.1f} s")
-    out(f"refused at publish       {produced.refused:,} flights without a tail number "
-        f"(first: {produced.first_refusal or '-'})")
-    out(f"handled                  {stats.get('handled', 0):,} records in "
-        f"{stats.get('handler_calls', 0):,} handler calls")
+    out(
+        f"produced                 {produced.planes:,} PlaneRegistered, {produced.flown:,} "
+        f"FlightFlown, {produced.cancelled:,} FlightCancelled in {produced.seconds:.1f} s"
+    )
+    out(
+        f"refused at publish       {produced.refused:,} flights without a tail number "
+        f"(first: {produced.first_refusal or '-'})"
+    )
+    out(
+        f"handled                  {stats.get('handled', 0):,} records in "
+        f"{stats.get('handler_calls', 0):,} handler calls"
+    )
     out(f"reduced away by combine  {stats.get('reduced_away', 0):,} records")
     out(f"skipped by the inbox     {stats.get('inbox_skipped', 0):,} records already applied")
-    out(f"retryable                {stats.get('quarantined_keys', 0):,} keys quarantined, "
+    out(
+        f"retryable                {stats.get('quarantined_keys', 0):,} keys quarantined, "
         f"{attempts:,} attempts ({stats.get('attempts_failed', 0):,} failed), "
-        f"{stats.get('routed', 0):,} records routed during quarantine")
+        f"{stats.get('routed', 0):,} records routed during quarantine"
+    )
     out(f"keys given up            {stats.get('gave_up_keys', 0):,}")
-    out("dead letters             " + (", ".join(f"{r}: {n:,}" for r, n in sorted(dead.items()))
-                                       or "none"))
-    out(f"transient pauses         {stats.get('transient_pauses', 0):,} failed calls retried "
-        f"in place" + (f" (projection locked for {opts.lock_seconds:.1f} s at "
-                       f"{chaos.lock_at:.1f} s)" if chaos.lock_at is not None else ""))
-    out(f"consumer runs            {runs}" + (f" (SIGKILL at {chaos.kill_at:.1f} s, restarted)"
-                                               if chaos.kill_at is not None else ""))
+    out(
+        "dead letters             "
+        + (", ".join(f"{r}: {n:,}" for r, n in sorted(dead.items())) or "none")
+    )
+    out(
+        f"transient pauses         {stats.get('transient_pauses', 0):,} failed calls retried "
+        f"in place"
+        + (
+            f" (projection locked for {opts.lock_seconds:.1f} s at {chaos.lock_at:.1f} s)"
+            if chaos.lock_at is not None
+            else ""
+        )
+    )
+    out(
+        f"consumer runs            {runs}"
+        + (f" (SIGKILL at {chaos.kill_at:.1f} s, restarted)" if chaos.kill_at is not None else "")
+    )
     out(f"duration                 {seconds:.1f} s, {_rate(events, seconds)} events")
 
 
@@ -399,15 +473,25 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
     """
     workdir = opts.workdir
     workdir.mkdir(parents=True, exist_ok=True)
-    for name in ("log.db", "log.db-wal", "log.db-shm", "projection.db", "projection.db-wal",
-                 "projection.db-shm", "consumer.log", "done"):
+    for name in (
+        "log.db",
+        "log.db-wal",
+        "log.db-shm",
+        "projection.db",
+        "projection.db-wal",
+        "projection.db-shm",
+        "consumer.log",
+        "done",
+    ):
         (workdir / name).unlink(missing_ok=True)
     for stale in workdir.glob("consumer-stats-*.json"):
         stale.unlink()
     log_url = opts.log_url or f"sqlite:///{workdir / 'log.db'}"
     if log_url.startswith("memory:"):
-        raise ConfigError("the demo's consumer runs in another process: use a log URL it can "
-                          "reach, such as sqlite:///demo.db")
+        raise ConfigError(
+            "the demo's consumer runs in another process: use a log URL it can "
+            "reach, such as sqlite:///demo.db"
+        )
     started = time.perf_counter()
     expected = expected_totals(opts.limit)
     registered = {p.tailnum for p in read_planes()}
@@ -423,9 +507,13 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
         consumer = ConsumerProcess(opts, log_url, projection_path, done)
         consumer.start()
         chaos = Chaos()
-        monkey = (asyncio.create_task(
-            chaos_monkey(opts, consumer, projection, expected.rows, started, chaos))
-            if opts.chaos else None)
+        monkey = (
+            asyncio.create_task(
+                chaos_monkey(opts, consumer, projection, expected.rows, started, chaos)
+            )
+            if opts.chaos
+            else None
+        )
         produced = await produce(log, opts.limit)
         done.touch()
         # The monkey kills and restarts the consumer without awaiting in
@@ -440,36 +528,59 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
             out(f"the consumer failed with exit status {code}; see {workdir / 'consumer.log'}")
             return 1
         seconds = time.perf_counter() - started
-        dead = Counter(d.reason or "?"
-                       for d in await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP))
+        dead = Counter(
+            d.reason or "?" for d in await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
+        )
         out("wakuwaku demo flights: report")
-        report(out, opts=opts, log_url=log_url, produced=produced, stats=consumer.stats(),
-               dead=dead, chaos=chaos, seconds=seconds, runs=consumer.runs)
+        report(
+            out,
+            opts=opts,
+            log_url=log_url,
+            produced=produced,
+            stats=consumer.stats(),
+            dead=dead,
+            chaos=chaos,
+            seconds=seconds,
+            runs=consumer.runs,
+        )
         for note in chaos.notes:
             out(f"note                     {note}")
         out("verification (from the CSV files, without wakuwaku)")
-        checked = await verify(log, projection, expected, registered, produced.refused,
-                               after_replay=False)
+        checked = await verify(
+            log, projection, expected, registered, produced.refused, after_replay=False
+        )
         for line in checked.lines:
             out(line)
         ok = checked.ok
         if opts.replay:
-            ok = await replay_phase(opts, out, log, consumer, projection, expected,
-                                    registered, produced) and ok
+            ok = (
+                await replay_phase(
+                    opts, out, log, consumer, projection, expected, registered, produced
+                )
+                and ok
+            )
         out("VERIFIED" if ok else "NOT VERIFIED")
         return 0 if ok else 1
     finally:
         await log.close()
 
 
-async def replay_phase(opts: DemoOptions, out: Print, log: Log, consumer: ConsumerProcess,
-                       projection: Projection, expected: Expected, registered: set[str],
-                       produced: Produced) -> bool:
+async def replay_phase(
+    opts: DemoOptions,
+    out: Print,
+    log: Log,
+    consumer: ConsumerProcess,
+    projection: Projection,
+    expected: Expected,
+    registered: set[str],
+    produced: Produced,
+) -> bool:
     """Register the missing aircraft, replay the dead letters, verify every flight."""
     started = time.perf_counter()
     missing = sorted(set(expected.totals) - registered)
     await Producer(log, PLANES_TOPIC).publish_many(
-        [PlaneRegistered(t, None, "unknown", "unknown", None) for t in missing])
+        [PlaneRegistered(t, None, "unknown", "unknown", None) for t in missing]
+    )
     replayed = await replay_dead_letters(log, FLIGHTS_TOPIC, group=GROUP, reason="gave_up_retry")
     before = consumer.runs
     consumer.start()
@@ -480,11 +591,14 @@ async def replay_phase(opts: DemoOptions, out: Print, log: Log, consumer: Consum
     records = sum(len(r.source.ids) for r in await _replayed_sources(log, replayed.replayed))
     out("replay of the dead letters")
     out(f"registered               {len(missing):,} missing aircraft as unknown models")
-    out(f"replayed                 {len(replayed.replayed):,} dead letters ({records:,} flights)"
+    out(
+        f"replayed                 {len(replayed.replayed):,} dead letters ({records:,} flights)"
         f", skipped {len(replayed.skipped):,}, in {time.perf_counter() - started:.1f} s "
-        f"({consumer.runs - before} consumer run)")
-    checked = await verify(log, projection, expected, registered | set(missing),
-                           produced.refused, after_replay=True)
+        f"({consumer.runs - before} consumer run)"
+    )
+    checked = await verify(
+        log, projection, expected, registered | set(missing), produced.refused, after_replay=True
+    )
     for line in checked.lines:
         out(line)
     return checked.ok
@@ -496,4 +610,3 @@ async def _replayed_sources(log: Log, replayed: Sequence[Any]) -> list[Any]:
     letters: list[DeadLetter] = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
     wanted = {(r.dlq_partition, r.dlq_offset) for r in replayed}
     return [d for d in letters if (d.partition, d.offset) in wanted and d.source is not None]
-

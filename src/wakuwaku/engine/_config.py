@@ -95,10 +95,13 @@ def split_internal_topic(name: str) -> tuple[str, str, str] | None:
     """``("retry" | "dlq" | "replayed", group, topic)`` for a retry,
     dead-letter or replay-ledger topic name (namespace removed first), None
     for any other name."""
-    for kind, prefix in (("retry", RETRY_PREFIX), ("dlq", DEAD_LETTER_PREFIX),
-                         ("replayed", REPLAY_LEDGER_PREFIX)):
+    for kind, prefix in (
+        ("retry", RETRY_PREFIX),
+        ("dlq", DEAD_LETTER_PREFIX),
+        ("replayed", REPLAY_LEDGER_PREFIX),
+    ):
         if name.startswith(prefix):
-            group, dot, topic = name[len(prefix):].partition(".")
+            group, dot, topic = name[len(prefix) :].partition(".")
             if dot and group and topic:
                 return kind, group, topic
     return None
@@ -189,8 +192,10 @@ class ConsumerConfig:
 
     def _check_topics(self) -> None:
         if not isinstance(self.topic, str) and not isinstance(self.topic, Sequence):
-            raise ConfigError(f"ConsumerConfig.topic must be a topic name or a sequence of "
-                              f"them, got {self.topic!r}")
+            raise ConfigError(
+                f"ConsumerConfig.topic must be a topic name or a sequence of "
+                f"them, got {self.topic!r}"
+            )
         topics = self.topics
         if not topics or any(not isinstance(t, str) or not t for t in topics):
             raise ConfigError(
@@ -206,7 +211,8 @@ class ConsumerConfig:
                         f"topic {topic!r} with group {self.group!r} makes the "
                         f"{len(derived)}-character topic name {derived[:40]!r}...: derived "
                         "topic names may have at most 200 characters (a shorter group or "
-                        "topic name)")
+                        "topic name)"
+                    )
             internal = split_internal_topic(self._unqualified(topic))
             if internal is not None:
                 kind, group, main = internal
@@ -214,11 +220,13 @@ class ConsumerConfig:
                 raise ConfigError(
                     f"topic {topic!r} is the {word} topic of group {group!r} for topic "
                     f"{main!r}: consume {main!r} instead (the consumer reads its own "
-                    "retry topic)")
+                    "retry topic)"
+                )
         if self.partitions is not None:
             parts = tuple(self.partitions)
-            if not parts or any(not isinstance(p, int) or isinstance(p, bool) or p < 0
-                                for p in parts):
+            if not parts or any(
+                not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in parts
+            ):
                 raise ConfigError(f"ConsumerConfig.partitions must be ints >= 0, got {parts!r}")
             object.__setattr__(self, "partitions", parts)
 
@@ -241,13 +249,18 @@ class ConsumerConfig:
             )
         object.__setattr__(self, "retry_delays", delays)
         jitter = self.retry_jitter
-        if (not isinstance(jitter, int | float) or isinstance(jitter, bool)
-                or not 0.0 <= jitter <= 1.0):
-            raise ConfigError(f"ConsumerConfig.retry_jitter must be a fraction in [0, 1], "
-                              f"got {jitter!r}")
+        if (
+            not isinstance(jitter, int | float)
+            or isinstance(jitter, bool)
+            or not 0.0 <= jitter <= 1.0
+        ):
+            raise ConfigError(
+                f"ConsumerConfig.retry_jitter must be a fraction in [0, 1], got {jitter!r}"
+            )
         if not callable(self.jitter_source):
-            raise ConfigError(f"ConsumerConfig.jitter_source must be callable, "
-                              f"got {self.jitter_source!r}")
+            raise ConfigError(
+                f"ConsumerConfig.jitter_source must be callable, got {self.jitter_source!r}"
+            )
 
     def _check_bounds(self) -> None:
         bounds = ("max_pending_retry", "max_poll_records", "max_concurrency", "error_text_limit")
@@ -258,13 +271,15 @@ class ConsumerConfig:
         for name in ("poll_interval", "shutdown_timeout", "lease_ttl"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"ConsumerConfig.{name} must be finite seconds > 0, "
-                                  f"got {value!r}")
+                raise ConfigError(
+                    f"ConsumerConfig.{name} must be finite seconds > 0, got {value!r}"
+                )
 
     def _check_policies(self) -> None:
         if not isinstance(self.delivery_mode, DeliveryMode):
-            raise ConfigError(f"ConsumerConfig.delivery_mode must be a DeliveryMode, "
-                              f"got {self.delivery_mode!r}")
+            raise ConfigError(
+                f"ConsumerConfig.delivery_mode must be a DeliveryMode, got {self.delivery_mode!r}"
+            )
         if not callable(self.classify):
             raise ConfigError(f"ConsumerConfig.classify must be callable, got {self.classify!r}")
         if not isinstance(self.member_id, str) or not self.member_id:
@@ -292,7 +307,7 @@ class ConsumerConfig:
 
     def _unqualified(self, topic: str) -> str:
         prefix = f"{self.namespace}." if self.namespace else ""
-        return topic[len(prefix):] if prefix and topic.startswith(prefix) else topic
+        return topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic
 
     def delay(self, failures: int) -> float:
         """The wait (seconds) after the ``failures``-th failure in a row (1-based);

@@ -56,8 +56,9 @@ class Consumer:
                 raise ConfigError(f"not a wakuwaku Handler: {handler!r}")
             tag = handler.event_type.tag
             if tag in by_tag:
-                raise ConfigError(f"two handlers for event type {tag!r}: "
-                                  f"{by_tag[tag]!r} and {handler!r}")
+                raise ConfigError(
+                    f"two handlers for event type {tag!r}: {by_tag[tag]!r} and {handler!r}"
+                )
             by_tag[tag] = handler
         if not by_tag:
             raise ConfigError("a Consumer needs at least one handler")
@@ -126,7 +127,8 @@ class Consumer:
         if self._ran:
             raise WakuwakuError(
                 f"this Consumer of group {self.config.group!r} has already run; "
-                "create a new Consumer to consume again")
+                "create a new Consumer to consume again"
+            )
         self._ran = True
         if not self._started:
             await self.start()
@@ -136,7 +138,8 @@ class Consumer:
         # them whatever the config said. Threads start only when used.
         self._executor = executor = ThreadPoolExecutor(
             max_workers=self.config.max_concurrency,
-            thread_name_prefix=f"wakuwaku-{self.config.group}")
+            thread_name_prefix=f"wakuwaku-{self.config.group}",
+        )
         supervisors = [
             asyncio.create_task(self._supervise(topic, p), name=f"wakuwaku:{topic}/{p}")
             for topic, p in self._assignment
@@ -154,8 +157,10 @@ class Consumer:
             for task in still:
                 task.cancel()
             if still:
-                log.warning("shutdown deadline passed; cancelled running chunks",
-                            extra={"partitions": len(still)})
+                log.warning(
+                    "shutdown deadline passed; cancelled running chunks",
+                    extra={"partitions": len(still)},
+                )
                 await asyncio.gather(*still, return_exceptions=True)
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
@@ -209,8 +214,10 @@ class Consumer:
                     ends[topic] = await self.log.end_offsets(topic)
         except Exception:  # noqa: BLE001 - cannot tell: not at the end; the next check asks again
             return False
-        return all(worker.position >= ends[topic].get(partition, 0)
-                   for (topic, partition), worker in self.workers.items())
+        return all(
+            worker.position >= ends[topic].get(partition, 0)
+            for (topic, partition), worker in self.workers.items()
+        )
 
     async def _until_progress(self, runner: asyncio.Task[ConsumerStats]) -> None:
         """Wait until a partition catches up, ``runner`` ends, or ``poll_interval`` passes."""
@@ -227,9 +234,7 @@ class Consumer:
         quarantined key (what :meth:`drain` waits for)."""
         if not self._started or len(self.workers) < len(self._assignment):
             return False
-        return all(
-            w.started and w.caught_up and not w.retry.keys for w in self.workers.values()
-        )
+        return all(w.started and w.caught_up and not w.retry.keys for w in self.workers.values())
 
     def _install_signals(self) -> list[signal.Signals]:
         if threading.current_thread() is not threading.main_thread():
@@ -258,21 +263,30 @@ class Consumer:
             lease = await self._acquire(topic, partition)
             if lease is None:
                 if not waiting:  # once per wait: a dead member's lease runs out by itself
-                    log.info("partition owned by another member; waiting for its lease",
-                             extra={"topic": topic, "partition": partition,
-                                    "lease_ttl": ttl})
+                    log.info(
+                        "partition owned by another member; waiting for its lease",
+                        extra={"topic": topic, "partition": partition, "lease_ttl": ttl},
+                    )
                     waiting = True
                 await self._wait_or_stop(ttl / 3)
                 continue
             if waiting:
-                log.info("partition lease taken", extra={"topic": topic, "partition": partition,
-                                                          "generation": lease.generation})
+                log.info(
+                    "partition lease taken",
+                    extra={"topic": topic, "partition": partition, "generation": lease.generation},
+                )
                 waiting = False
             worker = PartitionWorker(
-                log=self.log, config=self.config, topic=topic, partition=partition,
-                handlers=self.handlers, stats=self.stats, generation=lease.generation,
+                log=self.log,
+                config=self.config,
+                topic=topic,
+                partition=partition,
+                handlers=self.handlers,
+                stats=self.stats,
+                generation=lease.generation,
                 lease_deadline=sent + ttl,
-                on_caught_up=self._caught_up.set, executor=self._executor,
+                on_caught_up=self._caught_up.set,
+                executor=self._executor,
             )
             self.workers[(topic, partition)] = worker
             if self._stop.is_set():
@@ -285,20 +299,27 @@ class Consumer:
                 if current is not None and current.cancelling():
                     raise  # this supervisor is being cancelled for real
                 # A driver leaked a CancelledError nobody asked for: a crash.
-                log.error("partition worker ended by a stray CancelledError; restarting it",
-                          extra={"topic": topic, "partition": partition})
+                log.error(
+                    "partition worker ended by a stray CancelledError; restarting it",
+                    extra={"topic": topic, "partition": partition},
+                )
                 await self._wait_or_stop(self.config.delay(1))
             except Exception:
                 # A bug must not stall the partition silently: log it, start
                 # again from the stored offsets after the first retry delay.
-                log.exception("partition worker crashed; restarting it",
-                              extra={"topic": topic, "partition": partition})
+                log.exception(
+                    "partition worker crashed; restarting it",
+                    extra={"topic": topic, "partition": partition},
+                )
                 await self._wait_or_stop(self.config.delay(1))
             except BaseException as exc:
                 # SystemExit, KeyboardInterrupt or another BaseException: the
                 # consumer stops and run() raises it, rather than idling.
-                log.critical("partition worker ended by %s; stopping the consumer",
-                             type(exc).__name__, extra={"topic": topic, "partition": partition})
+                log.critical(
+                    "partition worker ended by %s; stopping the consumer",
+                    type(exc).__name__,
+                    extra={"topic": topic, "partition": partition},
+                )
                 self.stop()
                 raise
             finally:
@@ -316,8 +337,10 @@ class Consumer:
                 self.config.group, topic, partition, self.config.member_id, self.config.lease_ttl
             )
         except Exception as exc:  # noqa: BLE001 - the log is down: try again later
-            log.warning("cannot take partition lease; retrying",
-                        extra={"topic": topic, "partition": partition, "error": str(exc)})
+            log.warning(
+                "cannot take partition lease; retrying",
+                extra={"topic": topic, "partition": partition, "error": str(exc)},
+            )
             return None
 
     async def _renew(self, lease: Lease, worker: PartitionWorker) -> None:
@@ -338,8 +361,10 @@ class Consumer:
                 continue
             if renewed is None and clock.monotonic() < worker.lease_deadline:
                 continue  # the log is unreachable, but the lease still holds
-            log.warning("partition lease lost; stopping its worker",
-                        extra={"topic": lease.topic, "partition": lease.partition})
+            log.warning(
+                "partition lease lost; stopping its worker",
+                extra={"topic": lease.topic, "partition": lease.partition},
+            )
             worker.stop()
             return
 

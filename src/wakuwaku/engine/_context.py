@@ -61,9 +61,11 @@ class ChunkContext(msgspec.Struct, frozen=True, gc=False):
         return tuple(i for item in self.items for i in item.ids)
 
     def __repr__(self) -> str:
-        return (f"ChunkContext(topic={self.topic!r}, partition={self.partition}, "
-                f"key={self.key!r}, type_tag={self.type_tag!r}, events={len(self.items)}, "
-                f"attempt={self.attempt})")
+        return (
+            f"ChunkContext(topic={self.topic!r}, partition={self.partition}, "
+            f"key={self.key!r}, type_tag={self.type_tag!r}, events={len(self.items)}, "
+            f"attempt={self.attempt})"
+        )
 
 
 _current: contextvars.ContextVar[ChunkContext] = contextvars.ContextVar("wakuwaku_chunk")

@@ -186,8 +186,11 @@ class PartitionWorker:
         self.lease_deadline = lease_deadline
         # Every write for this partition carries its lease (SPEC 15): the log
         # refuses it once another member owns the partition.
-        self._fence = (None if generation is None else
-                       Lease(config.group, topic, partition, config.member_id, generation, 0.0))
+        self._fence = (
+            None
+            if generation is None
+            else Lease(config.group, topic, partition, config.member_id, generation, 0.0)
+        )
         self.clock = config.clock
         self.retry = RetryState(config.delay, config.clock)
         self.position = 0
@@ -246,8 +249,9 @@ class PartitionWorker:
         if self.clock.monotonic() >= self.lease_deadline:
             # A pause (SIGSTOP, a blocked event loop) outlived the lease: another
             # member may own the partition now; start nothing more (SPEC 15).
-            log.warning("partition lease ran out before it was renewed; stopping",
-                        extra=self._fields)
+            log.warning(
+                "partition lease ran out before it was renewed; stopping", extra=self._fields
+            )
             self.stop()
             raise Abandon
         if self._gate.is_open:
@@ -271,8 +275,10 @@ class PartitionWorker:
                 try:
                     return await call()
                 except FencedError as exc:
-                    log.warning("partition lease lost; stopping", extra={**self._fields,
-                                "operation": operation, "error": str(exc)})
+                    log.warning(
+                        "partition lease lost; stopping",
+                        extra={**self._fields, "operation": operation, "error": str(exc)},
+                    )
                     raise Abandon from exc
                 except Exception as exc:  # noqa: BLE001 - every log failure is Transient here
                     failures += 1
@@ -282,9 +288,14 @@ class PartitionWorker:
                     delay = self.config.retry_delay(failures)
                     log.warning(
                         "log call failed; retrying",
-                        extra={**self._fields, "operation": operation, "delay": delay,
-                               "failures": failures, "error_class": ErrorClass.TRANSIENT.value,
-                               "error": sanitize(exc, self.config.error_text_limit)},
+                        extra={
+                            **self._fields,
+                            "operation": operation,
+                            "delay": delay,
+                            "failures": failures,
+                            "error_class": ErrorClass.TRANSIENT.value,
+                            "error": sanitize(exc, self.config.error_text_limit),
+                        },
                     )
                     await self._sleep(delay)
         finally:
@@ -328,8 +339,7 @@ class PartitionWorker:
     async def _poll(self, offset: int) -> list[Record]:
         return await self._log_call(
             "poll",
-            lambda: self.log.read(self.topic, self.partition, offset,
-                                  self.config.max_poll_records),
+            lambda: self.log.read(self.topic, self.partition, offset, self.config.max_poll_records),
         )
 
     def _idle_wait(self) -> float:
@@ -353,8 +363,9 @@ class PartitionWorker:
             lambda: self.log.committed(self.config.group, self.retry_topic, self.partition),
         )
         if committed is None:
-            starts = await self._log_call("start offsets",
-                                          lambda: self.log.start_offsets(self.retry_topic))
+            starts = await self._log_call(
+                "start offsets", lambda: self.log.start_offsets(self.retry_topic)
+            )
             committed = starts.get(self.partition, 0)
         offset = committed
         self.retry.end_offset = offset
@@ -372,32 +383,44 @@ class PartitionWorker:
             "load offset",
             lambda: self.log.committed(self.config.group, self.topic, self.partition),
         )
-        starts = await self._log_call("start offsets",
-                                      lambda: self.log.start_offsets(self.topic))
+        starts = await self._log_call("start offsets", lambda: self.log.start_offsets(self.topic))
         start = starts.get(self.partition, 0)
         if position is None:
             position = start
         elif position < start:
             # Retention deleted records this group never read (issue 12 item 10):
             # the log can only go on from its floor, but never in silence.
-            log.warning("committed offset is below the partition's retention floor; "
-                        "records were deleted before this group read them",
-                        extra={**self._fields, "committed": position, "start": start,
-                               "skipped": start - position})
+            log.warning(
+                "committed offset is below the partition's retention floor; "
+                "records were deleted before this group read them",
+                extra={
+                    **self._fields,
+                    "committed": position,
+                    "start": start,
+                    "skipped": start - position,
+                },
+            )
             self.stats.offset_gaps += start - position
             position = start
         self.position = position
         for offset, key, what in self.retry.broken[:20]:
-            log.warning("broken retry record; going on without it", extra={
-                **self._fields, "retry_offset": offset, "key": key, "error": what})
+            log.warning(
+                "broken retry record; going on without it",
+                extra={**self._fields, "retry_offset": offset, "key": key, "error": what},
+            )
         self.retry.broken.clear()
         if not self.log.atomic_store:
             await self._recover_dead_letters(position)
         self.retry.forget_routed(position)
         if self.retry.keys:
-            log.info("retry state restored", extra={
-                **self._fields, "keys": len(self.retry.keys),
-                "pending": self.retry.pending_count})
+            log.info(
+                "retry state restored",
+                extra={
+                    **self._fields,
+                    "keys": len(self.retry.keys),
+                    "pending": self.retry.pending_count,
+                },
+            )
 
     async def _recover_dead_letters(self, position: int) -> None:
         """On a log without an atomic store, find dead letters written by a
@@ -413,21 +436,30 @@ class PartitionWorker:
         """
         group, dlq, partition = self.config.group, self.dlq_topic, self.partition
         offset = await self._log_call(
-            "load dead-letter offset", lambda: self.log.committed(group, dlq, partition))
+            "load dead-letter offset", lambda: self.log.committed(group, dlq, partition)
+        )
         if offset is None:
             ends = await self._log_call("end offsets", lambda: self.log.end_offsets(dlq))
             end = ends.get(partition, 0)
-            await self._log_call("commit dead-letter offset", partial(
-                self.log.commit, group, dlq, partition, end, fence=self._fence))
+            await self._log_call(
+                "commit dead-letter offset",
+                partial(self.log.commit, group, dlq, partition, end, fence=self._fence),
+            )
             return
         routed = self.retry.routed
         while page := await self._log_call(
-                "read dead letters", partial(self.log.read, dlq, partition, offset, 1000)):
+            "read dead letters", partial(self.log.read, dlq, partition, offset, 1000)
+        ):
             for record in page:
                 source = retry_source(record)
                 key = key_or_none(record.headers)
-                if (source is None or key is None or source.topic != self.topic
-                        or source.partition != partition or not source.offsets):
+                if (
+                    source is None
+                    or key is None
+                    or source.topic != self.topic
+                    or source.partition != partition
+                    or not source.offsets
+                ):
                     continue
                 top = max(source.offsets)
                 if top >= position:
@@ -468,8 +500,7 @@ class PartitionWorker:
         are lost, as at-most-once allows, and their count is logged.
         """
         done = set(self._done or ())
-        done.update(r.offset for chunk in self._handled for item in chunk
-                    for r in item.sources)
+        done.update(r.offset for chunk in self._handled for item in chunk for r in item.sources)
         following = records[-1].offset + 1
         first = next((r.offset for r in records if r.offset not in done), following)
         target = first
@@ -479,8 +510,10 @@ class PartitionWorker:
             if any(r.offset in done for r in records if r.offset > first):
                 lost = sum(1 for r in records if r.offset not in done)
                 if lost:
-                    log.warning("stopped mid-batch: records not started are skipped "
-                                "(at-most-once)", extra={**self._fields, "records": lost})
+                    log.warning(
+                        "stopped mid-batch: records not started are skipped (at-most-once)",
+                        extra={**self._fields, "records": lost},
+                    )
                 target = following
         try:
             await self._flush(target if target != stored else None)
@@ -491,8 +524,9 @@ class PartitionWorker:
     async def _commit_main(self, offset: int) -> None:
         await self._log_call(
             "commit offset",
-            lambda: self.log.commit(self.config.group, self.topic, self.partition, offset,
-                                    generation=self.generation),
+            lambda: self.log.commit(
+                self.config.group, self.topic, self.partition, offset, generation=self.generation
+            ),
         )
 
     async def _commit_retry(self) -> None:
@@ -509,9 +543,14 @@ class PartitionWorker:
     async def _process_batch(self, records: list[Record]) -> None:
         # Without an inbox nothing needs the items of a batch that goes well:
         # the runs keep records instead (see Run).
-        items, groups, rejects = decode_batch(records, self.topic, self.partition, self.types,
-                                              compact=not self._has_inbox,
-                                              group=self.config.group)
+        items, groups, rejects = decode_batch(
+            records,
+            self.topic,
+            self.partition,
+            self.types,
+            compact=not self._has_inbox,
+            group=self.config.group,
+        )
         if rejects:
             self._dead_letter_rejects(rejects)
         if self._has_inbox:
@@ -520,9 +559,9 @@ class PartitionWorker:
             self._route_quarantined(groups)
         segments = plan_groups(groups, reduces=self._reduces)
         if self._reduces:
-            self.stats.reduced_away += (
-                sum(len(run) for runs in groups.values() for run in runs)
-                - sum(len(run) for seg in segments for run in seg.runs))
+            self.stats.reduced_away += sum(
+                len(run) for runs in groups.values() for run in runs
+            ) - sum(len(run) for seg in segments for run in seg.runs)
         await self._run_segments(segments, self._after_main_segment, self._handled)
 
     def _route_quarantined(self, groups: Groups) -> None:
@@ -567,7 +606,7 @@ class PartitionWorker:
                 count += 1
             self._mark(run[:count])
             if count < len(run):
-                return [run[count:], *runs[index + 1:]]
+                return [run[count:], *runs[index + 1 :]]
         return []
 
     def _mark(self, items: Iterable[Item]) -> None:
@@ -582,13 +621,19 @@ class PartitionWorker:
         work = outcome.rest + outcome.later
         error = sanitize(outcome.error, self.config.error_text_limit)
         records = sum(len(i.sources) for i in work)
-        fields = {**self._fields, "key": key, "type": outcome.rest[0].tag,
-                  "offsets": [o for i in outcome.rest[:1] for o in i.main_offsets],
-                  "error_class": ErrorClass.RETRYABLE.value, "error": error}
+        fields = {
+            **self._fields,
+            "key": key,
+            "type": outcome.rest[0].tag,
+            "offsets": [o for i in outcome.rest[:1] for o in i.main_offsets],
+            "error_class": ErrorClass.RETRYABLE.value,
+            "error": error,
+        }
         pending = self.retry.pending_count + self._unflushed_work
         if pending + len(work) > self.config.max_pending_retry:
-            log.error("retry backlog full", extra={**fields, "records": records,
-                                                   "pending": pending})
+            log.error(
+                "retry backlog full", extra={**fields, "records": records, "pending": pending}
+            )
             self._dead_letter_items(work, ReasonCode.RETRY_BACKLOG_FULL, error)
             return
         self._write_retry(work, None, error)
@@ -638,8 +683,7 @@ class PartitionWorker:
                 await asyncio.sleep(0)  # the workers run until they wait
                 if not length_hint(pending) or all(w.done() for w in workers):
                     break
-                workers.append(asyncio.ensure_future(
-                    self._work(pending, after, handled, attempts)))
+                workers.append(asyncio.ensure_future(self._work(pending, after, handled, attempts)))
             await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
             for worker in workers:
                 if worker.done() and not worker.cancelled() and worker.exception() is not None:
@@ -694,12 +738,12 @@ class PartitionWorker:
                     count = len(run.events)  # not len(run): a Python-level __len__
                     for start in range(0, count, size):
                         chunk = run if count <= size else run[start : start + size]
-                        if (self._stopping or not gate.is_open
-                                or monotonic() >= self.lease_deadline):
+                        if self._stopping or not gate.is_open or monotonic() >= self.lease_deadline:
                             await self._through_gate()
                         # The handler call, as _call makes it, inline.
-                        token = set_context(ChunkContext(topic, partition, key, tag, chunk,
-                                                         attempt))
+                        token = set_context(
+                            ChunkContext(topic, partition, key, tag, chunk, attempt)
+                        )
                         started = perf_counter()
                         try:
                             called = invoke(chunk.events.copy())
@@ -714,12 +758,12 @@ class PartitionWorker:
                             reset_context(token)
                         if failure is None:
                             handled.append(chunk)
-                            records += (len(chunk.events) if single
-                                        else sum(map(_count, chunk)))
+                            records += len(chunk.events) if single else sum(map(_count, chunk))
                             continue
                         outcome = outcome or SegmentOutcome()
                         stopped = await self._chunk_failed(
-                            handler, seg, run, start, attempt, failure, outcome, handled)
+                            handler, seg, run, start, attempt, failure, outcome, handled
+                        )
                         if stopped:
                             break
                     if stopped:
@@ -735,8 +779,14 @@ class PartitionWorker:
         return True
 
     async def _chunk_failed(
-        self, handler: Handler[Any], seg: Segment, run: Run, start: int, attempt: int,
-        failure: tuple[ErrorClass, BaseException], outcome: SegmentOutcome,
+        self,
+        handler: Handler[Any],
+        seg: Segment,
+        run: Run,
+        start: int,
+        attempt: int,
+        failure: tuple[ErrorClass, BaseException],
+        outcome: SegmentOutcome,
         handled: list[Run],
     ) -> bool:
         """Apply the class of a failed chunk, the one at ``start`` in ``run``
@@ -759,9 +809,14 @@ class PartitionWorker:
             error = sanitize(exc, self.config.error_text_limit)
             log.error(
                 "dropping chunk after unrecoverable handler failure",
-                extra={**self._fields, "key": seg.key, "type": handler.event_type.tag,
-                       "offsets": [o for i in chunk for o in i.main_offsets],
-                       "error_class": error_class.value, "error": error},
+                extra={
+                    **self._fields,
+                    "key": seg.key,
+                    "type": handler.event_type.tag,
+                    "offsets": [o for i in chunk for o in i.main_offsets],
+                    "error_class": error_class.value,
+                    "error": error,
+                },
             )
             self._dead_letter_items(chunk, ReasonCode.UNRECOVERABLE, error)
             return False
@@ -772,7 +827,11 @@ class PartitionWorker:
         return True
 
     async def _retry_in_place(
-        self, handler: Handler[Any], key: str, chunk: Run, attempt: int,
+        self,
+        handler: Handler[Any],
+        key: str,
+        chunk: Run,
+        attempt: int,
         failure: tuple[ErrorClass, BaseException],
     ) -> tuple[ErrorClass, BaseException] | None:
         """After a Transient failure, call the handler again on the schedule,
@@ -786,11 +845,16 @@ class PartitionWorker:
                 delay = self.config.retry_delay(failures)
                 log.warning(
                     "transient failure; retrying chunk in place",
-                    extra={**self._fields, "key": key, "type": handler.event_type.tag,
-                           "offsets": [o for i in chunk for o in i.main_offsets],
-                           "error_class": ErrorClass.TRANSIENT.value, "delay": delay,
-                           "failures": failures,
-                           "error": sanitize(failure[1], self.config.error_text_limit)},
+                    extra={
+                        **self._fields,
+                        "key": key,
+                        "type": handler.event_type.tag,
+                        "offsets": [o for i in chunk for o in i.main_offsets],
+                        "error_class": ErrorClass.TRANSIENT.value,
+                        "delay": delay,
+                        "failures": failures,
+                        "error": sanitize(failure[1], self.config.error_text_limit),
+                    },
                 )
                 await self._sleep(delay)
                 again = await self._call(handler, key, chunk, attempt)
@@ -809,8 +873,9 @@ class PartitionWorker:
         :meth:`_work` makes the first call of every chunk with the same steps
         inline (a coroutine less per chunk); this is the call of a retry in place.
         """
-        token = _current.set(ChunkContext(self.topic, self.partition, key,
-                                          handler.event_type.tag, chunk, attempt))
+        token = _current.set(
+            ChunkContext(self.topic, self.partition, key, handler.event_type.tag, chunk, attempt)
+        )
         started = time.perf_counter()
         try:
             invoke = handler.handle if handler.is_async else self._sync_call(handler)
@@ -829,8 +894,9 @@ class PartitionWorker:
         """A sync handler's call on the consumer's thread pool."""
         return partial(handler.__call__, executor=self._executor)
 
-    def _failure(self, exc: BaseException, handler: Handler[Any], key: str,
-                 chunk: Iterable[Item]) -> tuple[ErrorClass, BaseException]:
+    def _failure(
+        self, exc: BaseException, handler: Handler[Any], key: str, chunk: Iterable[Item]
+    ) -> tuple[ErrorClass, BaseException]:
         """The class of what a handler raised (SPEC 5.8).
 
         :raises: ``exc`` itself when it is not a failure of the chunk: a
@@ -843,10 +909,16 @@ class PartitionWorker:
                 return declared, exc
             # A HandleError subclass whose __init__ skipped HandleError's: it
             # says no class, so it is classified like any other exception.
-            log.warning("HandleError without an error_class (its __init__ did not call "
-                        "HandleError.__init__); classifying it",
-                        extra={**self._fields, "key": key, "type": handler.event_type.tag,
-                               "error": sanitize(exc, self.config.error_text_limit)})
+            log.warning(
+                "HandleError without an error_class (its __init__ did not call "
+                "HandleError.__init__); classifying it",
+                extra={
+                    **self._fields,
+                    "key": key,
+                    "type": handler.event_type.tag,
+                    "error": sanitize(exc, self.config.error_text_limit),
+                },
+            )
         if isinstance(exc, asyncio.CancelledError):
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -856,29 +928,40 @@ class PartitionWorker:
             log.error(
                 "handler raised %s; the consumer stops without storing this batch's offset",
                 type(exc).__name__,
-                extra={**self._fields, "key": key, "type": handler.event_type.tag,
-                       "offsets": [o for i in chunk for o in i.main_offsets]},
+                extra={
+                    **self._fields,
+                    "key": key,
+                    "type": handler.event_type.tag,
+                    "offsets": [o for i in chunk for o in i.main_offsets],
+                },
             )
             raise exc
         # Any other exception, GeneratorExit & co., or a CancelledError the
         # handler raised itself.
         return self._classify(exc, key, handler, chunk), exc
 
-    def _classify(self, exc: BaseException, key: str, handler: Handler[Any],
-                  chunk: Iterable[Item]) -> ErrorClass:
+    def _classify(
+        self, exc: BaseException, key: str, handler: Handler[Any], chunk: Iterable[Item]
+    ) -> ErrorClass:
         try:
             error_class = ErrorClass(self.config.classify(exc))
         except Exception as bad:  # noqa: BLE001 - a broken classifier must not lose the chunk
-            log.error("classifier failed; treating the exception as unrecoverable",
-                      extra={**self._fields, "key": key, "error": sanitize(bad)})
+            log.error(
+                "classifier failed; treating the exception as unrecoverable",
+                extra={**self._fields, "key": key, "error": sanitize(bad)},
+            )
             error_class = ErrorClass.UNRECOVERABLE
         log.warning(
             "handler raised an exception that is not a HandleError; classified as %s",
             error_class.value,
-            extra={**self._fields, "key": key, "type": handler.event_type.tag,
-                   "offsets": [o for i in chunk for o in i.main_offsets],
-                   "error_class": error_class.value,
-                   "error": sanitize(exc, self.config.error_text_limit)},
+            extra={
+                **self._fields,
+                "key": key,
+                "type": handler.event_type.tag,
+                "offsets": [o for i in chunk for o in i.main_offsets],
+                "error_class": error_class.value,
+                "error": sanitize(exc, self.config.error_text_limit),
+            },
         )
         return error_class
 
@@ -957,8 +1040,7 @@ class PartitionWorker:
             self._dead_counts = Counter()
         if retry:
             now = self.clock.now()
-            for (headers, body), offset, at in zip(retry, offsets, self._retry_at,
-                                                   strict=True):
+            for (headers, body), offset, at in zip(retry, offsets, self._retry_at, strict=True):
                 self.retry.apply(Record(offset, headers, body, now), at)
             self._retry_out = []
             self._retry_at = []
@@ -966,8 +1048,9 @@ class PartitionWorker:
         if low != self._retry_committed:
             self._retry_committed = low
 
-    async def _store(self, appends: list[tuple[str, int, list[Outgoing]]],
-                     commits: list[tuple[str, int, int]]) -> list[int]:
+    async def _store(
+        self, appends: list[tuple[str, int, list[Outgoing]]], commits: list[tuple[str, int, int]]
+    ) -> list[int]:
         """Write ``appends`` then ``commits`` fenced; returns the last append's offsets."""
         fence = self._fence
         if self.log.atomic_store:
@@ -979,7 +1062,8 @@ class PartitionWorker:
         for topic, partition, records in appends:
             operation = "dead-letter write" if topic == self.dlq_topic else "retry write"
             offsets = await self._log_call(
-                operation, partial(self.log.append, topic, partition, records, fence=fence))
+                operation, partial(self.log.append, topic, partition, records, fence=fence)
+            )
             if topic == self.dlq_topic and offsets:
                 dead_end = [(topic, partition, offsets[-1] + 1)]
         # The dead-letter partition's own offset goes last, after the main one:
@@ -988,8 +1072,9 @@ class PartitionWorker:
         # (_recover_dead_letters).
         for topic, partition, offset in [*commits, *dead_end]:
             await self._log_call(
-                "commit offset", partial(self.log.commit, self.config.group, topic, partition,
-                                         offset, fence=fence))
+                "commit offset",
+                partial(self.log.commit, self.config.group, topic, partition, offset, fence=fence),
+            )
         return offsets
 
     def _write_retry(self, items: list[Item], failed_at: float | None, error: str) -> None:
@@ -1042,8 +1127,9 @@ class PartitionWorker:
                 state = self.retry.keys[key]
                 checked, skip = state.checked_through, state.skip
                 usable = [r for r in records[key] if r.offset > checked or r.offset not in skip]
-                items, rejects = decode_records(usable, self.topic, self.partition, self.types,
-                                                from_retry=True)
+                items, rejects = decode_records(
+                    usable, self.topic, self.partition, self.types, from_retry=True
+                )
                 self._dead_letter_rejects(rejects)  # once: they count as done from now on
                 skip.update(r.record.offset for r in rejects)
                 by_key[key] = items
@@ -1057,7 +1143,8 @@ class PartitionWorker:
                 for key, items in by_key.items():
                     if any(id(i) in dropped for i in items):
                         self.retry.keys[key].skip.update(
-                            i.record.offset for i in items if id(i) in dropped)
+                            i.record.offset for i in items if id(i) in dropped
+                        )
                         by_key[key] = [i for i in items if id(i) not in dropped]
             decoded = [item for key in keys for item in by_key[key]]
             segments_by_key = {key: Segment(key, []) for key in keys}
@@ -1067,9 +1154,12 @@ class PartitionWorker:
             del records, by_key, fresh, decoded
             finished: set[str] = set()
 
-            async def after(seg: Segment, outcome: SegmentOutcome,
-                            taken: dict[str, array[int]] = snapshots,
-                            ended: set[str] = finished) -> None:
+            async def after(
+                seg: Segment,
+                outcome: SegmentOutcome,
+                taken: dict[str, array[int]] = snapshots,
+                ended: set[str] = finished,
+            ) -> None:
                 await self._finish_attempt(seg.key, taken[seg.key], outcome)
                 ended.add(seg.key)
 
@@ -1117,7 +1207,8 @@ class PartitionWorker:
             count = min(READ_PAGE, wanted[-1] - start + 1)
             page = await self._log_call(
                 "read retry topic",
-                partial(self.log.read, self.retry_topic, self.partition, start, count))
+                partial(self.log.read, self.retry_topic, self.partition, start, count),
+            )
             if not page:
                 break
             for record in page:
@@ -1127,10 +1218,14 @@ class PartitionWorker:
             index = bisect_right(wanted, page[-1].offset, index)
         missing = len(wanted) - sum(map(len, found.values()))
         if missing:
-            log.warning("pending retry records are missing from the retry topic",
-                        extra={**self._fields, "records": missing,
-                               "keys": [k for k, r in found.items()
-                                        if len(r) != len(snapshots[k])]})
+            log.warning(
+                "pending retry records are missing from the retry topic",
+                extra={
+                    **self._fields,
+                    "records": missing,
+                    "keys": [k for k, r in found.items() if len(r) != len(snapshots[k])],
+                },
+            )
         return found
 
     async def _store_partial_attempts(self, handled: list[Run], finished: set[str]) -> None:
@@ -1150,8 +1245,7 @@ class PartitionWorker:
                 through[chunk.key] = max(through.get(chunk.key, last), last)
         at = self._times()
         now = at[0]
-        self._retry_out.extend(resolved_marker(key, offset, now)
-                               for key, offset in through.items())
+        self._retry_out.extend(resolved_marker(key, offset, now) for key, offset in through.items())
         self._retry_at.extend(at for _ in through)
         try:
             await self._flush()
@@ -1159,8 +1253,7 @@ class PartitionWorker:
         except Abandon:
             return  # the log refused while stopping: store nothing more
 
-    async def _finish_attempt(self, key: str, pending: array[int],
-                              outcome: SegmentOutcome) -> None:
+    async def _finish_attempt(self, key: str, pending: array[int], outcome: SegmentOutcome) -> None:
         """Buffer the markers of ``key``'s attempt, whose pending retry offsets
         were ``pending`` (increasing) when it started."""
         self.stats.attempts += 1
@@ -1176,13 +1269,19 @@ class PartitionWorker:
         self.stats.attempts_failed += 1
         error = sanitize(outcome.error, self.config.error_text_limit)
         first_undone = min(r.offset for i in outcome.rest for r in i.sources)
-        done_before = pending[:bisect_left(pending, first_undone)]
+        done_before = pending[: bisect_left(pending, first_undone)]
         # The counter belongs to the head of the key's pending work (SPEC 6): an
         # attempt that got past the head starts the new head at its first
         # failure, so progress is never punished (issue 12 item 5).
         failures = 1 if done_before else state.failures + 1
-        fields.update({"type": outcome.rest[0].tag, "error_class": ErrorClass.RETRYABLE.value,
-                       "error": error, "attempt": failures - 1})
+        fields.update(
+            {
+                "type": outcome.rest[0].tag,
+                "error_class": ErrorClass.RETRYABLE.value,
+                "error": error,
+                "attempt": failures - 1,
+            }
+        )
         markers: list[Outgoing] = []
         if failures > len(tuple(self.config.retry_delays)):
             gave_up = [r.offset for i in outcome.rest for r in i.sources]
@@ -1196,9 +1295,14 @@ class PartitionWorker:
                 markers.append(resolved_marker(key, max(done_before), now))
             delay = self.config.retry_delay(failures)
             markers.append(attempt_failed_marker(key, failures, now, now + delay))
-            log.warning("retry attempt failed", extra={
-                **fields, "offsets": [o for i in outcome.rest for o in i.main_offsets],
-                "next_attempt_in": delay})
+            log.warning(
+                "retry attempt failed",
+                extra={
+                    **fields,
+                    "offsets": [o for i in outcome.rest for o in i.main_offsets],
+                    "next_attempt_in": delay,
+                },
+            )
         self._retry_out.extend(markers)
         self._retry_at.extend(at for _ in markers)
 
@@ -1229,12 +1333,17 @@ class PartitionWorker:
                 origin = Source(self.topic, self.partition, (reject.record.offset,), (ident,))
             detail = sanitize(reject.detail, self.config.error_text_limit)
             log.error(
-                "record dead-lettered: %s", reject.reason.value,
-                extra={**self._fields, "key": reject.key, "offsets": [reject.record.offset],
-                       "reason": reject.reason.value, "error": detail},
+                "record dead-lettered: %s",
+                reject.reason.value,
+                extra={
+                    **self._fields,
+                    "key": reject.key,
+                    "offsets": [reject.record.offset],
+                    "reason": reject.reason.value,
+                    "error": detail,
+                },
             )
-            self._dead_out.append(dead_letter_record(reject.record, reject.reason, detail,
-                                                     origin))
+            self._dead_out.append(dead_letter_record(reject.record, reject.reason, detail, origin))
             self._dead_counts[reject.reason.value] += 1
             if self._done is not None:
                 self._done.add(reject.record.offset)

@@ -179,8 +179,9 @@ class Run(msgspec.Struct, gc=False):
     def __getitem__(self, index: slice) -> Run: ...
     def __getitem__(self, index: int | slice) -> Item | Run:
         if isinstance(index, slice):
-            return Run(self.key, self.event_type, self.where, self.events[index],
-                       self.entries[index])
+            return Run(
+                self.key, self.event_type, self.where, self.events[index], self.entries[index]
+            )
         return self._item(self.events[index], self.entries[index])
 
     def __iter__(self) -> Iterator[Item]:
@@ -249,8 +250,9 @@ def decode_records(
         ``wk-for-group`` names another group is a reject with reason None.
     :returns: items in input order, and rejects with their reason codes.
     """
-    items, _, rejects = decode_batch(records, topic, partition, types, from_retry=from_retry,
-                                     group=group)
+    items, _, rejects = decode_batch(
+        records, topic, partition, types, from_retry=from_retry, group=group
+    )
     return items, rejects
 
 
@@ -288,8 +290,7 @@ def decode_batch(
     fast = {} if from_retry else _fast_signatures(types)
     # id(headers) -> (headers, type, decode, has_id, key, the key's runs).
     # Each entry holds its dict, so no other dict gets that id meanwhile.
-    known: dict[int, tuple[Any, EventType[Any], Callable[[bytes], Any], bool, str,
-                           list[Run]]] = {}
+    known: dict[int, tuple[Any, EventType[Any], Callable[[bytes], Any], bool, str, list[Run]]] = {}
     runs_of: dict[str, list[Run]] = {}  # per key; in groups once it has an item
     get = known.get
     entry: Item | Record
@@ -302,8 +303,14 @@ def decode_batch(
                 key = headers[H_KEY].decode("utf-8")
                 if len(headers) != 4 or not key:
                     raise KeyError(H_KEY)
-                memo = known[id(headers)] = (headers, etype, decode, has_id, key,
-                                             runs_of.setdefault(key, []))
+                memo = known[id(headers)] = (
+                    headers,
+                    etype,
+                    decode,
+                    has_id,
+                    key,
+                    runs_of.setdefault(key, []),
+                )
             _, etype, decode, has_id, key, runs = memo
             value = decode(record.body)
         except Exception:  # noqa: BLE001 - the careful path names the problem
@@ -343,8 +350,14 @@ _NO_PROPS: dict[str, str] = {}
 """Shared by every item without properties; never mutated."""
 
 
-def _decode_one(record: Record, where: Where, types: Mapping[str, EventType[Any]],
-                from_retry: bool, rejects: list[Reject], group: str | None) -> Item | None:
+def _decode_one(
+    record: Record,
+    where: Where,
+    types: Mapping[str, EventType[Any]],
+    from_retry: bool,
+    rejects: list[Reject],
+    group: str | None,
+) -> Item | None:
     """Decode one record the careful way: every header checked, every problem named.
 
     Any exception while parsing dead-letters the record (SPEC 8): a record
@@ -353,29 +366,36 @@ def _decode_one(record: Record, where: Where, types: Mapping[str, EventType[Any]
     try:
         checked = _checked_headers(record, types, from_retry)
     except Exception as exc:  # noqa: BLE001 - any parse failure is a broken header
-        checked = InvalidHeaders(ReasonCode.MALFORMED_HEADER,
-                                 f"headers cannot be parsed: {type(exc).__name__}: {exc}")
+        checked = InvalidHeaders(
+            ReasonCode.MALFORMED_HEADER, f"headers cannot be parsed: {type(exc).__name__}: {exc}"
+        )
     if isinstance(checked, InvalidHeaders):
         rejects.append(Reject(record, checked.reason, checked.detail, key_or_none(record.headers)))
         return None
     if not from_retry and checked.for_group is not None and checked.for_group != group:
-        rejects.append(Reject(record, None, f"addressed to group {checked.for_group!r}",
-                              checked.key))
+        rejects.append(
+            Reject(record, None, f"addressed to group {checked.for_group!r}", checked.key)
+        )
         return None
     etype, key, source = checked.event_type, checked.key, checked.source
     try:
         value = etype.decode(record.body)
     except Exception as exc:  # noqa: BLE001 - any codec failure is a bad body
         rejects.append(
-            Reject(record, ReasonCode.UNDECODABLE_BODY,
-                   f"cannot decode {etype.tag!r}: {type(exc).__name__}: {exc}", key)
+            Reject(
+                record,
+                ReasonCode.UNDECODABLE_BODY,
+                f"cannot decode {etype.tag!r}: {type(exc).__name__}: {exc}",
+                key,
+            )
         )
         return None
     origin: Where | Source = where
     if from_retry:
         if source is None:
-            rejects.append(Reject(record, ReasonCode.MALFORMED_HEADER,
-                                  "retry record without wk-src", key))
+            rejects.append(
+                Reject(record, ReasonCode.MALFORMED_HEADER, "retry record without wk-src", key)
+            )
             return None
         origin = source
     elif source is not None:
@@ -386,31 +406,48 @@ def _decode_one(record: Record, where: Where, types: Mapping[str, EventType[Any]
         if own is None:
             return None
         origin = own
-    return Item(key, etype, value, record, origin, checked.props or _NO_PROPS,
-                None, checked.failed_at, len(origin.offsets) if isinstance(origin, Source) else 1)
+    return Item(
+        key,
+        etype,
+        value,
+        record,
+        origin,
+        checked.props or _NO_PROPS,
+        None,
+        checked.failed_at,
+        len(origin.offsets) if isinstance(origin, Source) else 1,
+    )
 
 
-def _checked_headers(record: Record, types: Mapping[str, EventType[Any]],
-                     from_retry: bool) -> ValidHeaders | InvalidHeaders:
+def _checked_headers(
+    record: Record, types: Mapping[str, EventType[Any]], from_retry: bool
+) -> ValidHeaders | InvalidHeaders:
     if not from_retry:
         internal = sorted(RETRY_ONLY_HEADERS.intersection(record.headers))
         if internal:
-            return InvalidHeaders(ReasonCode.MALFORMED_HEADER,
-                                  f"the retry topic's own header {internal[0]} is not "
-                                  "allowed on a main-topic record")
+            return InvalidHeaders(
+                ReasonCode.MALFORMED_HEADER,
+                f"the retry topic's own header {internal[0]} is not allowed on a main-topic record",
+            )
     return validate_headers(record.headers, types)
 
 
-def _own_origin(record: Record, where: Where, etype: EventType[Any], value: Any, key: str,
-                rejects: list[Reject]) -> Source | None:
+def _own_origin(
+    record: Record, where: Where, etype: EventType[Any], value: Any, key: str, rejects: list[Reject]
+) -> Source | None:
     """The origin of a main-topic record whose type declares its own id (SPEC 9);
     None, with a reject, when the id cannot be read from the event."""
     try:
         own_id = etype.id_of(value)
     except Exception as exc:  # noqa: BLE001 - a failing id accessor makes the body unusable
-        rejects.append(Reject(record, ReasonCode.UNDECODABLE_BODY,
-                              f"cannot read the id of {etype.tag!r}: "
-                              f"{type(exc).__name__}: {exc}", key))
+        rejects.append(
+            Reject(
+                record,
+                ReasonCode.UNDECODABLE_BODY,
+                f"cannot read the id of {etype.tag!r}: {type(exc).__name__}: {exc}",
+                key,
+            )
+        )
         return None
     ident = message_id(where.topic, where.partition, record.offset, own_id, etype.tag)
     return Source(where.topic, where.partition, (record.offset,), (ident,))
@@ -427,8 +464,11 @@ def _fast_signatures(types: Mapping[str, EventType[Any]]) -> _Fast:
     if cached is not None and cached[0] is types:
         return cached[1]
     table: _Fast = {
-        (WIRE_VERSION, tag.encode(), etype.algebra.value.encode()):
-            (etype, etype.codec.decode, etype.id_name is not None)
+        (WIRE_VERSION, tag.encode(), etype.algebra.value.encode()): (
+            etype,
+            etype.codec.decode,
+            etype.id_name is not None,
+        )
         for tag, etype in types.items()
     }
     if len(_FAST) > 64:
@@ -498,9 +538,14 @@ def _combine(etype: EventType[Any], a: Item, b: Item) -> Any:
     except Exception as exc:  # noqa: BLE001 - a failing combine must not lose events
         log.error(
             "combine failed; events kept apart",
-            extra={"topic": a.origin.topic, "partition": a.origin.partition, "type": etype.tag,
-                   "key": a.key, "offsets": list(a.main_offsets + b.main_offsets),
-                   "error": sanitize(exc)},
+            extra={
+                "topic": a.origin.topic,
+                "partition": a.origin.partition,
+                "type": etype.tag,
+                "key": a.key,
+                "offsets": list(a.main_offsets + b.main_offsets),
+                "error": sanitize(exc),
+            },
         )
         return None
 
@@ -556,7 +601,6 @@ def chunk_plan(
 ) -> list[list[list[Item]]]:
     """For inspection and tests: every segment's chunks as item lists, flattened per segment."""
     return [
-        [list(chunk) for run in seg.runs
-         for chunk in chunks(run, max_batch_of(run.event_type.tag))]
+        [list(chunk) for run in seg.runs for chunk in chunks(run, max_batch_of(run.event_type.tag))]
         for seg in segments
     ]

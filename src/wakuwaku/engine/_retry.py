@@ -135,9 +135,7 @@ def attempt_failed_marker(key: str, failures: int, at: float, due: float) -> Out
     )
 
 
-def retry_work_records(
-    item: Item, failed_at: float, error: str, due: float
-) -> list[Outgoing]:
+def retry_work_records(item: Item, failed_at: float, error: str, due: float) -> list[Outgoing]:
     """The retry-topic records of one (possibly reduced) main-topic item (SPEC 3, 5.5, 6).
 
     One record per main record the item stands for, each with that record's
@@ -310,12 +308,16 @@ class RetryState:
                 due = _seconds(record.headers.get(H_DUE))
                 failed = _seconds(record.headers.get(H_AT))
                 if failures is None or failures < 0 or (due is None and failed is None):
-                    self._broken(record, key, "attempt-failed marker without a usable "
-                                 "wk-failures, wk-due-at or wk-at")
+                    self._broken(
+                        record,
+                        key,
+                        "attempt-failed marker without a usable wk-failures, wk-due-at or wk-at",
+                    )
                     return
                 state.failures = failures
-                self._set_due(state, due if due is not None else
-                              (failed or 0.0) + self._delay(failures))
+                self._set_due(
+                    state, due if due is not None else (failed or 0.0) + self._delay(failures)
+                )
         else:
             self._broken(record, key, f"unknown marker {bytes(marker)[:40]!r}")
 

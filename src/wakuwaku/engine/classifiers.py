@@ -23,8 +23,9 @@ from .._errors import ErrorClass, HandleError, LogUnavailableError
 
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 TRANSIENT_SQLSTATE_PREFIXES = ("08", "57P01", "57P02", "57P03", "53300")
-_TRANSIENT_DRIVER_ERRORS = frozenset({"OperationalError", "InterfaceError", "PoolTimeout",
-                                      "PoolClosed", "ConnectionTimeout"})
+_TRANSIENT_DRIVER_ERRORS = frozenset(
+    {"OperationalError", "InterfaceError", "PoolTimeout", "PoolClosed", "ConnectionTimeout"}
+)
 
 
 def _sqlstate(exc: BaseException) -> str | None:

@@ -85,8 +85,9 @@ class InboxKey:
 
     def __post_init__(self) -> None:
         if not isinstance(self.message_key, str) or not self.message_key:
-            raise ConfigError(f"an inbox message key must be a non-empty str, "
-                              f"got {self.message_key!r}")
+            raise ConfigError(
+                f"an inbox message key must be a non-empty str, got {self.message_key!r}"
+            )
         given = (self.topic is not None, self.partition is not None, self.offset is not None)
         if any(given) and not all(given):
             raise ConfigError(
@@ -112,8 +113,7 @@ class InboxKey:
         :param own_id: the event's own unique id, if its type declares one.
         :param type_tag: the event type's tag (scopes ``own_id``).
         """
-        return cls(message_id(topic, partition, offset, own_id, type_tag),
-                   topic, partition, offset)
+        return cls(message_id(topic, partition, offset, own_id, type_tag), topic, partition, offset)
 
 
 def record_keys(
@@ -149,19 +149,24 @@ def record_keys(
     if raw_src is not None:
         source = decode_source(raw_src)
         if not source.ids:
-            raise ValueError(f"the wk-src header of the record at {topic}/{partition}/"
-                             f"{record.offset} lists no message ids")
+            raise ValueError(
+                f"the wk-src header of the record at {topic}/{partition}/"
+                f"{record.offset} lists no message ids"
+            )
         if len(source.offsets) != len(source.ids):
             return [InboxKey(mid) for mid in source.ids]
-        return [InboxKey(mid, source.topic, source.partition, off)
-                for mid, off in zip(source.ids, source.offsets, strict=True)]
+        return [
+            InboxKey(mid, source.topic, source.partition, off)
+            for mid, off in zip(source.ids, source.offsets, strict=True)
+        ]
     own_id: str | None = None
     tag = ""
     if event_type is not None:
         tag = event_type.tag
         if event_type.id_name is not None:
-            own_id = event_type.id_of(event if event is not None
-                                      else event_type.decode(record.body))
+            own_id = event_type.id_of(
+                event if event is not None else event_type.decode(record.body)
+            )
     return [InboxKey.for_message(topic, partition, record.offset, own_id, tag)]
 
 

@@ -92,8 +92,9 @@ class PostgresInbox(Inbox):
         clock: Clock = SYSTEM_CLOCK,
         error_limit: int = DEFAULT_ERROR_LIMIT,
     ) -> None:
-        super().__init__(group, max_attempts=max_attempts, table=table, clock=clock,
-                         error_limit=error_limit)
+        super().__init__(
+            group, max_attempts=max_attempts, table=table, clock=clock, error_limit=error_limit
+        )
         self.database = database
         # The package's own .sql file with checked identifiers pasted in.
         self._q = load_queries("postgres.sql", self.table, self.dead_table)
@@ -137,13 +138,17 @@ class PostgresInbox(Inbox):
         returned: set[str] = set()
         async with conn.cursor() as cur:
             for part in chunks(distinct, _CLAIM_CHUNK):
-                await cur.execute(self._q["claim"], {
-                    "grp": self.group, "now": now,
-                    "keys": [k.message_key for k in part],
-                    "topics": [k.topic for k in part],
-                    "parts": [k.partition for k in part],
-                    "offs": [k.offset for k in part],
-                })
+                await cur.execute(
+                    self._q["claim"],
+                    {
+                        "grp": self.group,
+                        "now": now,
+                        "keys": [k.message_key for k in part],
+                        "topics": [k.topic for k in part],
+                        "parts": [k.partition for k in part],
+                        "offs": [k.offset for k in part],
+                    },
+                )
                 returned.update(row[0] for row in await cur.fetchall())
         return split_claim(order, returned)
 
@@ -223,9 +228,13 @@ class PostgresInbox(Inbox):
         """
         ikey = key if isinstance(key, InboxKey) else InboxKey(key)
         params: dict[str, Any] = {
-            "grp": self.group, "key": ikey.message_key, "now": self.clock.now(),
+            "grp": self.group,
+            "key": ikey.message_key,
+            "now": self.clock.now(),
             "error": self._failure_text(error),
-            "topic": ikey.topic, "partition": ikey.partition, "offset": ikey.offset,
+            "topic": ikey.topic,
+            "partition": ikey.partition,
+            "offset": ikey.offset,
         }
         async with self._connect() as conn, conn.transaction(), conn.cursor() as cur:
             await cur.execute(self._q["fail"], params)
@@ -254,10 +263,16 @@ class PostgresInbox(Inbox):
             await cur.execute(self._q["purge_unsourced"], {"grp": self.group, "cutoff": cutoff})
             deleted = max(cur.rowcount, 0)
             for (topic, partition), offset in sorted(committed.items()):
-                await cur.execute(self._q["purge_partition"], {
-                    "grp": self.group, "cutoff": cutoff, "topic": topic,
-                    "partition": partition, "offset": offset,
-                })
+                await cur.execute(
+                    self._q["purge_partition"],
+                    {
+                        "grp": self.group,
+                        "cutoff": cutoff,
+                        "topic": topic,
+                        "partition": partition,
+                        "offset": offset,
+                    },
+                )
                 deleted += max(cur.rowcount, 0)
         return deleted
 
@@ -293,5 +308,6 @@ class PostgresInbox(Inbox):
 
 
 def _entry(row: Sequence[Any]) -> InboxEntry:
-    return InboxEntry(row[0], EntryStatus(row[1]), int(row[2]), row[3], row[4], row[5],
-                      row[6], row[7], row[8])
+    return InboxEntry(
+        row[0], EntryStatus(row[1]), int(row[2]), row[3], row[4], row[5], row[6], row[7], row[8]
+    )

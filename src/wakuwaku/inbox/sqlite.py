@@ -93,8 +93,9 @@ class SQLiteInbox(Inbox):
         error_limit: int = DEFAULT_ERROR_LIMIT,
         busy_timeout: float = 5.0,
     ) -> None:
-        super().__init__(group, max_attempts=max_attempts, table=table, clock=clock,
-                         error_limit=error_limit)
+        super().__init__(
+            group, max_attempts=max_attempts, table=table, clock=clock, error_limit=error_limit
+        )
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise ConfigError(
                 f"the SQLite inbox needs SQLite >= 3.35 (INSERT ... RETURNING); this Python "
@@ -103,7 +104,8 @@ class SQLiteInbox(Inbox):
         self.database = database
         self.busy_timeout = busy_timeout
         self._lookups = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="wakuwaku-inbox")
+            max_workers=1, thread_name_prefix="wakuwaku-inbox"
+        )
         self._reader: sqlite3.Connection | None = None
         self._q = load_queries("sqlite.sql", self.table, self.dead_table)
 
@@ -143,7 +145,8 @@ class SQLiteInbox(Inbox):
         returned: set[str] = set()
         for part in chunks(distinct, _CLAIM_CHUNK):
             sql = self._q["claim"].replace(
-                "{rows}", ", ".join(["(?, ?, ?, ?, ?, ?, 'done', 0)"] * len(part)))
+                "{rows}", ", ".join(["(?, ?, ?, ?, ?, ?, 'done', 0)"] * len(part))
+            )
             params: list[Any] = []
             for k in part:
                 params += [self.group, k.message_key, now, k.topic, k.partition, k.offset]
@@ -157,8 +160,7 @@ class SQLiteInbox(Inbox):
         if callable(self.database):
             conn = self.database()
         else:
-            conn = sqlite3.connect(self.database, timeout=self.busy_timeout,
-                                   isolation_level=None)
+            conn = sqlite3.connect(self.database, timeout=self.busy_timeout, isolation_level=None)
         try:
             yield conn
         finally:
@@ -221,8 +223,9 @@ class SQLiteInbox(Inbox):
         # The consumer looks up every batch: keep one reader connection (on the
         # lookup thread) instead of opening the file each time.
         if self._reader is None:
-            self._reader = sqlite3.connect(self.database, timeout=self.busy_timeout,
-                                           isolation_level=None)
+            self._reader = sqlite3.connect(
+                self.database, timeout=self.busy_timeout, isolation_level=None
+            )
         return self._lookup(self._reader, keys)
 
     def _lookup(self, conn: sqlite3.Connection, keys: list[str]) -> set[str]:
@@ -274,8 +277,13 @@ class SQLiteInbox(Inbox):
     def _record_failure(self, key: InboxKey, text: str) -> FailureOutcome:
         now = self.clock.now()
         params: dict[str, Any] = {
-            "grp": self.group, "key": key.message_key, "now": now, "error": text,
-            "topic": key.topic, "partition": key.partition, "offset": key.offset,
+            "grp": self.group,
+            "key": key.message_key,
+            "now": now,
+            "error": text,
+            "topic": key.topic,
+            "partition": key.partition,
+            "offset": key.offset,
         }
         with self._write() as conn:
             row = conn.execute(self._q["fail"], params).fetchone()
@@ -334,7 +342,6 @@ class SQLiteInbox(Inbox):
             rows = conn.execute(self._q["dead"], (self.group, limit)).fetchall()
         return [DeadMessage(*row) for row in rows]
 
-
     async def groups(self) -> list[str]:
         """Every group with a row in the tables, sorted.
 
@@ -361,5 +368,6 @@ def _in_transaction(conn: sqlite3.Connection) -> bool:
 
 
 def _entry(row: Sequence[Any]) -> InboxEntry:
-    return InboxEntry(row[0], EntryStatus(row[1]), int(row[2]), row[3], row[4], row[5],
-                      row[6], row[7], row[8])
+    return InboxEntry(
+        row[0], EntryStatus(row[1]), int(row[2]), row[3], row[4], row[5], row[6], row[7], row[8]
+    )

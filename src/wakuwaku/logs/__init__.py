@@ -36,8 +36,19 @@ from ._url import LOG_URL_OPTIONS, LogURL, option_bool, option_seconds, parse_lo
 from .memory import MemoryLog as MemoryLog
 from .sqlite import SQLiteLog as SQLiteLog
 
-__all__ = ("DEFAULT_LOG_URL", "SUPPORTED_SCHEMES", "BatchWrite", "Lease", "Log", "MemoryLog",
-           "OutgoingRecord", "SQLiteLog", "TopicInfo", "open_log", "sqlite_log_path")
+__all__ = (
+    "DEFAULT_LOG_URL",
+    "SUPPORTED_SCHEMES",
+    "BatchWrite",
+    "Lease",
+    "Log",
+    "MemoryLog",
+    "OutgoingRecord",
+    "SQLiteLog",
+    "TopicInfo",
+    "open_log",
+    "sqlite_log_path",
+)
 
 DEFAULT_LOG_URL = "sqlite:///wakuwaku.db"
 SUPPORTED_SCHEMES: tuple[str, ...] = tuple(LOG_URL_OPTIONS)

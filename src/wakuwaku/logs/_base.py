@@ -124,18 +124,22 @@ def check_commit(group: str, topic: str, partition: int, offset: int) -> int:
         bool or a float is refused; 2**63 is past what SQLite stores).
     """
     if isinstance(partition, bool) or not isinstance(partition, int):
-        raise ConfigError(f"commit on topic {topic!r}: the partition must be an int, "
-                          f"got {partition!r}")
+        raise ConfigError(
+            f"commit on topic {topic!r}: the partition must be an int, got {partition!r}"
+        )
     if not isinstance(group, str) or not group:
-        raise ConfigError(f"commit on {topic}/{partition}: the group must be a non-empty "
-                          f"str, got {group!r}")
+        raise ConfigError(
+            f"commit on {topic}/{partition}: the group must be a non-empty str, got {group!r}"
+        )
     try:
         value = operator.index(offset)
     except TypeError:
         value = -1
     if isinstance(offset, bool) or not 0 <= value < 2**63:
-        raise ConfigError(f"commit of group {group!r} on {topic}/{partition}: the offset must "
-                          f"be an int in [0, 2**63), got {offset!r}")
+        raise ConfigError(
+            f"commit of group {group!r} on {topic}/{partition}: the offset must "
+            f"be an int in [0, 2**63), got {offset!r}"
+        )
     return value
 
 
@@ -280,8 +284,10 @@ class Log(abc.ABC):
         :raises UnknownTopicError: / :raises UnknownPartitionError: as
             :meth:`append`; :raises ConfigError: as :meth:`commit`.
         """
-        assigned = [await self.append(topic, partition, records, fence=fence)
-                    for topic, partition, records in write.appends]
+        assigned = [
+            await self.append(topic, partition, records, fence=fence)
+            for topic, partition, records in write.appends
+        ]
         for topic, partition, offset in write.commits:
             await self.commit(write.group, topic, partition, offset, fence=fence)
         return assigned

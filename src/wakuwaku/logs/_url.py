@@ -70,15 +70,17 @@ def parse_log_url(url: str, allowed: Mapping[str, Collection[str]] | None = None
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
-        raise ConfigError(f"bad log URL {url!r}: options must be name=value pairs "
-                          "joined by '&'") from None
+        raise ConfigError(
+            f"bad log URL {url!r}: options must be name=value pairs joined by '&'"
+        ) from None
     options: dict[str, str] = {}
     takes = tuple(table[scheme])
     for name, value in pairs:
         if name not in takes:
             known = ", ".join(takes) if takes else "none"
-            raise ConfigError(f"bad log URL {url!r}: unknown option {name!r} for "
-                              f"{scheme}:// (it takes: {known})")
+            raise ConfigError(
+                f"bad log URL {url!r}: unknown option {name!r} for {scheme}:// (it takes: {known})"
+            )
         if name in options:
             raise ConfigError(f"bad log URL {url!r}: option {name!r} is given twice")
         options[name] = value
@@ -97,8 +99,9 @@ def option_bool(parsed: LogURL, name: str, default: bool) -> bool:
         return True
     if raw.lower() in _FALSE:
         return False
-    raise ConfigError(f"bad log URL {parsed.url!r}: {name} must be 1/0, true/false, yes/no "
-                      f"or on/off, got {raw!r}")
+    raise ConfigError(
+        f"bad log URL {parsed.url!r}: {name} must be 1/0, true/false, yes/no or on/off, got {raw!r}"
+    )
 
 
 def option_seconds(parsed: LogURL, name: str, default: float) -> float:
@@ -114,6 +117,5 @@ def option_seconds(parsed: LogURL, name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"bad log URL {parsed.url!r}: {name} must be seconds >= 0, "
-                          f"got {raw!r}")
+        raise ConfigError(f"bad log URL {parsed.url!r}: {name} must be seconds >= 0, got {raw!r}")
     return value

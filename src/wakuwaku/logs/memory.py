@@ -81,8 +81,9 @@ class MemoryLog(Log):
             self._check_fence(fence)
             return self._append(topic, partition, checked, time.time())
 
-    def _append(self, topic: str, partition: int,
-                checked: list[tuple[dict[str, bytes], bytes]], now: float) -> list[int]:
+    def _append(
+        self, topic: str, partition: int, checked: list[tuple[dict[str, bytes], bytes]], now: float
+    ) -> list[int]:
         parts = self._partitions(topic)
         check_partition(topic, partition, len(parts))
         log = parts[partition]
@@ -104,11 +105,18 @@ class MemoryLog(Log):
 
     async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
         """Write all of ``write`` or nothing, under one lock hold; see :meth:`Log.store`."""
-        appends = [(topic, partition,
-                    [(check_record(headers, body), bytes(body)) for headers, body in records])
-                   for topic, partition, records in write.appends]
-        commits = [(topic, partition, check_commit(write.group, topic, partition, offset))
-                   for topic, partition, offset in write.commits]
+        appends = [
+            (
+                topic,
+                partition,
+                [(check_record(headers, body), bytes(body)) for headers, body in records],
+            )
+            for topic, partition, records in write.appends
+        ]
+        commits = [
+            (topic, partition, check_commit(write.group, topic, partition, offset))
+            for topic, partition, offset in write.commits
+        ]
         now = time.time()
         with self._lock:
             self._check_fence(fence)
@@ -116,8 +124,10 @@ class MemoryLog(Log):
                 check_partition(topic, partition, len(self._partitions(topic)))
             for topic, partition, _ in commits:
                 check_partition(topic, partition, len(self._partitions(topic)))
-            assigned = [self._append(topic, partition, checked, now)
-                        for topic, partition, checked in appends]
+            assigned = [
+                self._append(topic, partition, checked, now)
+                for topic, partition, checked in appends
+            ]
             for topic, partition, offset in commits:
                 self._offsets[(write.group, topic, partition)] = offset
             return assigned
@@ -217,12 +227,18 @@ class MemoryLog(Log):
         with self._lock:
             if topic is not None:
                 self._partitions(topic)
-            doomed = [key for key in self._offsets
-                      if key[0] == group and (topic is None or key[1] == topic)]
+            doomed = [
+                key
+                for key in self._offsets
+                if key[0] == group and (topic is None or key[1] == topic)
+            ]
             for key in doomed:
                 del self._offsets[key]
-            for key in [key for key in self._leases
-                        if key[0] == group and (topic is None or key[1] == topic)]:
+            for key in [
+                key
+                for key in self._leases
+                if key[0] == group and (topic is None or key[1] == topic)
+            ]:
                 del self._leases[key]
             return len(doomed)
 

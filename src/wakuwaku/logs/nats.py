@@ -43,9 +43,7 @@ try:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the NATS log needs nats-py: pip install 'wakuwaku[nats]'"
-    ) from exc
+    raise ImportError("the NATS log needs nats-py: pip install 'wakuwaku[nats]'") from exc
 
 from .._clock import BLOCKING_CALLS
 from .._errors import (
@@ -241,8 +239,9 @@ class NatsLog(Log):
         nc = self._nc
         if nc is not None and not nc.is_closed:
             if not nc.is_connected:
-                raise LogUnavailableError(f"NATS log {self.url}: the connection is lost "
-                                          "(reconnecting)")
+                raise LogUnavailableError(
+                    f"NATS log {self.url}: the connection is lost (reconnecting)"
+                )
             return nc
         async with self._connecting:
             if self._nc is None or self._nc.is_closed:
@@ -272,18 +271,28 @@ class NatsLog(Log):
         try:
             with BLOCKING_CALLS.track():
                 # nats-py retries a refused first connection forever: bound it.
-                await asyncio.wait_for(nc.connect(
-                    servers=self.servers, token=token, user=self._user,
-                    password=self._password, allow_reconnect=True, max_reconnect_attempts=-1,
-                    pending_size=0,  # no buffering while disconnected: fail fast instead
-                    error_cb=on_error, disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect, **seconds,
-                ), self.timeout)
+                await asyncio.wait_for(
+                    nc.connect(
+                        servers=self.servers,
+                        token=token,
+                        user=self._user,
+                        password=self._password,
+                        allow_reconnect=True,
+                        max_reconnect_attempts=-1,
+                        pending_size=0,  # no buffering while disconnected: fail fast instead
+                        error_cb=on_error,
+                        disconnected_cb=on_disconnect,
+                        reconnected_cb=on_reconnect,
+                        **seconds,
+                    ),
+                    self.timeout,
+                )
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
                 await asyncio.wait_for(nc.close(), self.timeout)
             raise LogUnavailableError(
-                f"cannot connect to the NATS log {self.url}: {type(exc).__name__}") from exc
+                f"cannot connect to the NATS log {self.url}: {type(exc).__name__}"
+            ) from exc
         connected = True
         return nc
 
@@ -293,8 +302,9 @@ class NatsLog(Log):
             with BLOCKING_CALLS.track():  # a fake clock waits for the network
                 return await asyncio.wait_for(op(), self.timeout)
         except nats.errors.NoRespondersError as exc:
-            raise _NoResponders(f"NATS log {self.url}: nothing answered (no stream or "
-                                "JetStream not ready)") from exc
+            raise _NoResponders(
+                f"NATS log {self.url}: nothing answered (no stream or JetStream not ready)"
+            ) from exc
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise LogUnavailableError(
                 f"NATS log {self.url} did not answer: {type(exc).__name__} {exc}".rstrip()
@@ -314,11 +324,13 @@ class NatsLog(Log):
             return None
         return int(err.get("err_code", 0)), str(err.get("description", ""))
 
-    async def _publish(self, subject: str, payload: bytes,
-                       headers: dict[str, str] | None = None) -> Any:
+    async def _publish(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> Any:
         nc = await self._conn()
-        msg = await self._call(lambda: nc.request(subject, payload, timeout=self.timeout,
-                                                  headers=headers))
+        msg = await self._call(
+            lambda: nc.request(subject, payload, timeout=self.timeout, headers=headers)
+        )
         return json.loads(msg.data)
 
     # -- state bucket -------------------------------------------------------
@@ -327,10 +339,16 @@ class NatsLog(Log):
         if self._bucket_ready:
             return
         config = {
-            "name": self._kv_stream, "subjects": [f"$KV.{self.bucket}.>"],
-            "max_msgs_per_subject": 1, "discard": "new", "allow_rollup_hdrs": True,
-            "deny_delete": True, "allow_direct": True, "storage": "file",
-            "num_replicas": 1, "duplicate_window": 120_000_000_000,
+            "name": self._kv_stream,
+            "subjects": [f"$KV.{self.bucket}.>"],
+            "max_msgs_per_subject": 1,
+            "discard": "new",
+            "allow_rollup_hdrs": True,
+            "deny_delete": True,
+            "allow_direct": True,
+            "storage": "file",
+            "num_replicas": 1,
+            "duplicate_window": 120_000_000_000,
         }
         answer = await self._api(f"$JS.API.STREAM.CREATE.{self._kv_stream}", config)
         err = self._error(answer)
@@ -343,18 +361,29 @@ class NatsLog(Log):
         await self._ensure_bucket()
         nc = await self._conn()
         request = json.dumps({"last_by_subj": subject}).encode()
-        msg = await self._call(lambda: nc.request(
-            f"$JS.API.DIRECT.GET.{self._kv_stream}", request, timeout=self.timeout))
+        msg = await self._call(
+            lambda: nc.request(
+                f"$JS.API.DIRECT.GET.{self._kv_stream}", request, timeout=self.timeout
+            )
+        )
         headers = msg.headers or {}
         if headers.get("Status"):
             if headers["Status"] == "404":
                 return None
-            raise LogError(f"NATS log {self.url}: reading {subject} failed: "
-                           f"{headers.get('Status')} {headers.get('Description', '')}")
+            raise LogError(
+                f"NATS log {self.url}: reading {subject} failed: "
+                f"{headers.get('Status')} {headers.get('Description', '')}"
+            )
         return msg.data, int(headers["Nats-Sequence"])
 
-    async def _put(self, subject: str, value: bytes, *, revision: int | None = None,
-                   stream_last: int | None = None) -> bool:
+    async def _put(
+        self,
+        subject: str,
+        value: bytes,
+        *,
+        revision: int | None = None,
+        stream_last: int | None = None,
+    ) -> bool:
         """Write a bucket key; False when the compare-and-set lost.
 
         :param revision: the key's revision this write replaces (0: the key
@@ -409,8 +438,13 @@ class NatsLog(Log):
 
     async def _create_stream(self, name: str) -> None:
         config = {
-            "name": name, "subjects": [name], "storage": "file", "retention": "limits",
-            "discard": "old", "num_replicas": 1, "allow_direct": True,
+            "name": name,
+            "subjects": [name],
+            "storage": "file",
+            "retention": "limits",
+            "discard": "old",
+            "num_replicas": 1,
+            "allow_direct": True,
             "duplicate_window": 120_000_000_000,  # Nats-Msg-Id deduplication (ns)
         }
         answer = await self._api(f"$JS.API.STREAM.CREATE.{name}", config)
@@ -546,8 +580,10 @@ class NatsLog(Log):
             return UnknownTopicError(topic)
         if not 0 <= partition < count:
             return UnknownPartitionError(topic, partition, count)
-        return LogUnavailableError(f"NATS log {self.url}: the stream of {topic}/{partition} "
-                                   f"({self.stream_name(topic, partition)}) is not there")
+        return LogUnavailableError(
+            f"NATS log {self.url}: the stream of {topic}/{partition} "
+            f"({self.stream_name(topic, partition)}) is not there"
+        )
 
     # -- records ------------------------------------------------------------
 
@@ -613,8 +649,10 @@ class NatsLog(Log):
         """Store ``payload`` in chunks in ``stream``; returns the envelope naming them."""
         await self._create_stream(stream)
         size = self._max_payload - _CHUNK_MARGIN
-        seqs = [await self._publish_once(stream, payload[i:i + size])
-                for i in range(0, len(payload), size)]
+        seqs = [
+            await self._publish_once(stream, payload[i : i + size])
+            for i in range(0, len(payload), size)
+        ]
         return _encode(_Envelope({}, b"", seqs))
 
     async def _load_chunks(self, stream: str, seqs: list[int]) -> bytes:
@@ -622,8 +660,11 @@ class NatsLog(Log):
         parts: list[bytes] = []
         for seq in seqs:
             request = json.dumps({"seq": seq}).encode()
-            msg = await self._call(lambda r=request: nc.request(  # type: ignore[misc]
-                f"$JS.API.DIRECT.GET.{stream}", r, timeout=self.timeout))
+            msg = await self._call(
+                lambda r=request: nc.request(  # type: ignore[misc]
+                    f"$JS.API.DIRECT.GET.{stream}", r, timeout=self.timeout
+                )
+            )
             if (msg.headers or {}).get("Status"):
                 raise LogError(f"NATS log {self.url}: chunk {seq} of {stream} is missing")
             parts.append(msg.data)
@@ -653,8 +694,9 @@ class NatsLog(Log):
         if not found and wait > 0:
             found = await self._pull(topic, partition, offset + 1, 1, wait)
             if found and max_records > 1:
-                found += await self._pull(topic, partition, found[-1].offset + 2,
-                                          max_records - 1, 0.0)
+                found += await self._pull(
+                    topic, partition, found[-1].offset + 2, max_records - 1, 0.0
+                )
         return found
 
     async def _reader(self, topic: str, partition: int, seq: int) -> _Reader:
@@ -667,11 +709,18 @@ class NatsLog(Log):
         if reader is not None:
             nc = await self._conn()
             await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{reader.consumer}")
-        config = {"ack_policy": "none", "deliver_policy": "by_start_sequence",
-                  "opt_start_seq": seq, "inactive_threshold": 300_000_000_000,
-                  "mem_storage": True, "num_replicas": 1, "max_waiting": 8}
-        answer = await self._api(f"$JS.API.CONSUMER.CREATE.{stream}",
-                                 {"stream_name": stream, "config": config})
+        config = {
+            "ack_policy": "none",
+            "deliver_policy": "by_start_sequence",
+            "opt_start_seq": seq,
+            "inactive_threshold": 300_000_000_000,
+            "mem_storage": True,
+            "num_replicas": 1,
+            "max_waiting": 8,
+        }
+        answer = await self._api(
+            f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config}
+        )
         err = self._error(answer)
         if err is not None and err[0] == _STREAM_NOT_FOUND:
             raise await self._missing(topic, partition)
@@ -680,8 +729,9 @@ class NatsLog(Log):
         reader = self._readers[key] = _Reader(stream, answer["name"], seq)
         return reader
 
-    async def _pull(self, topic: str, partition: int, seq: int, count: int,
-                    wait: float) -> list[Record]:
+    async def _pull(
+        self, topic: str, partition: int, seq: int, count: int, wait: float
+    ) -> list[Record]:
         for _ in range(3):
             reader = await self._reader(topic, partition, seq)
             self._readers.pop((topic, partition), None)  # back only when all went well
@@ -738,9 +788,13 @@ class NatsLog(Log):
         else:
             request["no_wait"] = True
         try:
-            await self._call(lambda: nc.publish(
-                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
-                json.dumps(request).encode(), reply=sub.subject))
+            await self._call(
+                lambda: nc.publish(
+                    f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+                    json.dumps(request).encode(),
+                    reply=sub.subject,
+                )
+            )
             if wait > 0:
                 await self._wait_first(arrived, wait + self.timeout)
             while not done.is_set():
@@ -751,7 +805,8 @@ class NatsLog(Log):
                 except TimeoutError:
                     if len(out) == before:
                         raise LogUnavailableError(
-                            f"NATS log {self.url} did not answer a read") from None
+                            f"NATS log {self.url} did not answer a read"
+                        ) from None
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
@@ -780,17 +835,24 @@ class NatsLog(Log):
         seq, stamp = int(tokens[-4]), int(tokens[-2])
         envelope = _decode_envelope(msg.data)
         if envelope.chunks is not None:
-            envelope = _decode_envelope(await self._load_chunks(stream + _BLOB_SUFFIX,
-                                                                envelope.chunks))
+            envelope = _decode_envelope(
+                await self._load_chunks(stream + _BLOB_SUFFIX, envelope.chunks)
+            )
         return Record(seq - 1, envelope.headers, envelope.body, stamp / 1e9)
 
     async def _scan(self, stream: str, subject: str) -> list[tuple[str, bytes]]:
         """The last message of every subject matching ``subject``: (subject, data)."""
-        config = {"ack_policy": "none", "deliver_policy": "last_per_subject",
-                  "filter_subject": subject, "inactive_threshold": 60_000_000_000,
-                  "mem_storage": True, "num_replicas": 1}
-        answer = await self._api(f"$JS.API.CONSUMER.CREATE.{stream}",
-                                 {"stream_name": stream, "config": config})
+        config = {
+            "ack_policy": "none",
+            "deliver_policy": "last_per_subject",
+            "filter_subject": subject,
+            "inactive_threshold": 60_000_000_000,
+            "mem_storage": True,
+            "num_replicas": 1,
+        }
+        answer = await self._api(
+            f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config}
+        )
         err = self._error(answer)
         if err is not None:
             raise LogError(f"NATS log {self.url}: cannot list {subject}: {err[1]}")
@@ -812,8 +874,7 @@ class NatsLog(Log):
         """Per partition ``(first_seq, last_seq)`` of its stream."""
         out: dict[int, tuple[int, int]] = {}
         for partition in range(await self._partitions(topic)):
-            answer = await self._api(
-                f"$JS.API.STREAM.INFO.{self.stream_name(topic, partition)}")
+            answer = await self._api(f"$JS.API.STREAM.INFO.{self.stream_name(topic, partition)}")
             err = self._error(answer)
             if err is not None and err[0] == _STREAM_NOT_FOUND:
                 raise await self._missing(topic, partition)
@@ -884,8 +945,10 @@ class NatsLog(Log):
                 await self._check_fence(lease)
             if await self._put(subject, value, stream_last=last):
                 return
-        raise LogUnavailableError(f"NATS log {self.url}: the bucket {self.bucket} stayed too "
-                                  f"busy to commit {group}/{topic}/{partition}")
+        raise LogUnavailableError(
+            f"NATS log {self.url}: the bucket {self.bucket} stayed too "
+            f"busy to commit {group}/{topic}/{partition}"
+        )
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         found = await self._get(self._key("o", group, topic, partition))
@@ -935,8 +998,9 @@ class NatsLog(Log):
             value = _encode(_Lease(member, generation, lease.expires_at))
             if await self._put(subject, value, revision=revision):
                 return lease
-        raise LogUnavailableError(f"NATS log {self.url}: the lease on {group}/{topic}/"
-                                  f"{partition} kept changing")
+        raise LogUnavailableError(
+            f"NATS log {self.url}: the lease on {group}/{topic}/{partition} kept changing"
+        )
 
     async def release_partition(self, lease: Lease) -> None:
         """Give up ``lease`` when it is still the current one; see :meth:`Log.release_partition`."""
@@ -993,11 +1057,17 @@ class NatsLog(Log):
 
     async def _lowest_chunk(self, topic: str, partition: int, keep: int) -> int | None:
         stream = self.stream_name(topic, partition)
-        config = {"ack_policy": "none", "deliver_policy": "by_start_sequence",
-                  "opt_start_seq": keep, "inactive_threshold": 60_000_000_000,
-                  "mem_storage": True, "num_replicas": 1}
-        answer = await self._api(f"$JS.API.CONSUMER.CREATE.{stream}",
-                                 {"stream_name": stream, "config": config})
+        config = {
+            "ack_policy": "none",
+            "deliver_policy": "by_start_sequence",
+            "opt_start_seq": keep,
+            "inactive_threshold": 60_000_000_000,
+            "mem_storage": True,
+            "num_replicas": 1,
+        }
+        answer = await self._api(
+            f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config}
+        )
         if self._error(answer) is not None:
             return None
         low: int | None = None
@@ -1042,8 +1112,9 @@ class NatsLog(Log):
         options = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
         unknown = sorted(set(options) - {"prefix", "timeout"})
         if unknown:
-            raise ConfigError(f"bad NATS log URL: unknown option(s) {', '.join(unknown)}; "
-                              "known: prefix, timeout")
+            raise ConfigError(
+                f"bad NATS log URL: unknown option(s) {', '.join(unknown)}; known: prefix, timeout"
+            )
         token = user = password = None
         if at:
             name, colon, secret = credentials.partition(":")
@@ -1056,5 +1127,11 @@ class NatsLog(Log):
         except ValueError:
             raise ConfigError("bad NATS log URL: timeout must be seconds") from None
         servers = [f"nats://{host}" for host in hosts.split(",") if host]
-        return cls(servers, prefix=options.get("prefix", "wk"), token=token, user=user,
-                   password=password, timeout=timeout)
+        return cls(
+            servers,
+            prefix=options.get("prefix", "wk"),
+            token=token,
+            user=user,
+            password=password,
+            timeout=timeout,
+        )

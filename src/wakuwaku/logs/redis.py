@@ -61,9 +61,7 @@ try:
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError(
-        "the Redis log needs redis-py: pip install 'wakuwaku[redis]'"
-    ) from exc
+    raise ImportError("the Redis log needs redis-py: pip install 'wakuwaku[redis]'") from exc
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
@@ -119,8 +117,9 @@ class RedisLog(Log):
     dead-letter topics) is refused by the server with ``CROSSSLOT``: the
     Redis log supports a single node (with replicas), not a cluster."""
 
-    def __init__(self, url: str, *, prefix: str | None = None,
-                 timeout: float | None = None) -> None:
+    def __init__(
+        self, url: str, *, prefix: str | None = None, timeout: float | None = None
+    ) -> None:
         options = _parse_url(url)
         if prefix is not None:
             options["prefix"] = prefix
@@ -128,8 +127,10 @@ class RedisLog(Log):
             options["timeout"] = _timeout(str(timeout), url)
         self.prefix: str = options["prefix"]
         if not self.prefix or "{" in self.prefix or "}" in self.prefix:
-            raise ConfigError(f"a Redis log key prefix must be non-empty, without '{{' or "
-                              f"'}}', got {self.prefix!r}")
+            raise ConfigError(
+                f"a Redis log key prefix must be non-empty, without '{{' or "
+                f"'}}', got {self.prefix!r}"
+            )
         self.timeout: float = options["timeout"]
         scheme, host, port, db = options["scheme"], options["host"], options["port"], options["db"]
         query = f"?prefix={self.prefix}" if self.prefix != "wk" else ""
@@ -138,9 +139,15 @@ class RedisLog(Log):
         self._where = f"Redis log {scheme}://{shown}:{port}/{db} (prefix {self.prefix!r})"
         password = options["password"] or os.environ.get(PASSWORD_ENV) or None
         self._redis = aioredis.Redis(
-            host=host, port=port, db=db, username=options["username"], password=password,
-            ssl=scheme == "rediss", socket_timeout=self.timeout,
-            socket_connect_timeout=self.timeout, retry=Retry(NoBackoff(), 0),
+            host=host,
+            port=port,
+            db=db,
+            username=options["username"],
+            password=password,
+            ssl=scheme == "rediss",
+            socket_timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
+            retry=Retry(NoBackoff(), 0),
             decode_responses=False,
         )
         # XRANGE replies stay the server's flat lists: :func:`_records` reads
@@ -179,17 +186,16 @@ class RedisLog(Log):
             with BLOCKING_CALLS.track():  # a fake clock waits for real I/O to finish
                 yield
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
-            raise LogUnavailableError(f"{self._where} is unavailable ({what}): "
-                                      f"{type(exc).__name__}: {exc}") from exc
+            raise LogUnavailableError(
+                f"{self._where} is unavailable ({what}): {type(exc).__name__}: {exc}"
+            ) from exc
         except redis_errors.ResponseError as exc:
             text = str(exc)
             if text.startswith(_UNAVAILABLE):
-                raise LogUnavailableError(f"{self._where} is unavailable ({what}): "
-                                          f"{text}") from exc
+                raise LogUnavailableError(f"{self._where} is unavailable ({what}): {text}") from exc
             raise LogError(f"{self._where} failed ({what}): {text}") from exc
         except redis_errors.RedisError as exc:
-            raise LogError(f"{self._where} failed ({what}): {type(exc).__name__}: "
-                           f"{exc}") from exc
+            raise LogError(f"{self._where} failed ({what}): {type(exc).__name__}: {exc}") from exc
 
     async def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args)`` once more on a new connection when the first one broke."""
@@ -205,8 +211,9 @@ class RedisLog(Log):
     async def _partitions(self, topic: str) -> int:
         found = self._topics.get(topic)
         if found is None:
-            raw = await self._call("describe topic", self._redis.hget,
-                                   f"{self.prefix}:topics", topic)
+            raw = await self._call(
+                "describe topic", self._redis.hget, f"{self.prefix}:topics", topic
+            )
             if raw is None:
                 raise UnknownTopicError(topic)
             found = self._topics[topic] = int(raw)
@@ -256,8 +263,10 @@ class RedisLog(Log):
 
     async def list_topics(self) -> list[TopicInfo]:
         found = await self._call("list topics", self._redis.hgetall, f"{self.prefix}:topics")
-        return [TopicInfo(name, int(count))
-                for name, count in sorted((n.decode(), c) for n, c in found.items())]
+        return [
+            TopicInfo(name, int(count))
+            for name, count in sorted((n.decode(), c) for n, c in found.items())
+        ]
 
     async def delete_topic(self, topic: str) -> bool:
         """Delete ``topic``: its records, offsets and leases; see :meth:`Log.delete_topic`.
@@ -292,8 +301,9 @@ class RedisLog(Log):
 
         :raises ConfigError: as :func:`~wakuwaku.logs._base.check_record`.
         """
-        (assigned,) = await self.store(BatchWrite("", appends=[(topic, partition, records)]),
-                                       fence=fence)
+        (assigned,) = await self.store(
+            BatchWrite("", appends=[(topic, partition, records)]), fence=fence
+        )
         return assigned
 
     async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
@@ -303,10 +313,14 @@ class RedisLog(Log):
         lost and it is sent again, the second run returns the first run's
         offsets and writes nothing (for 5 minutes).
         """
-        encoded = [(topic, partition, [_encode(headers, body) for headers, body in records])
-                   for topic, partition, records in write.appends]
-        commits = [(topic, partition, check_commit(write.group, topic, partition, offset))
-                   for topic, partition, offset in write.commits]
+        encoded = [
+            (topic, partition, [_encode(headers, body) for headers, body in records])
+            for topic, partition, records in write.appends
+        ]
+        commits = [
+            (topic, partition, check_commit(write.group, topic, partition, offset))
+            for topic, partition, offset in write.commits
+        ]
         for topic, partition, _ in encoded:
             await self._partition(topic, partition)
         for topic, partition, _ in commits:
@@ -315,8 +329,11 @@ class RedisLog(Log):
         return await self._run_write(write.group, encoded, commits, fences)
 
     async def _run_write(
-        self, group: str, appends: list[tuple[str, int, list[list[bytes]]]],
-        commits: list[tuple[str, int, int]], fences: list[Lease],
+        self,
+        group: str,
+        appends: list[tuple[str, int, list[list[bytes]]]],
+        commits: list[tuple[str, int, int]],
+        fences: list[Lease],
     ) -> list[list[int]]:
         keys = [f"{self._tag(f.topic, f.partition)}:lease" for f in fences]
         args: list[bytes | str | int] = [len(fences)]
@@ -326,7 +343,7 @@ class RedisLog(Log):
         anchor = appends[0] if appends else commits[0] if commits else None
         if anchor is None and not fences:
             return []
-        anchor_key = (self._tag(anchor[0], anchor[1]) if anchor else keys[0])
+        anchor_key = self._tag(anchor[0], anchor[1]) if anchor else keys[0]
         keys.append(f"{anchor_key}:tok:{token}")
         args += [token, _TOKEN_TTL_MS, group, len(appends), len(commits)]
         for topic, partition, records in appends:
@@ -343,11 +360,18 @@ class RedisLog(Log):
             firsts = await self._call("write", self._write, keys, args)
         except LogError as exc:
             raise self._refusal(exc, appends, commits, fences) from exc.__cause__
-        return [list(range(int(first), int(first) + len(records)))
-                for first, (_, _, records) in zip(firsts, appends, strict=True)]
+        return [
+            list(range(int(first), int(first) + len(records)))
+            for first, (_, _, records) in zip(firsts, appends, strict=True)
+        ]
 
-    def _refusal(self, exc: LogError, appends: list[tuple[str, int, list[list[bytes]]]],
-                 commits: list[tuple[str, int, int]], fences: list[Lease]) -> LogError:
+    def _refusal(
+        self,
+        exc: LogError,
+        appends: list[tuple[str, int, list[list[bytes]]]],
+        commits: list[tuple[str, int, int]],
+        fences: list[Lease],
+    ) -> LogError:
         """The error a script's ``WKFENCED``/``WKGONE`` reply stands for."""
         text = str(exc.__cause__) if exc.__cause__ is not None else ""
         code, _, index = text.partition(" ")
@@ -382,8 +406,9 @@ class RedisLog(Log):
         start = f"0-{max(0, offset) + 1}"
         deadline = time.monotonic() + max(0.0, wait)
         while True:
-            entries = await self._call("read", self._redis.xrange, f"{tag}:s", start, "+",
-                                       max_records)
+            entries = await self._call(
+                "read", self._redis.xrange, f"{tag}:s", start, "+", max_records
+            )
             if entries:
                 return _records(entries)
             if not await self._call("read", self._redis.exists, f"{tag}:meta"):
@@ -431,8 +456,9 @@ class RedisLog(Log):
         await self._run_write(group, [], [(topic, partition, offset)], fences)
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
-        raw = await self._call("committed", self._redis.hget,
-                               f"{self._tag(topic, partition)}:off", group)
+        raw = await self._call(
+            "committed", self._redis.hget, f"{self._tag(topic, partition)}:off", group
+        )
         return None if raw is None else int(raw)
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
@@ -480,8 +506,12 @@ class RedisLog(Log):
         if ttl <= 0:
             raise ConfigError(f"a lease ttl must be > 0 seconds, got {ttl!r}")
         key = f"{self._tag(topic, partition)}:lease"
-        reply = await self._call("acquire lease", self._lease, [key],
-                                 ["acquire", group, member, max(1, round(ttl * 1000))])
+        reply = await self._call(
+            "acquire lease",
+            self._lease,
+            [key],
+            ["acquire", group, member, max(1, round(ttl * 1000))],
+        )
         if not reply:
             return None
         generation, expires_ms = (int(value) for value in reply)
@@ -489,8 +519,9 @@ class RedisLog(Log):
 
     async def release_partition(self, lease: Lease) -> None:
         key = f"{self._tag(lease.topic, lease.partition)}:lease"
-        await self._call("release lease", self._lease, [key],
-                         ["release", lease.group, str(lease.generation)])
+        await self._call(
+            "release lease", self._lease, [key], ["release", lease.group, str(lease.generation)]
+        )
 
     # -- retention and shutdown -------------------------------------------
 
@@ -507,8 +538,11 @@ class RedisLog(Log):
         removed = 0
         for p in range(partitions):
             tag = self._tag(topic, p)
-            removed += int(await self._call("retention", self._retain,
-                                            [f"{tag}:meta", f"{tag}:off", f"{tag}:s"], []))
+            removed += int(
+                await self._call(
+                    "retention", self._retain, [f"{tag}:meta", f"{tag}:off", f"{tag}:s"], []
+                )
+            )
         return removed
 
     async def close(self) -> None:
@@ -553,7 +587,9 @@ def _records(entries: list[list[Any]]) -> list[Record]:
         if headers is None:
             headers = shared[extra] = {
                 extra[i][1:].decode("utf-8", "surrogatepass"): extra[i + 1]
-                for i in range(0, len(extra), 2) if extra[i][:1] == b":"}
+                for i in range(0, len(extra), 2)
+                if extra[i][:1] == b":"
+            }
         append(Record(int(ident[2:]) - 1, headers, fields[3], float(fields[1])))
     return out
 
@@ -561,8 +597,11 @@ def _records(entries: list[list[Any]]) -> list[Record]:
 def _record(ident: bytes, fields: list[bytes]) -> Record:
     """One record of an entry whose fields are in any order."""
     pairs = dict(zip(fields[0::2], fields[1::2], strict=True))
-    headers = {name[1:].decode("utf-8", "surrogatepass"): value
-               for name, value in pairs.items() if name[:1] == b":"}
+    headers = {
+        name[1:].decode("utf-8", "surrogatepass"): value
+        for name, value in pairs.items()
+        if name[:1] == b":"
+    }
     return Record(int(ident[2:]) - 1, headers, pairs[b"b"], float(pairs[b"t"]))
 
 
@@ -572,8 +611,9 @@ def _timeout(raw: str, url: str) -> float:
     except ValueError:
         value = -1.0
     if not 0 < value < 3600:
-        raise ConfigError(f"bad Redis log URL {_redact(url)!r}: timeout must be seconds in "
-                          f"(0, 3600), got {raw!r}")
+        raise ConfigError(
+            f"bad Redis log URL {_redact(url)!r}: timeout must be seconds in (0, 3600), got {raw!r}"
+        )
     return value
 
 
@@ -597,20 +637,25 @@ def _parse_url(url: str) -> dict[str, Any]:
     except ValueError as exc:
         raise ConfigError(f"bad Redis log URL {shown!r}: {exc}") from None
     if parts.scheme.lower() not in ("redis", "rediss") or not parts.hostname:
-        raise ConfigError(f"bad Redis log URL {shown!r}: use redis://host:port/db "
-                          "(or rediss:// for TLS)")
+        raise ConfigError(
+            f"bad Redis log URL {shown!r}: use redis://host:port/db (or rediss:// for TLS)"
+        )
     path = parts.path.strip("/") or "0"
     if not path.isdigit():
-        raise ConfigError(f"bad Redis log URL {shown!r}: the path is the db number, "
-                          f"got {path!r}")
+        raise ConfigError(f"bad Redis log URL {shown!r}: the path is the db number, got {path!r}")
     options: dict[str, Any] = {"prefix": "wk", "timeout": 5.0}
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name not in _URL_OPTIONS:
-            raise ConfigError(f"bad Redis log URL {shown!r}: unknown option {name!r} "
-                              f"(known: {', '.join(_URL_OPTIONS)})")
+            raise ConfigError(
+                f"bad Redis log URL {shown!r}: unknown option {name!r} "
+                f"(known: {', '.join(_URL_OPTIONS)})"
+            )
         options[name] = _timeout(value, url) if name == "timeout" else value
     options.update(
-        scheme=parts.scheme.lower(), host=parts.hostname, port=port, db=int(path),
+        scheme=parts.scheme.lower(),
+        host=parts.hostname,
+        port=port,
+        db=int(path),
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password else None,
     )
@@ -633,7 +678,7 @@ def slot_topic(topic: str) -> str:
                 at = topic.find(marker, at + 1)
             if at < 0:
                 continue
-            group, dot, main = topic[at + len(marker):].partition(".")
+            group, dot, main = topic[at + len(marker) :].partition(".")
             if group and dot and main:
                 topic = topic[:at] + main
                 break

@@ -236,8 +236,11 @@ class SQLiteLog(Log):
             conn.execute("COMMIT")
         if app_id != APPLICATION_ID:
             # Tables only: sqlite_master also lists indexes, views and triggers.
-            tables = int(conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0])
+            tables = int(
+                conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[
+                    0
+                ]
+            )
             raise CorruptLogError(
                 f"{self.path!r} is not a wakuwaku log: it is a SQLite database of another "
                 f"application (application_id={app_id}, {tables} "
@@ -315,7 +318,8 @@ class SQLiteLog(Log):
     def _list_topics(self) -> list[TopicInfo]:
         rows = self._db().execute(
             "SELECT name, partitions FROM wk_topics WHERE name NOT LIKE char(0) || '%'"
-            " ORDER BY name")
+            " ORDER BY name"
+        )
         return [TopicInfo(name, partitions) for name, partitions in rows]
 
     async def delete_topic(self, topic: str) -> bool:
@@ -343,8 +347,9 @@ class SQLiteLog(Log):
         db.execute("DELETE FROM wk_partitions WHERE topic_id = ?", (topic_id,))
         db.execute("DELETE FROM wk_commits WHERE topic = ?", (topic,))
         db.execute("DELETE FROM wk_leases WHERE topic = ?", (topic,))
-        db.execute("UPDATE wk_topics SET name = char(0) || 'deleted ' || id WHERE id = ?",
-                   (topic_id,))
+        db.execute(
+            "UPDATE wk_topics SET name = char(0) || 'deleted ' || id WHERE id = ?", (topic_id,)
+        )
         db.execute("COMMIT")
         return True
 
@@ -357,8 +362,9 @@ class SQLiteLog(Log):
         if topic is not None:
             self._topics.pop(topic, None)
             self._topic(db, topic)
-        where, args = ("grp = ?", (group,)) if topic is None else (
-            "grp = ? AND topic = ?", (group, topic))
+        where, args = (
+            ("grp = ?", (group,)) if topic is None else ("grp = ? AND topic = ?", (group, topic))
+        )
         db.execute("BEGIN IMMEDIATE")
         removed = db.execute(f"DELETE FROM wk_commits WHERE {where}", args).rowcount
         db.execute(f"DELETE FROM wk_leases WHERE {where}", args)
@@ -385,8 +391,9 @@ class SQLiteLog(Log):
         encoded = [_encode_record(headers, body) for headers, body in records]
         return await self._run(self._append, topic, partition, encoded, fence)
 
-    def _append(self, topic: str, partition: int, encoded: list[tuple[bytes, bytes]],
-                fence: Lease | None) -> list[int]:
+    def _append(
+        self, topic: str, partition: int, encoded: list[tuple[bytes, bytes]], fence: Lease | None
+    ) -> list[int]:
         db = self._db()
         topic_id = self._partition(db, topic, partition)
         if not encoded and fence is None:
@@ -398,8 +405,13 @@ class SQLiteLog(Log):
         return offsets
 
     @staticmethod
-    def _insert(db: sqlite3.Connection, topic_id: int, partition: int,
-                encoded: list[tuple[bytes, bytes]], now: float) -> list[int]:
+    def _insert(
+        db: sqlite3.Connection,
+        topic_id: int,
+        partition: int,
+        encoded: list[tuple[bytes, bytes]],
+        now: float,
+    ) -> list[int]:
         """Insert records inside the caller's transaction; returns their offsets."""
         if not encoded:
             return []
@@ -438,18 +450,27 @@ class SQLiteLog(Log):
 
     async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
         """Write all of ``write`` in one transaction, or nothing; see :meth:`Log.store`."""
-        appends = [(topic, partition, [_encode_record(h, b) for h, b in records])
-                   for topic, partition, records in write.appends]
-        commits = [(topic, partition, check_commit(write.group, topic, partition, offset))
-                   for topic, partition, offset in write.commits]
+        appends = [
+            (topic, partition, [_encode_record(h, b) for h, b in records])
+            for topic, partition, records in write.appends
+        ]
+        commits = [
+            (topic, partition, check_commit(write.group, topic, partition, offset))
+            for topic, partition, offset in write.commits
+        ]
         assigned = await self._run(self._store, write.group, appends, commits, fence)
         if self.retention and commits:
             for topic in {topic for topic, _, _ in commits}:
                 self._forget(topic)
         return assigned
 
-    def _store(self, group: str, appends: list[tuple[str, int, list[tuple[bytes, bytes]]]],
-               commits: list[tuple[str, int, int]], fence: Lease | None) -> list[list[int]]:
+    def _store(
+        self,
+        group: str,
+        appends: list[tuple[str, int, list[tuple[bytes, bytes]]]],
+        commits: list[tuple[str, int, int]],
+        fence: Lease | None,
+    ) -> list[list[int]]:
         db = self._db()
         topic_ids = [self._partition(db, topic, partition) for topic, partition, _ in appends]
         for topic, partition, _ in commits:
@@ -457,8 +478,10 @@ class SQLiteLog(Log):
         now = time.time()
         db.execute("BEGIN IMMEDIATE")
         self._check_fence(db, fence)
-        assigned = [self._insert(db, topic_id, partition, encoded, now)
-                    for topic_id, (_, partition, encoded) in zip(topic_ids, appends, strict=True)]
+        assigned = [
+            self._insert(db, topic_id, partition, encoded, now)
+            for topic_id, (_, partition, encoded) in zip(topic_ids, appends, strict=True)
+        ]
         for topic, partition, offset in commits:
             self._upsert_commit(db, group, topic, partition, offset, now)
         db.execute("COMMIT")
@@ -543,6 +566,7 @@ class SQLiteLog(Log):
         finally:
             cursor.close()  # ends the read snapshot at once
         return found, ahead
+
     async def end_offsets(self, topic: str) -> dict[int, int]:
         return await self._run(self._bounds, topic, "next_offset")
 
@@ -590,7 +614,12 @@ class SQLiteLog(Log):
             self._ahead.pop(key, None)
 
     def _commit(
-        self, group: str, topic: str, partition: int, offset: int, generation: int | None,
+        self,
+        group: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        generation: int | None,
         fence: Lease | None,
     ) -> None:
         db = self._db()
@@ -611,8 +640,9 @@ class SQLiteLog(Log):
                 _logger.warning("automatic retention of topic %r failed: %s", topic, exc)
 
     @staticmethod
-    def _upsert_commit(db: sqlite3.Connection, group: str, topic: str, partition: int,
-                       offset: int, now: float) -> None:
+    def _upsert_commit(
+        db: sqlite3.Connection, group: str, topic: str, partition: int, offset: int, now: float
+    ) -> None:
         db.execute(
             "INSERT INTO wk_commits (grp, topic, part, off, committed_at) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (grp, topic, part) DO UPDATE SET off = excluded.off,"
@@ -624,10 +654,14 @@ class SQLiteLog(Log):
         return await self._run(self._committed, group, topic, partition)
 
     def _committed(self, group: str, topic: str, partition: int) -> int | None:
-        row = self._db().execute(
-            "SELECT off FROM wk_commits WHERE grp = ? AND topic = ? AND part = ?",
-            (group, topic, partition),
-        ).fetchone()
+        row = (
+            self._db()
+            .execute(
+                "SELECT off FROM wk_commits WHERE grp = ? AND topic = ? AND part = ?",
+                (group, topic, partition),
+            )
+            .fetchone()
+        )
         return None if row is None else int(row[0])
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
@@ -789,8 +823,9 @@ def _fetch(cursor: sqlite3.Cursor, count: int) -> list[Record]:
 _CHUNK = 250
 
 
-def _records(rows: list[tuple[int, bytes, bytes, float]],
-             shared: dict[bytes, dict[str, bytes]]) -> list[Record]:
+def _records(
+    rows: list[tuple[int, bytes, bytes, float]], shared: dict[bytes, dict[str, bytes]]
+) -> list[Record]:
     """Records of ``(off, headers, body, ts)`` rows; ``shared`` maps encoded
     headers to their decoded dict (see :func:`_fetch`)."""
     out: list[Record] = []

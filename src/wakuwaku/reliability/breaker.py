@@ -397,4 +397,3 @@ class BreakerCall:
                 outcome = self._breaker.outcome_of(exc)
         finally:
             self._breaker.record(permit, outcome)
-

@@ -101,8 +101,9 @@ def broken() -> Consumer:
 NOT_CALLABLE = "just a string"
 
 
-async def seed(path: str, count: int, *, partitions: int = 1, keys: int = 1,
-               topic: str = "ticks") -> list[int]:
+async def seed(
+    path: str, count: int, *, partitions: int = 1, keys: int = 1, topic: str = "ticks"
+) -> list[int]:
     """Create ``topic`` in the SQLite log at ``path`` and publish ``count`` ticks
     (ids 0..count-1, keys ``k0``..); returns the ids."""
     from wakuwaku import Producer
