@@ -54,6 +54,12 @@ class LogContract:
     """What every :class:`~wakuwaku.logs.Log` adapter must do (``logs/_base.py``)."""
 
     multiprocess: ClassVar[bool] = False
+    lease_expiry: ClassVar[bool] = True
+    """False for a log whose ownership is not a lease of ours (Kafka: the
+    consumer group's coordinator assigns partitions and moves them when a
+    member leaves or its session times out, at least 6 s, the broker's
+    ``group.min.session.timeout.ms``), so no lease lapses after a ttl; the
+    takeover with a higher generation is tested through release instead."""
 
     @pytest.fixture
     async def log(self) -> AsyncIterator[Log]:
@@ -383,6 +389,10 @@ class LogContract:
         assert await log.acquire_partition("other", "orders", 0, "b", ttl=60.0) is not None
 
     async def test_lease_moves_after_expiry_with_a_higher_generation(self, log: Log) -> None:
+        if not self.lease_expiry:
+            pytest.skip(
+                f"{type(log).__name__}: ownership does not lapse after a ttl (lease_expiry)"
+            )
         await log.create_topic("orders", 1)
         old = await log.acquire_partition("g", "orders", 0, "a", ttl=0.05)
         assert old is not None

@@ -8,6 +8,9 @@
 - ``nats://host:port`` (several servers comma-separated; ``token@`` or
   ``user:password@`` before the hosts): :class:`~wakuwaku.logs.nats.NatsLog`,
   with the ``nats`` extra
+- ``kafka://host:port`` (several brokers comma-separated; ``user:password@``
+  before them for SASL): :class:`~wakuwaku.logs.kafka.KafkaLog`, with the
+  ``kafka`` extra
 
 The default URL is ``sqlite:///wakuwaku.db`` (``./wakuwaku.db``).
 
@@ -21,6 +24,9 @@ URL options (a query; any other option name is refused by name):
 ``redis``           ``prefix=NAME`` (default ``wk``: the first part of every
                     key), ``timeout=SECONDS`` (default 5: every call's bound)
 ``nats``            ``prefix=NAME``, ``timeout=SECONDS`` (``docs/logs.md``)
+``kafka``           ``prefix``, ``timeout``, ``transactions=1|0``,
+                    ``security_protocol``, ``sasl_mechanism``,
+                    ``ssl_ca_location`` (``docs/logs.md``)
 ==================  =========================================================
 """
 
@@ -86,6 +92,10 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
         from .nats import NatsLog  # imported here: the root package never imports nats-py
 
         return NatsLog.from_url(url)
+    if parsed.scheme == "kafka":
+        from .kafka import KafkaLog  # confluent-kafka is optional: imported only for this scheme
+
+        return KafkaLog.from_url(url)
     raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
 
 

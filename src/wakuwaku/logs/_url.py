@@ -24,6 +24,14 @@ LOG_URL_OPTIONS: dict[str, Collection[str]] = {
     "redis": ("prefix", "timeout"),
     "rediss": ("prefix", "timeout"),
     "nats": ("prefix", "timeout"),
+    "kafka": (
+        "prefix",
+        "timeout",
+        "transactions",
+        "security_protocol",
+        "sasl_mechanism",
+        "ssl_ca_location",
+    ),
 }
 """The URL options each scheme takes (``docs/logs.md`` says what each means)."""
 

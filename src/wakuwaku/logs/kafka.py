@@ -1,0 +1,1351 @@
+"""The Apache Kafka log: topics are Kafka topics (URL ``kafka://host:port[,host:port]``).
+
+Mapping (``docs/logs.md``, "The Kafka log"):
+
+- a topic is a Kafka topic named ``<prefix><topic>`` (no prefix by default,
+  so other Kafka clients see the same names); a group is the Kafka consumer
+  group ``<prefix><group>``;
+- a record's ``wk-key`` header is the Kafka message key (not repeated as a
+  header); every other header is a Kafka header; records written by any
+  Kafka producer are read with their key as ``wk-key``;
+- offsets are Kafka offsets: not dense (transaction markers and compaction
+  leave gaps); reads are ``read_committed``;
+- ownership is the consumer group's: :meth:`KafkaLog.acquire_partition`
+  answers from the assignment the group coordinator gave this member
+  (``cooperative-sticky``), not from a lease of ours (see the class);
+- :meth:`KafkaLog.store` of a batch with retry or dead-letter records is one
+  Kafka transaction with the offsets sent through
+  ``send_offsets_to_transaction`` and the member's group metadata (KIP-447):
+  a member that lost the partition has its transaction refused by the
+  broker.
+
+confluent-kafka (librdkafka) is imported here only (extra ``kafka``); its
+blocking calls run in threads, each bounded by the log's ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+try:
+    import confluent_kafka.admin as _admin_module
+    from confluent_kafka import (
+        Consumer,
+        ConsumerGroupTopicPartitions,
+        IsolationLevel,
+        KafkaError,
+        KafkaException,
+        Producer,
+        TopicPartition,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the Kafka log needs confluent-kafka: pip install 'wakuwaku[kafka]'") from exc
+
+from .._clock import BLOCKING_CALLS
+from .._errors import (
+    ConfigError,
+    FencedError,
+    LogError,
+    LogUnavailableError,
+    PartitionCountMismatch,
+    UnknownTopicError,
+)
+from .._records import Record
+from ._base import (
+    BatchWrite,
+    Lease,
+    Log,
+    OutgoingRecord,
+    TopicInfo,
+    check_commit,
+    check_partition,
+    check_record,
+    check_topic_name,
+)
+from ._url import option_bool, option_seconds, parse_log_url
+
+_kadmin: Any = _admin_module  # its stubs are partial: used untyped
+AdminClient = _kadmin.AdminClient
+ConfigResource = _kadmin.ConfigResource
+NewTopic = _kadmin.NewTopic
+OffsetSpec = _kadmin.OffsetSpec
+ResourceType = _kadmin.ResourceType
+
+__all__ = ("PASSWORD_ENV", "USERNAME_ENV", "KafkaLog", "derived_main_topic")
+
+logger = logging.getLogger("wakuwaku.logs.kafka")
+
+_T = TypeVar("_T")
+
+USERNAME_ENV = "WAKUWAKU_KAFKA_USERNAME"
+"""The SASL user name used when the URL names none."""
+PASSWORD_ENV = "WAKUWAKU_KAFKA_PASSWORD"
+"""The SASL password used when the URL names none (never printed)."""
+
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+"""``max.message.bytes`` of the topics this log creates (Kafka's own default is 1 MiB)."""
+HEADER_ROOM = 65_536
+"""Extra ``max.message.bytes`` of the engine's retry and dead-letter topics:
+room for the headers the engine adds, so a record at its main topic's limit
+can still be retried and dead-lettered."""
+_BATCH_OVERHEAD = 512  # record batch and record framing, counted against the limit
+_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
+_DERIVED = ("wk-retry.", "wk-dlq.", "wk-replayed.")
+_NO_OFFSET = -1001
+_MARKER_WAIT = 0.5
+_FENCED_CODES = frozenset(
+    {
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError._STATE,
+    }
+)
+_UNKNOWN_TOPIC_CODES = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+)
+_generations = itertools.count(1)
+
+
+def derived_main_topic(topic: str) -> str | None:
+    """The main topic of an engine-made topic (``[ns.]wk-retry.<group>.<main>``,
+    ``wk-dlq.``, ``wk-replayed.``), or None for any other topic."""
+    for marker in _DERIVED:
+        at = topic.find(marker)
+        while at > 0 and topic[at - 1] != ".":
+            at = topic.find(marker, at + 1)
+        if at < 0:
+            continue
+        group, dot, main = topic[at + len(marker) :].partition(".")
+        if group and dot and main:
+            return topic[:at] + main
+    return None
+
+
+def _code(exc: BaseException) -> int | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return int(exc.args[0].code())
+    return None
+
+
+@dataclass
+class _Owned:
+    """One partition as this member sees it: owned, being revoked, or gone."""
+
+    generation: int
+    state: str = "owned"  # owned | revoking | stopped | gone
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _Member:
+    """One consumer-group member: a confluent Consumer that only joins, never fetches.
+
+    A thread polls it (heartbeats and rebalance callbacks run there). Its
+    partitions are paused as soon as they are assigned: records are read by
+    :meth:`KafkaLog.read`'s own assign-only consumers. On a revoke the
+    callback marks the partitions ``revoking``, which the engine sees at its
+    next :meth:`KafkaLog.acquire_partition` (None: stop the worker), and
+    waits, at most ``revoke_timeout``, for the worker to finish and release
+    (:meth:`KafkaLog.release_partition`) before the partitions go; on a lost
+    assignment they are ``gone`` at once and every write under them refused.
+    """
+
+    def __init__(self, log: KafkaLog, group: str, member: str) -> None:
+        self.log = log
+        self.group = group
+        self.member = member
+        self.topics: set[str] = set()
+        self.owned: dict[tuple[str, int], _Owned] = {}
+        self.lock = threading.Lock()
+        self.assigned_once = threading.Event()
+        self.closing = False
+        self.held: set[tuple[str, int]] = set()
+        self.txn: Producer | None = None
+        # The group metadata (generation, member id) for KIP-447 transactions.
+        # Read in the poll thread only: consumer_group_metadata() called from
+        # another thread while poll() runs blocks (librdkafka serves it there).
+        self.metadata: Any = None
+        self.txn_lock = asyncio.Lock()
+        conf = {
+            **log._common,
+            "group.id": log._name(group),
+            "client.id": f"wakuwaku-{member}",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "session.timeout.ms": int(log.session_timeout * 1000),
+            "heartbeat.interval.ms": max(100, int(log.session_timeout * 1000 / 5)),
+            "isolation.level": "read_committed",
+        }
+        self.consumer = Consumer(conf)
+        self.thread = threading.Thread(
+            target=self._poll, name=f"wakuwaku-kafka-member-{member}", daemon=True
+        )
+        self.started = False
+
+    # -- the poll thread --------------------------------------------------
+
+    def _poll(self) -> None:
+        while not self.closing:
+            try:
+                self.consumer.poll(0.05)
+            except RuntimeError:  # closed under us
+                return
+            except KafkaException as exc:
+                logger.warning("Kafka group %s member poll failed: %s", self.group, exc)
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self.metadata = consumer.consumer_group_metadata()
+        with self.lock:
+            for tp in partitions:
+                self.owned[(self.log._plain(tp.topic), tp.partition)] = _Owned(next(_generations))
+        consumer.incremental_assign(partitions)
+        if partitions:
+            consumer.pause(partitions)
+        self.assigned_once.set()
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self.metadata = consumer.consumer_group_metadata()
+        waits: list[_Owned] = []
+        with self.lock:
+            for tp in partitions:
+                owned = self.owned.get((self.log._plain(tp.topic), tp.partition))
+                if owned is not None and owned.state == "owned":
+                    key = (self.log._plain(tp.topic), tp.partition)
+                    if self.closing or key not in self.held:
+                        owned.state = "gone"
+                    else:
+                        owned.state = "revoking"
+                        waits.append(owned)
+        deadline = time.monotonic() + self.log.revoke_timeout
+        for owned in waits:
+            owned.done.wait(max(0.0, deadline - time.monotonic()))
+        with self.lock:
+            for tp in partitions:
+                key = (self.log._plain(tp.topic), tp.partition)
+                owned = self.owned.pop(key, None)
+                if owned is not None:
+                    owned.state = "gone"
+                self.held.discard(key)
+        with contextlib.suppress(KafkaException, RuntimeError):
+            consumer.incremental_unassign(partitions)
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        with self.lock:
+            for tp in partitions:
+                key = (self.log._plain(tp.topic), tp.partition)
+                owned = self.owned.pop(key, None)
+                if owned is not None:
+                    owned.state = "gone"
+                self.held.discard(key)
+        logger.warning(
+            "Kafka group %s: partitions lost (session timed out); nothing is stored for them",
+            self.group,
+        )
+        with contextlib.suppress(KafkaException, RuntimeError):
+            consumer.incremental_unassign(partitions)
+
+    # -- called from the log (threads) -------------------------------------
+
+    def subscribe(self, topic: str) -> None:
+        with self.lock:
+            if topic in self.topics:
+                return
+            self.topics.add(topic)
+            names = [self.log._name(t) for t in sorted(self.topics)]
+        self.assigned_once.clear()
+        self.consumer.subscribe(
+            names, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        if not self.started:
+            self.started = True
+            self.thread.start()
+
+    def current(self, topic: str, partition: int) -> _Owned | None:
+        with self.lock:
+            owned = self.owned.get((topic, partition))
+            return owned if owned is not None and owned.state != "gone" else None
+
+    def close(self) -> None:
+        self.closing = True
+        with self.lock:
+            for owned in self.owned.values():
+                owned.done.set()
+        if self.started:
+            self.thread.join(5.0)
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self.consumer.close()
+        if self.txn is not None:
+            with contextlib.suppress(KafkaException):
+                self.txn.flush(1.0)
+
+
+@dataclass
+class _Reader:
+    consumer: Any
+    next_offset: int
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class KafkaLog(Log):
+    """A :class:`~wakuwaku.logs.Log` on Apache Kafka (URL ``kafka://host:port``; SPEC 1, 15).
+
+    :param bootstrap: ``host:port`` pairs, comma-separated or as a list.
+    :param prefix: begins every topic and group name (default none), so
+        several logs share one cluster; ``[A-Za-z0-9._-]``.
+    :param timeout: the bound of every call to the cluster (seconds,
+        default 10); past it the call raises
+        :class:`~wakuwaku.LogUnavailableError`.
+    :param transactions: write a batch's retry and dead-letter records and
+        its offsets in one Kafka transaction fenced by the group generation
+        (KIP-447; default True). False: appends then commits, each fenced
+        by the member's ownership and generation, not atomic.
+    :param security: librdkafka settings for the connection
+        (``security.protocol``, ``sasl.mechanism``, ``sasl.username``,
+        ``sasl.password``, ``ssl.ca.location``); never printed.
+    :param session_timeout: the group session timeout (seconds, >= 6: the
+        broker's ``group.min.session.timeout.ms``): how long a silent member
+        keeps its partitions.
+    :param revoke_timeout: how long a revoked partition waits for its
+        worker to finish running chunks and store them (seconds).
+    :param max_message_bytes: ``max.message.bytes`` of the topics this log
+        creates (the engine's retry and dead-letter topics get
+        :data:`HEADER_ROOM` more).
+
+    Ownership is the consumer group's (cooperative-sticky assignment):
+    :meth:`acquire_partition` joins the group as ``member`` (once per
+    member, subscribing to the topic) and returns a lease while the
+    coordinator assigns that partition to it; the ``ttl`` is not used (a
+    member keeps its partitions while it heartbeats, ``session_timeout``).
+    Every fenced write checks that the member still owns the partition in
+    the generation of the lease, and its commits go through the member, so
+    the broker refuses them after the group moved on.
+
+    :raises ConfigError: for a bad prefix, timeout or host list.
+    """
+
+    atomic_store = True
+    """With ``transactions`` (the default) :meth:`store` is one Kafka transaction."""
+
+    def __init__(
+        self,
+        bootstrap: Sequence[str] | str = "127.0.0.1:9092",
+        *,
+        prefix: str = "",
+        timeout: float = 10.0,
+        transactions: bool = True,
+        security: Mapping[str, str] | None = None,
+        session_timeout: float = 10.0,
+        revoke_timeout: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        hosts = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
+        hosts = [h.strip() for part in hosts for h in part.split(",") if h.strip()]
+        if not hosts:
+            raise ConfigError("a Kafka log needs at least one host:port")
+        if prefix and not _LEGAL_TOPIC.fullmatch(prefix):
+            raise ConfigError(f"a Kafka log prefix takes [A-Za-z0-9._-] only, got {prefix!r}")
+        if not timeout > 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if session_timeout < 6:
+            raise ConfigError(f"session_timeout must be >= 6 seconds, got {session_timeout!r}")
+        self.hosts = hosts
+        self.prefix = prefix
+        self.timeout = float(timeout)
+        self.transactions = transactions
+        self.atomic_store = transactions
+        self.session_timeout = float(session_timeout)
+        self.revoke_timeout = float(revoke_timeout)
+        self.max_message_bytes = int(max_message_bytes)
+        query = [f"prefix={prefix}"] if prefix else []
+        if not transactions:
+            query.append("transactions=0")
+        self.url = f"kafka://{','.join(hosts)}" + ("?" + "&".join(query) if query else "")
+        ms = int(self.timeout * 1000)
+        self._common: dict[str, Any] = {
+            "bootstrap.servers": ",".join(hosts),
+            "socket.connection.setup.timeout.ms": ms,
+            "socket.timeout.ms": max(ms, 10),
+            "reconnect.backoff.max.ms": 1000,
+            "log_level": 3,
+            "logger": logging.getLogger("wakuwaku.logs.kafka.librdkafka"),
+            **dict(security or {}),
+        }
+        self._admin: Any = None
+        self._producer: Any = None
+        self._producer_thread: threading.Thread | None = None
+        self._members: dict[tuple[str, str], _Member] = {}
+        self._readers: dict[tuple[str, int], _Reader] = {}
+        self._topics: dict[str, int] = {}
+        self._limits: dict[str, int] = {}
+        self._closed = False
+        self._stop = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"KafkaLog({self.url!r})"
+
+    # -- names -------------------------------------------------------------
+
+    def _name(self, name: str) -> str:
+        return self.prefix + name
+
+    def _plain(self, name: str) -> str:
+        return name[len(self.prefix) :] if self.prefix and name.startswith(self.prefix) else name
+
+    # -- plumbing -----------------------------------------------------------
+
+    async def _run(self, what: str, fn: Callable[[], _T]) -> _T:
+        """Run a blocking client call in a thread, translating its errors."""
+        if self._closed:
+            raise LogError(f"the Kafka log {self.url} is closed")
+        try:
+            with BLOCKING_CALLS.track():
+                return await asyncio.to_thread(fn)
+        except KafkaException as exc:
+            raise self._error(what, exc) from exc
+
+    async def _idempotent(self, what: str, fn: Callable[[], _T]) -> _T:
+        """:meth:`_run` for a call that only reads: a transient error (a
+        leader moving, a partition just created) is asked again until
+        ``timeout`` has passed."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return await self._run(what, fn)
+            except LogUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+    def _error(self, what: str, exc: BaseException) -> LogError:
+        code = _code(exc)
+        err = exc.args[0] if exc.args else exc
+        text = err.str() if isinstance(err, KafkaError) else str(err)
+        retriable = isinstance(err, KafkaError) and (
+            err.retriable()
+            or code
+            in (
+                KafkaError._TRANSPORT,
+                KafkaError._TIMED_OUT,
+                KafkaError._ALL_BROKERS_DOWN,
+                KafkaError.REQUEST_TIMED_OUT,
+                KafkaError.NOT_COORDINATOR,
+                KafkaError.COORDINATOR_NOT_AVAILABLE,
+                KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                KafkaError._MSG_TIMED_OUT,
+                KafkaError.NOT_LEADER_FOR_PARTITION,
+                KafkaError.LEADER_NOT_AVAILABLE,
+            )
+        )
+        if retriable:
+            return LogUnavailableError(f"Kafka log {self.url} is unavailable ({what}): {text}")
+        return LogError(f"Kafka log {self.url} failed ({what}): {text}")
+
+    def _admin_client(self) -> Any:
+        if self._admin is None:
+            self._admin = AdminClient(dict(self._common))
+        return self._admin
+
+    def _future(self, what: str, future: Any) -> Any:
+        """Wait for an admin future within the timeout (in a thread)."""
+        try:
+            return future.result(timeout=self.timeout)
+        except TimeoutError as exc:
+            raise LogUnavailableError(
+                f"Kafka log {self.url} is unavailable ({what}): no answer within {self.timeout} s"
+            ) from exc
+        except Exception as exc:
+            if isinstance(exc, KafkaException):
+                raise
+            if "timed out" in str(exc).lower():
+                raise LogUnavailableError(
+                    f"Kafka log {self.url} is unavailable ({what}): {exc}"
+                ) from exc
+            raise
+
+    def _producer_client(self) -> Any:
+        if self._producer is None:
+            self._producer = Producer(
+                {
+                    **self._common,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 1,
+                    "message.max.bytes": 64 * 1024 * 1024,
+                    "message.timeout.ms": int(self.timeout * 1000),
+                    "partitioner": "murmur2_random",
+                }
+            )
+            self._producer_thread = threading.Thread(
+                target=self._serve_producer, name="wakuwaku-kafka-producer", daemon=True
+            )
+            self._producer_thread.start()
+        return self._producer
+
+    def _serve_producer(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    # -- topics -------------------------------------------------------------
+
+    def _check_name(self, topic: str) -> None:
+        check_topic_name(topic)
+        full = self._name(topic)
+        if not _LEGAL_TOPIC.fullmatch(full) or len(full) > 249 or full in (".", ".."):
+            raise ConfigError(
+                f"invalid Kafka topic name {full!r}: [A-Za-z0-9._-] only, at most 249 characters"
+            )
+
+    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+        """Create ``topic`` through the admin API; see :meth:`Log.create_topic`.
+
+        Replication factor: the broker's ``default.replication.factor``.
+        ``max.message.bytes``: the log's ``max_message_bytes``, plus
+        :data:`HEADER_ROOM` for the engine's retry, dead-letter and replay
+        topics. A topic deleted just before is waited for (bounded) while
+        the broker finishes the deletion.
+        """
+        self._check_name(topic)
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ConfigError(f"topic {topic!r}: partition count must be >= 1, got {partitions!r}")
+        limit = self.max_message_bytes + (HEADER_ROOM if derived_main_topic(topic) else 0)
+        new = NewTopic(
+            self._name(topic),
+            num_partitions=partitions,
+            replication_factor=-1,
+            config={"max.message.bytes": str(limit)},
+        )
+        deadline = time.monotonic() + self.timeout
+
+        def create() -> None:
+            admin = self._admin_client()
+            self._future("create topic", admin.create_topics([new])[self._name(topic)])
+
+        while True:
+            try:
+                await self._run("create topic", create)
+                break
+            except LogError as exc:
+                cause = exc.__cause__
+                code = _code(cause) if cause is not None else None
+                if code == KafkaError.TOPIC_ALREADY_EXISTS:
+                    existing = await self._partitions_or_none(topic, fresh=True)
+                    if existing is None:  # being deleted: wait for it to go
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.1)
+                        continue
+                    if existing != partitions:
+                        raise PartitionCountMismatch(topic, existing, partitions) from None
+                    break
+                raise
+        await self._wait_for_leaders(topic)
+        self._topics[topic] = partitions
+        return TopicInfo(topic, partitions)
+
+    async def _wait_for_leaders(self, topic: str) -> None:
+        """Wait (bounded) until every partition of a new topic has a leader."""
+        name = self._name(topic)
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            meta = await self._run(
+                "describe topic",
+                lambda: self._admin_client().list_topics(topic=name, timeout=self.timeout),
+            )
+            found = meta.topics.get(name)
+            if (
+                found is not None
+                and found.error is None
+                and found.partitions
+                and all(p.leader >= 0 and p.error is None for p in found.partitions.values())
+            ):
+                return
+            await asyncio.sleep(0.05)
+
+    async def _partitions_or_none(self, topic: str, *, fresh: bool = False) -> int | None:
+        if not fresh and topic in self._topics:
+            return self._topics[topic]
+        name = self._name(topic)
+
+        def describe() -> Any:
+            return self._admin_client().list_topics(topic=name, timeout=self.timeout)
+
+        meta = await self._run("describe topic", describe)
+        found = meta.topics.get(name)
+        if found is None or found.error is not None or not found.partitions:
+            self._topics.pop(topic, None)
+            return None
+        self._topics[topic] = len(found.partitions)
+        return len(found.partitions)
+
+    async def _partitions(self, topic: str, *, fresh: bool = False) -> int:
+        count = await self._partitions_or_none(topic, fresh=fresh)
+        if count is None:
+            raise UnknownTopicError(topic)
+        return count
+
+    async def describe_topic(self, topic: str) -> TopicInfo:
+        return TopicInfo(topic, await self._partitions(topic, fresh=True))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        """Every topic under the prefix (Kafka's internal ``__*`` topics left out), by name."""
+        meta = await self._run(
+            "list topics", lambda: self._admin_client().list_topics(timeout=self.timeout)
+        )
+        out = [
+            TopicInfo(self._plain(name), len(t.partitions))
+            for name, t in meta.topics.items()
+            if name.startswith(self.prefix) and not name.startswith("__") and t.error is None
+        ]
+        return sorted(out, key=lambda t: t.name)
+
+    async def delete_topic(self, topic: str) -> bool:
+        """Delete the Kafka topic (its committed offsets go with it, broker-side)."""
+        self._check_name(topic)
+        if await self._partitions_or_none(topic, fresh=True) is None:
+            return False
+        for key in [k for k in self._readers if k[0] == topic]:
+            reader = self._readers.pop(key)
+            await self._run("close reader", reader.consumer.close)
+        name = self._name(topic)
+        try:
+            await self._run(
+                "delete topic",
+                lambda: self._future(
+                    "delete topic", self._admin_client().delete_topics([name])[name]
+                ),
+            )
+        except LogError as exc:
+            if exc.__cause__ is not None and _code(exc.__cause__) in _UNKNOWN_TOPIC_CODES:
+                return False
+            raise
+        self._topics.pop(topic, None)
+        self._limits.pop(topic, None)
+        # Deletion is asynchronous on the broker: wait (bounded) until it is gone.
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if await self._partitions_or_none(topic, fresh=True) is None:
+                break
+            await asyncio.sleep(0.05)
+        return True
+
+    async def max_message_bytes_of(self, topic: str) -> int:
+        """The topic's ``max.message.bytes`` (read once, then cached)."""
+        found = self._limits.get(topic)
+        if found is not None:
+            return found
+        resource = ConfigResource(ResourceType.TOPIC, self._name(topic))
+
+        def describe() -> Any:
+            return self._future(
+                "describe topic config",
+                self._admin_client().describe_configs([resource])[resource],
+            )
+
+        configs = await self._run("describe topic config", describe)
+        entry = configs.get("max.message.bytes")
+        limit = int(entry.value) if entry is not None else 1_048_588
+        self._limits[topic] = limit
+        return limit
+
+    # -- append ---------------------------------------------------------------
+
+    async def _check_size(
+        self, topic: str, partition: int, records: Sequence[OutgoingRecord]
+    ) -> None:
+        limit = await self.max_message_bytes_of(topic)
+        for headers, body in records:
+            size = len(body) + sum(len(k) + len(v) for k, v in headers.items())
+            if size + _BATCH_OVERHEAD > limit:
+                key = headers.get("wk-key", b"")
+                raise ConfigError(
+                    f"a record of key {bytes(key)!r} for {topic}/{partition} is {size} bytes "
+                    f"(body and headers); topic {topic!r} takes at most {limit - _BATCH_OVERHEAD} "
+                    f"(its max.message.bytes is {limit})"
+                )
+
+    def _fence_owner(self, fence: Lease) -> _Member:
+        """The member that holds ``fence`` now. :raises FencedError: otherwise."""
+        member = self._members.get((fence.group, fence.member))
+        owned = member.current(fence.topic, fence.partition) if member is not None else None
+        if member is None or owned is None or owned.generation != fence.generation:
+            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+        return member
+
+    @staticmethod
+    def _message(headers: Mapping[str, bytes]) -> tuple[bytes | None, list[tuple[str, bytes]]]:
+        key = headers.get("wk-key")
+        rest = [(k, bytes(v)) for k, v in headers.items() if k != "wk-key"]
+        return (bytes(key) if key is not None else None), rest
+
+    async def append(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[OutgoingRecord],
+        *,
+        fence: Lease | None = None,
+    ) -> list[int]:
+        """Produce ``records`` to one partition with the idempotent producer.
+
+        Records are in order; they are not atomic as a group (a failure
+        part way leaves the first ones; the engine's fenced batches go
+        through :meth:`store`). With ``fence``, the member must own the
+        fence's partition in its generation.
+
+        :raises ConfigError: for a record over the topic's
+            ``max.message.bytes`` (less framing), naming the limit; nothing
+            is written.
+        :raises LogUnavailableError: when the brokers do not acknowledge
+            within ``timeout``.
+        """
+        checked = [check_record(h, b) for h, b in records]
+        count = await self._partitions(topic)
+        check_partition(topic, partition, count)
+        outgoing = [(h, b) for h, (_, b) in zip(checked, records, strict=True)]
+        if not outgoing:
+            return []
+        await self._check_size(topic, partition, outgoing)
+        if fence is not None:
+            self._fence_owner(fence)
+        futures = await self._produce_all(topic, partition, outgoing)
+        try:
+            with BLOCKING_CALLS.track():
+                offsets = await asyncio.wait_for(asyncio.gather(*futures), self.timeout + 5.0)
+        except TimeoutError as exc:
+            raise LogUnavailableError(
+                f"Kafka log {self.url} is unavailable (append to {topic}/{partition}): "
+                f"not acknowledged within {self.timeout} s"
+            ) from exc
+        except KafkaException as exc:
+            if _code(exc) in _UNKNOWN_TOPIC_CODES:
+                self._topics.pop(topic, None)
+                raise UnknownTopicError(topic) from exc
+            raise self._error(f"append to {topic}/{partition}", exc) from exc
+        return list(offsets)
+
+    async def _produce_all(
+        self, topic: str, partition: int, outgoing: Sequence[OutgoingRecord]
+    ) -> list[asyncio.Future[int]]:
+        """Hand ``outgoing`` to the idempotent producer; one future per record's offset."""
+        producer = self._producer_client()
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[int]] = []
+        name = self._name(topic)
+
+        def done(fut: asyncio.Future[int], err: Any, msg: Any) -> None:
+            if fut.done():
+                return
+            if err is not None:
+                fut.set_exception(KafkaException(err))
+            else:
+                fut.set_result(msg.offset())
+
+        for headers, body in outgoing:
+            key, rest = self._message(headers)
+            fut: asyncio.Future[int] = loop.create_future()
+            futures.append(fut)
+
+            def callback(err: Any, msg: Any, fut: asyncio.Future[int] = fut) -> None:
+                loop.call_soon_threadsafe(done, fut, err, msg)
+
+            while True:
+                try:
+                    producer.produce(
+                        name, bytes(body), key, partition, on_delivery=callback, headers=rest
+                    )
+                    break
+                except BufferError:
+                    await asyncio.sleep(0.01)
+        return futures
+
+    # -- read -------------------------------------------------------------------
+
+    def _new_reader(self, topic: str, partition: int, offset: int) -> Any:
+        consumer = Consumer(
+            {
+                **self._common,
+                "group.id": f"wakuwaku-reader-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 10,
+                "queued.max.messages.kbytes": 16384,
+                "enable.partition.eof": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.assign([TopicPartition(self._name(topic), partition, offset)])
+        return consumer
+
+    async def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 500,
+        wait: float = 0.0,
+    ) -> list[Record]:
+        """Read up to ``max_records`` committed records from ``offset`` on.
+
+        Offsets are Kafka's: a page may skip offsets (transaction markers,
+        aborted records, compaction). Without ``wait``, a read where the
+        partition has nothing at or past ``offset`` returns at once; one
+        where records exist waits (bounded by ``timeout``) for them to be
+        fetched. A record without a ``wk-key`` header gets its Kafka key
+        as ``wk-key``.
+        """
+        check_partition(topic, partition, await self._partitions(topic))
+        reader = self._readers.get((topic, partition))
+        if reader is None:
+            reader = _Reader(
+                await self._run("read", lambda: self._new_reader(topic, partition, offset)), offset
+            )
+            self._readers[(topic, partition)] = reader
+        async with reader.lock:
+            if reader.next_offset != offset:
+                tp = TopicPartition(self._name(topic), partition, offset)
+                await self._run("seek", lambda: reader.consumer.assign([tp]))
+                reader.next_offset = offset
+            messages = await self._run(
+                "read",
+                lambda: self._fetch(reader.consumer, topic, partition, offset, max_records, wait),
+            )
+            records = self._records(topic, partition, messages)
+            if records:
+                reader.next_offset = records[-1].offset + 1
+            return records
+
+    def _fetch(
+        self, consumer: Any, topic: str, partition: int, start: int, count: int, wait: float
+    ) -> list[Any]:
+        """Consume up to ``count`` messages from ``start`` (in a thread).
+
+        What is buffered comes at once; while the partition's high watermark
+        (asked of the broker) is past the last message, more is fetched,
+        bounded by ``timeout``. An empty partition waits ``wait`` seconds
+        for a first record. Where only a transaction marker lies below the
+        high watermark, at most :data:`_MARKER_WAIT` seconds are spent
+        finding that out (Kafka does not tell the two apart).
+        """
+        out = list(consumer.consume(count, 0))
+        now = time.monotonic()
+        deadline, bound = now + max(wait, 0.0), now + self.timeout
+        tp = TopicPartition(self._name(topic), partition)
+        while len(out) < count:
+            now = time.monotonic()
+            if not out and wait > 0 and now < deadline:
+                out.extend(consumer.consume(count, min(0.05, deadline - now)))
+                continue
+            at = out[-1].offset() + 1 if out else start
+            _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout, cached=False)
+            if at >= high or now >= bound or (not out and now >= deadline + _MARKER_WAIT):
+                return out
+            out.extend(consumer.consume(count - len(out), 0.01))
+        return out
+
+    def _records(self, topic: str, partition: int, messages: list[Any]) -> list[Record]:
+        out: list[Record] = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() in _UNKNOWN_TOPIC_CODES:
+                    self._topics.pop(topic, None)
+                    self._readers.pop((topic, partition), None)
+                    raise UnknownTopicError(topic)
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise self._error(f"read {topic}/{partition}", KafkaException(err))
+            headers = {k: (v if v is not None else b"") for k, v in (msg.headers() or ())}
+            key = msg.key()
+            if key is not None and "wk-key" not in headers:
+                headers["wk-key"] = key
+            value = msg.value()
+            out.append(
+                Record(
+                    msg.offset(),
+                    headers,
+                    value if value is not None else b"",
+                    msg.timestamp()[1] / 1000,
+                )
+            )
+        return out
+
+    # -- offsets -----------------------------------------------------------------
+
+    async def _list_offsets(self, topic: str, spec: Any) -> dict[int, int]:
+        count = await self._partitions(topic)
+        name = self._name(topic)
+        request = {TopicPartition(name, p): spec for p in range(count)}
+
+        def ask() -> dict[int, int]:
+            futures = self._admin_client().list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED
+            )
+            return {
+                tp.partition: self._future("list offsets", f).offset for tp, f in futures.items()
+            }
+
+        return dict(sorted((await self._idempotent("list offsets", ask)).items()))
+
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition, the last stable offset (``read_committed``): past the
+        last committed record and any transaction marker after it."""
+        return await self._list_offsets(topic, OffsetSpec.latest())
+
+    async def start_offsets(self, topic: str) -> dict[int, int]:
+        return await self._list_offsets(topic, OffsetSpec.earliest())
+
+    async def committed(self, group: str, topic: str, partition: int) -> int | None:
+        check_partition(topic, partition, await self._partitions(topic))
+        found = await self._group_offsets(group, [(topic, partition)])
+        return found.get((topic, partition))
+
+    async def _group_offsets(
+        self, group: str, partitions: list[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], int]:
+        tps = (
+            None
+            if partitions is None
+            else [TopicPartition(self._name(t), p) for t, p in partitions]
+        )
+        request = [ConsumerGroupTopicPartitions(self._name(group), tps)]
+
+        def ask() -> Any:
+            futures = self._admin_client().list_consumer_group_offsets(request, require_stable=True)
+            return self._future("committed offsets", futures[self._name(group)])
+
+        answer = await self._run("committed offsets", ask)
+        out: dict[tuple[str, int], int] = {}
+        for tp in answer.topic_partitions or ():
+            if tp.offset >= 0 and tp.error is None:
+                out[(self._plain(tp.topic), tp.partition)] = tp.offset
+        return out
+
+    async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
+        """Every group's committed offsets on ``topic`` (for ``wakuwaku status``)."""
+        await self._partitions(topic)
+
+        def groups() -> Any:
+            return self._future("list groups", self._admin_client().list_consumer_groups())
+
+        listing = await self._run("list groups", groups)
+        out: dict[str, dict[int, int]] = {}
+        for g in listing.valid:
+            gid = g.group_id
+            if not gid.startswith(self.prefix) or gid.startswith("wakuwaku-reader-"):
+                continue
+            found = await self._group_offsets(self._plain(gid), None)
+            mine = {p: o for (t, p), o in found.items() if t == topic}
+            if mine:
+                out[self._plain(gid)] = mine
+        return out
+
+    async def commit(
+        self,
+        group: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        generation: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store the group's offset; see :meth:`Log.commit`.
+
+        With ``generation`` or ``fence``: only the member owning the
+        partition in that generation commits, through its own consumer, so
+        the broker refuses the commit once the group's generation moved on
+        (``FencedError``). Without: through the admin API, which Kafka allows
+        only while the group has no active member.
+        """
+        offset = check_commit(group, topic, partition, offset)
+        check_partition(topic, partition, await self._partitions(topic))
+        member: _Member | None
+        if fence is None and generation is not None:
+            owner = next(
+                (
+                    (m, o)
+                    for m in self._members.values()
+                    if m.group == group
+                    and (o := m.current(topic, partition)) is not None
+                    and o.generation == generation
+                ),
+                None,
+            )
+            if owner is None:
+                raise FencedError(group, topic, partition, generation)
+            member = owner[0]
+        elif fence is not None:
+            if fence.group != group:
+                raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+            member = self._fence_owner(fence)
+        else:
+            member = next((m for m in self._members.values() if m.group == group), None)
+        tp = TopicPartition(self._name(topic), partition, offset)
+        if member is not None:
+            await self._member_commit(
+                member, [tp], fence or _lease_of(group, topic, partition, generation)
+            )
+            return
+        request = [ConsumerGroupTopicPartitions(self._name(group), [tp])]
+
+        def alter() -> None:
+            futures = self._admin_client().alter_consumer_group_offsets(request)
+            self._future("commit", futures[self._name(group)])
+
+        await self._run(f"commit {topic}/{partition}", alter)
+
+    async def _member_commit(self, member: _Member, tps: list[Any], fence: Lease | None) -> None:
+        def commit() -> None:
+            member.consumer.commit(offsets=tps, asynchronous=False)
+
+        try:
+            await self._run("commit", commit)
+        except LogError as exc:
+            if fence is not None and _code(exc.__cause__ or exc) in _FENCED_CODES:
+                raise FencedError(
+                    fence.group, fence.topic, fence.partition, fence.generation
+                ) from exc
+            raise
+
+    # -- ownership ----------------------------------------------------------------
+
+    async def acquire_partition(
+        self, group: str, topic: str, partition: int, member: str, ttl: float
+    ) -> Lease | None:
+        """A lease while the group coordinator assigns ``partition`` to ``member``.
+
+        The first call for a (group, member) joins the group; the first for
+        a topic subscribes the member to it and waits (bounded by
+        ``timeout``) for the rebalance. ``ttl`` only sets ``expires_at``: the
+        group, not a timer, decides ownership. A partition being revoked
+        answers None (the engine stops its worker, stores what is done and
+        releases it; the revoke waits for that up to ``revoke_timeout``).
+        """
+        check_partition(topic, partition, await self._partitions(topic))
+        key = (group, member)
+        found = self._members.get(key)
+        owner = found if found is not None else _Member(self, group, member)
+        self._members[key] = owner
+        if topic not in owner.topics:
+            await self._run("join group", lambda: owner.subscribe(topic))
+            await self._run("join group", lambda: owner.assigned_once.wait(self.timeout))
+        with owner.lock:
+            owned = owner.owned.get((topic, partition))
+            if owned is None or owned.state == "gone":
+                return None
+            if owned.state != "owned":
+                # Revoking: tell the engine to stop; a call after its stop means it is done.
+                if owned.state == "stopped":
+                    owned.done.set()
+                owned.state = "stopped" if owned.state == "revoking" else owned.state
+                return None
+            owner.held.add((topic, partition))
+        return Lease(group, topic, partition, member, owned.generation, time.time() + ttl)
+
+    async def release_partition(self, lease: Lease) -> None:
+        """Let a revoked partition go now; at shutdown, leave the group once the
+        member holds nothing."""
+        member = self._members.get((lease.group, lease.member))
+        if member is None:
+            return
+        with member.lock:
+            owned = member.owned.get((lease.topic, lease.partition))
+            if owned is None or owned.generation != lease.generation:
+                return
+            member.held.discard((lease.topic, lease.partition))
+            if owned.state in ("revoking", "stopped"):
+                owned.done.set()
+                return
+            empty = not member.held
+        if empty:
+            self._members.pop((lease.group, lease.member), None)
+            await self._run("leave group", member.close)
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        """Delete the group's committed offsets (all, or on ``topic``); its local
+        members leave the group first."""
+        if topic is not None:
+            await self._partitions(topic)
+        for key in [k for k in self._members if k[0] == group]:
+            member = self._members.pop(key)
+            await self._run("leave group", member.close)
+        found = await self._group_offsets(group, None)
+        if topic is not None:
+            found = {k: v for k, v in found.items() if k[0] == topic}
+        if not found:
+            return 0
+        name = self._name(group)
+
+        def delete() -> None:
+            admin = self._admin_client()
+            if topic is None:
+                self._future("delete group", admin.delete_consumer_groups([name])[name])
+            else:
+                tps = [TopicPartition(self._name(t), p) for t, p in found]
+                request = [ConsumerGroupTopicPartitions(name, tps)]
+                for fut in admin.delete_consumer_group_offsets(request).values():
+                    self._future("delete group offsets", fut)
+
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                await self._run("delete group", delete)
+                return len(found)
+            except LogError as exc:
+                # The coordinator may still see the members that just left.
+                if time.monotonic() > deadline or "NON_EMPTY" not in str(exc).upper():
+                    raise
+                await asyncio.sleep(0.1)
+
+    async def apply_retention(self, topic: str) -> int:
+        """Delete records below every group's committed offset (``DeleteRecords``).
+
+        The broker's own retention (``retention.ms``, ``retention.bytes``)
+        runs besides; this only moves each partition's start up to the
+        slowest group's offset, never past the end.
+
+        :returns: how many offsets the start moved over (records, markers).
+        """
+        groups = await self.group_offsets(topic)
+        starts = await self.start_offsets(topic)
+        ends = await self.end_offsets(topic)
+        floors: dict[int, int] = {}
+        for offsets in groups.values():
+            for partition, offset in offsets.items():
+                floors[partition] = min(floors.get(partition, offset), offset)
+        targets = {
+            p: min(floor, ends.get(p, 0)) for p, floor in floors.items() if floor > starts.get(p, 0)
+        }
+        targets = {p: o for p, o in targets.items() if o > starts.get(p, 0)}
+        if not targets:
+            return 0
+        tps = [TopicPartition(self._name(topic), p, o) for p, o in targets.items()]
+
+        def delete() -> None:
+            for fut in self._admin_client().delete_records(tps).values():
+                self._future("delete records", fut)
+
+        await self._run("apply retention", delete)
+        self._readers_at_floor(topic)
+        return sum(o - starts.get(p, 0) for p, o in targets.items())
+
+    def _readers_at_floor(self, topic: str) -> None:
+        for (t, _), reader in self._readers.items():
+            if t == topic:
+                reader.next_offset = -1  # the next read seeks again
+
+    # -- store -----------------------------------------------------------------------
+
+    async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
+        """Write a batch's appends and offsets: one Kafka transaction (KIP-447).
+
+        With ``fence`` and ``transactions`` on, and records to append, the
+        appends and the offsets go in one transaction of the fence owner's
+        transactional producer, the offsets through
+        ``send_offsets_to_transaction`` with the member's group metadata:
+        the broker aborts it when the member's generation is stale
+        (``FencedError``, nothing visible). Offsets alone are committed
+        through the member (fenced the same way). Otherwise: appends then
+        commits, call by call.
+        """
+        if fence is None or not self.transactions or not write.appends:
+            if fence is not None and not write.appends and write.commits:
+                if fence.group != write.group:
+                    raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+                member = self._fence_owner(fence)
+                tps = []
+                for topic, partition, offset in write.commits:
+                    offset = check_commit(write.group, topic, partition, offset)
+                    check_partition(topic, partition, await self._partitions(topic))
+                    tps.append(TopicPartition(self._name(topic), partition, offset))
+                await self._member_commit(member, tps, fence)
+                return []
+            return await super().store(write, fence=fence)
+        if fence.group != write.group:
+            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+        member = self._fence_owner(fence)
+        batches: list[tuple[str, int, Sequence[OutgoingRecord]]] = []
+        for topic, partition, records in write.appends:
+            check_partition(topic, partition, await self._partitions(topic))
+            checked = [(check_record(h, b), b) for h, b in records]
+            await self._check_size(topic, partition, checked)
+            batches.append((topic, partition, checked))
+        offsets = []
+        for topic, partition, offset in write.commits:
+            offset = check_commit(write.group, topic, partition, offset)
+            check_partition(topic, partition, await self._partitions(topic))
+            offsets.append(TopicPartition(self._name(topic), partition, offset))
+        async with member.txn_lock:
+            self._fence_owner(fence)
+            try:
+                return await self._run("store", lambda: self._transaction(member, batches, offsets))
+            except LogError as exc:
+                code = _code(exc.__cause__) if exc.__cause__ is not None else None
+                if code in _FENCED_CODES:
+                    raise FencedError(
+                        fence.group, fence.topic, fence.partition, fence.generation
+                    ) from exc
+                raise
+
+    def _transactional(self, member: _Member) -> Any:
+        if member.txn is None:
+            producer = Producer(
+                {
+                    **self._common,
+                    "transactional.id": (
+                        f"{self._name(member.group)}-{member.member}-{uuid.uuid4().hex}"
+                    ),
+                    "transaction.timeout.ms": max(60_000, int(self.timeout * 3000)),
+                    "message.max.bytes": 64 * 1024 * 1024,
+                    "linger.ms": 0,
+                }
+            )
+            producer.init_transactions(self.timeout)
+            member.txn = producer
+        return member.txn
+
+    def _transaction(
+        self,
+        member: _Member,
+        batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
+        offsets: list[Any],
+    ) -> list[list[int]]:
+        """One transaction (in a thread): produce, send offsets, commit; abort on failure."""
+        producer = self._transactional(member)
+        results: list[list[int]] = [[-1] * len(records) for _, _, records in batches]
+        errors: list[Any] = []
+        producer.begin_transaction()
+        try:
+            for n, (topic, partition, records) in enumerate(batches):
+                for i, (headers, body) in enumerate(records):
+                    key, rest = self._message(headers)
+
+                    def report(err: Any, msg: Any, n: int = n, i: int = i) -> None:
+                        if err is not None:
+                            errors.append(err)
+                        else:
+                            results[n][i] = msg.offset()
+
+                    producer.produce(
+                        self._name(topic),
+                        bytes(body),
+                        key,
+                        partition,
+                        on_delivery=report,
+                        headers=rest,
+                    )
+            if offsets:
+                producer.send_offsets_to_transaction(offsets, member.metadata, self.timeout)
+            producer.commit_transaction(self.timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.fatal():
+                member.txn = None
+            else:
+                with contextlib.suppress(KafkaException):
+                    producer.abort_transaction(self.timeout)
+            raise
+        if errors:
+            raise KafkaException(errors[0])
+        return results
+
+    # -- close -------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Leave every group, close readers and producers; calling it again does nothing."""
+        if self._closed:
+            return
+        members, self._members = list(self._members.values()), {}
+        readers, self._readers = list(self._readers.values()), {}
+
+        def shut() -> None:
+            for member in members:
+                member.close()
+            for reader in readers:
+                with contextlib.suppress(KafkaException, RuntimeError):
+                    reader.consumer.close()
+            if self._producer is not None:
+                self._producer.flush(self.timeout)
+            self._stop.set()
+            if self._producer_thread is not None:
+                self._producer_thread.join(1.0)
+
+        with BLOCKING_CALLS.track():
+            await asyncio.to_thread(shut)
+        self._closed = True
+
+    # -- URLs ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: str) -> KafkaLog:
+        """``kafka://[user:password@]host:port[,host:port...][?options]``.
+
+        Options: ``prefix``, ``timeout`` (seconds), ``transactions`` (1/0),
+        ``security_protocol`` (``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT``,
+        ``SASL_SSL``), ``sasl_mechanism`` (``PLAIN``, ``SCRAM-SHA-256``,
+        ``SCRAM-SHA-512``), ``ssl_ca_location`` (a CA file). Without
+        ``user:password@`` the SASL credentials come from
+        ``WAKUWAKU_KAFKA_USERNAME`` / ``WAKUWAKU_KAFKA_PASSWORD`` when set.
+        The credentials are never part of :attr:`url` or any message.
+
+        :raises ConfigError: for a URL without hosts or with a bad option.
+        """
+        parsed = parse_log_url(url)
+        credentials, at, hosts = parsed.rest.rstrip("/").rpartition("@")
+        if not hosts or any(":" not in h for h in hosts.split(",")):
+            raise ConfigError(
+                "bad Kafka log URL: name the brokers as kafka://host:port[,host:port]"
+            )
+        security: dict[str, str] = {}
+        user = password = None
+        if at:
+            name, _, secret = credentials.partition(":")
+            user, password = unquote(name), unquote(secret)
+        user = user or os.environ.get(USERNAME_ENV) or None
+        password = password or os.environ.get(PASSWORD_ENV) or None
+        protocol = parsed.options.get("security_protocol")
+        if protocol:
+            if protocol.upper() not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+                raise ConfigError(f"bad Kafka log URL: unknown security_protocol {protocol!r}")
+            security["security.protocol"] = protocol.upper()
+        elif user:
+            security["security.protocol"] = "SASL_PLAINTEXT"
+        if parsed.options.get("sasl_mechanism"):
+            security["sasl.mechanism"] = parsed.options["sasl_mechanism"]
+        if parsed.options.get("ssl_ca_location"):
+            security["ssl.ca.location"] = parsed.options["ssl_ca_location"]
+        if user:
+            security["sasl.username"] = user
+            security["sasl.password"] = password or ""
+            security.setdefault("sasl.mechanism", "PLAIN")
+        return cls(
+            hosts,
+            prefix=parsed.options.get("prefix", ""),
+            timeout=option_seconds(parsed, "timeout", 10.0) or 10.0,
+            transactions=option_bool(parsed, "transactions", True),
+            security=security,
+        )
+
+
+def _lease_of(group: str, topic: str, partition: int, generation: int | None) -> Lease | None:
+    if generation is None:
+        return None
+    return Lease(group, topic, partition, "", generation, 0.0)

@@ -1,0 +1,140 @@
+"""The log contract on :class:`wakuwaku.logs.kafka.KafkaLog`, and what only Kafka has."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import msgspec
+import pytest
+from confluent_kafka import Producer
+
+import wakuwaku as wk
+from wakuwaku import ConfigError, open_log, partition_for
+from wakuwaku.engine import Consumer as WkConsumer
+from wakuwaku.engine import ConsumerConfig, Handler
+from wakuwaku.logs import Log
+from wakuwaku.logs.kafka import HEADER_ROOM, PASSWORD_ENV, KafkaLog
+
+from ..conftest import KAFKA_BOOTSTRAP
+from ..kafka_support import drop_prefix, fresh_prefix, kafka_log
+from .contract import LogContract, rec
+
+pytestmark = pytest.mark.kafka
+
+
+class TestKafkaLog(LogContract):
+    multiprocess = True
+    lease_expiry = False
+
+    @pytest.fixture
+    async def log(self) -> AsyncIterator[Log]:
+        prefix = fresh_prefix()
+        log = kafka_log(prefix)
+        try:
+            yield log
+        finally:
+            await log.close()
+            await asyncio.to_thread(drop_prefix, prefix)
+
+
+@pytest.fixture
+async def log() -> AsyncIterator[KafkaLog]:
+    prefix = fresh_prefix()
+    log = kafka_log(prefix)
+    try:
+        yield log
+    finally:
+        await log.close()
+        await asyncio.to_thread(drop_prefix, prefix)
+
+
+def test_url_options_and_secrets_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log("kafka://alice:s3cret@127.0.0.1:9092,127.0.0.1:9094?prefix=p.&timeout=3")
+    assert isinstance(log, KafkaLog)
+    assert log.hosts == ["127.0.0.1:9092", "127.0.0.1:9094"]
+    assert log.url == "kafka://127.0.0.1:9092,127.0.0.1:9094?prefix=p."
+    assert "s3cret" not in repr(log) and log.timeout == 3.0
+    assert log._common["sasl.username"] == "alice"
+    assert log._common["security.protocol"] == "SASL_PLAINTEXT"
+    monkeypatch.setenv(PASSWORD_ENV, "from-env")
+    monkeypatch.setenv("WAKUWAKU_KAFKA_USERNAME", "bob")
+    other = KafkaLog.from_url("kafka://127.0.0.1:9092?security_protocol=sasl_ssl")
+    assert other._common["sasl.password"] == "from-env"
+    assert other._common["security.protocol"] == "SASL_SSL"
+    with pytest.raises(ConfigError, match="unknown option 'fsync'"):
+        open_log("kafka://127.0.0.1:9092?fsync=0")
+    with pytest.raises(ConfigError, match="host:port"):
+        open_log("kafka://")
+
+
+async def test_topic_names_kafka_cannot_hold_are_refused(log: KafkaLog) -> None:
+    with pytest.raises(ConfigError, match=r"\[A-Za-z0-9._-\]"):
+        await log.create_topic("orders:eu", 1)
+
+
+async def test_a_record_over_the_topic_limit_is_refused_naming_it(log: KafkaLog) -> None:
+    await log.create_topic("orders", 1)
+    await log.create_topic("wk-retry.g.orders", 1)
+    limit = await log.max_message_bytes_of("orders")
+    assert await log.max_message_bytes_of("wk-retry.g.orders") == limit + HEADER_ROOM
+    with pytest.raises(ConfigError, match=f"max.message.bytes is {limit}"):
+        await log.append("orders", 0, [rec(b"x" * limit)])
+    assert await log.end_offsets("orders") == {0: 0}
+    # A record at the main topic's limit still fits its retry topic with more headers.
+    big = rec(b"x" * (limit - 1024))
+    assert await log.append("orders", 0, [big]) == [0]
+    retry = ({**big[0], "wk-error": b"e" * 4000, "wk-src": b"orders/0/0"}, big[1])
+    assert await log.append("wk-retry.g.orders", 0, [retry]) == [0]
+
+
+async def test_a_plain_kafka_producers_record_is_handled(log: KafkaLog) -> None:
+    await log.create_topic("orders", 3)
+    producer = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "partitioner": "murmur2_random"})
+    headers = [("wk-v", b"1"), ("wk-type", b"kafka.tick"), ("wk-alg", b"plain")]
+    for n in range(6):
+        key = b"o%d" % (n % 2)
+        producer.produce(
+            log._name("orders"), b'{"key":"%s","n":%d}' % (key, n), key, headers=headers
+        )
+    producer.flush(10)
+    seen: list[tuple[str, int]] = []
+
+    async def handle(run: Sequence[_Tick]) -> None:
+        seen.extend((e.key, e.n) for e in run)
+
+    config = ConsumerConfig(topic="orders", group="interop", poll_interval=0.01)
+    stats = await WkConsumer(config, [Handler(_Tick, handle)], log).drain()
+    assert stats.handled == 6
+    for key in ("o0", "o1"):
+        assert [n for k, n in seen if k == key] == [n for n in range(6) if f"o{n % 2}" == key]
+    assert await log.committed("interop", "orders", partition_for("o0", 3)) is not None
+
+
+async def test_our_keys_land_where_the_java_partitioner_puts_them(log: KafkaLog) -> None:
+    # The Java client's DefaultPartitioner / BuiltInPartitioner for a keyed
+    # record is toPositive(murmur2(key)) % partitions; these are its answers
+    # (Kafka's own test vectors for murmur2) and librdkafka's murmur2_random.
+    await log.create_topic("orders", 6)
+    producer = wk.Producer(log, "orders")
+    keys = [f"key-{n}" for n in range(40)]
+    published = await producer.publish_many([_Tick(k) for k in keys])
+    plain = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "partitioner": "murmur2_random"})
+    landed: dict[bytes, int] = {}
+
+    def delivered(err: object, msg: object) -> None:
+        assert err is None
+        landed[msg.key()] = msg.partition()  # type: ignore[attr-defined]
+
+    for key in keys:
+        plain.produce(log._name("orders"), b"{}", key.encode(), on_delivery=delivered)
+    plain.flush(10)
+    for item in published:
+        assert item.partition == landed[item.key.encode()] == partition_for(item.key, 6)
+    assert partition_for(b"21", 2**31 - 1) == (-973932308 & 0x7FFFFFFF) % (2**31 - 1)
+
+
+@wk.event("kafka.tick", key="key")
+class _Tick(msgspec.Struct, frozen=True):
+    key: str
+    n: int = 0
