@@ -384,7 +384,6 @@ class KafkaLog(Log):
             "socket.timeout.ms": max(ms, 10),
             "reconnect.backoff.max.ms": 1000,
             "log_level": 3,
-            "logger": logging.getLogger("wakuwaku.logs.kafka.librdkafka"),
             **dict(security or {}),
         }
         self._admin: Any = None
