@@ -1,4 +1,4 @@
-"""Engine test kit: logs (memory, SQLite, Redis and NATS), a fake clock, scripted handlers."""
+"""Engine test kit: the logs (memory, SQLite, Redis, NATS, Kafka), a fake clock, handlers."""
 
 from __future__ import annotations
 
@@ -116,6 +116,7 @@ def clock() -> FakeClock:
         "sqlite",
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("nats", marks=pytest.mark.nats),
+        pytest.param("kafka", marks=pytest.mark.kafka),
     ]
 )
 async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Log]:
@@ -133,6 +134,12 @@ async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[L
 
         prefix = f"wktest-{uuid.uuid4().hex}"  # the server is shared: a namespace per test
         created = RedisLog(REDIS_URL, prefix=prefix)
+    elif request.param == "kafka":
+        from ..kafka_support import fresh_prefix as kafka_prefix
+        from ..kafka_support import kafka_log
+
+        prefix = kafka_prefix()
+        created = kafka_log(prefix)
     else:
         from ..nats_support import fresh_prefix, nats_log
 
@@ -143,7 +150,11 @@ async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[L
     finally:
         await created.close()
         if prefix is not None:
-            if request.param == "redis":
+            if request.param == "kafka":
+                from ..kafka_support import drop_prefix
+
+                await asyncio.to_thread(drop_prefix, prefix)
+            elif request.param == "redis":
                 from ..conftest import REDIS_URL
                 from ..logs.test_redis import purge
 

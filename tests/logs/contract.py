@@ -54,6 +54,10 @@ class LogContract:
     """What every :class:`~wakuwaku.logs.Log` adapter must do (``logs/_base.py``)."""
 
     multiprocess: ClassVar[bool] = False
+    nul_in_header_names: ClassVar[bool] = True
+    """False for a log whose header names are C strings (Kafka through
+    librdkafka): it refuses a header name holding NUL with ConfigError
+    (test_kafka.py tests that), and the round-trip property leaves them out."""
     lease_expiry: ClassVar[bool] = True
     """False for a log whose ownership is not a lease of ours (Kafka: the
     consumer group's coordinator assigns partitions and moves them when a
@@ -270,6 +274,8 @@ class LogContract:
     async def test_any_headers_and_bodies_round_trip(
         self, log: Log, batch: list[tuple[dict[str, bytes], bytes]]
     ) -> None:
+        if not self.nul_in_header_names:
+            batch = [({k: v for k, v in h.items() if "\x00" not in k}, b) for h, b in batch]
         await log.create_topic("prop", 1)  # idempotent: the log lives across examples
         offsets = await log.append("prop", 0, batch)
         records = await log.read("prop", 0, offsets[0], max_records=len(batch))

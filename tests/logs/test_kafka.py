@@ -26,6 +26,7 @@ pytestmark = pytest.mark.kafka
 class TestKafkaLog(LogContract):
     multiprocess = True
     lease_expiry = False
+    nul_in_header_names = False
 
     @pytest.fixture
     async def log(self) -> AsyncIterator[Log]:
@@ -71,6 +72,13 @@ def test_url_options_and_secrets_never_shown(monkeypatch: pytest.MonkeyPatch) ->
 async def test_topic_names_kafka_cannot_hold_are_refused(log: KafkaLog) -> None:
     with pytest.raises(ConfigError, match=r"\[A-Za-z0-9._-\]"):
         await log.create_topic("orders:eu", 1)
+
+
+async def test_a_header_name_with_nul_is_refused_naming_it(log: KafkaLog) -> None:
+    await log.create_topic("orders", 1)
+    with pytest.raises(ConfigError, match="NUL"):
+        await log.append("orders", 0, [rec(**{"a\x00b": b"1"})])
+    assert await log.end_offsets("orders") == {0: 0}
 
 
 async def test_a_record_over_the_topic_limit_is_refused_naming_it(log: KafkaLog) -> None:

@@ -355,12 +355,21 @@ class Consumer:
         while True:
             await clock.sleep(ttl / 3)
             sent = clock.monotonic()
-            renewed = await self._acquire(lease.topic, lease.partition)
+            try:
+                renewed = await self.log.acquire_partition(
+                    lease.group, lease.topic, lease.partition, lease.member, ttl
+                )
+            except Exception as exc:  # noqa: BLE001 - the log is down: the lease may still hold
+                log.warning(
+                    "cannot renew partition lease; retrying",
+                    extra={"topic": lease.topic, "partition": lease.partition, "error": str(exc)},
+                )
+                if clock.monotonic() < worker.lease_deadline:
+                    continue  # the log is unreachable, but the lease still holds
+                renewed = None
             if renewed is not None and renewed.generation == lease.generation:
                 worker.lease_deadline = sent + ttl
                 continue
-            if renewed is None and clock.monotonic() < worker.lease_deadline:
-                continue  # the log is unreachable, but the lease still holds
             log.warning(
                 "partition lease lost; stopping its worker",
                 extra={"topic": lease.topic, "partition": lease.partition},

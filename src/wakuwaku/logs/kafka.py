@@ -26,6 +26,7 @@ blocking calls run in threads, each bounded by the log's ``timeout``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -181,6 +182,7 @@ class _Member:
         # Read in the poll thread only: consumer_group_metadata() called from
         # another thread while poll() runs blocks (librdkafka serves it there).
         self.metadata: Any = None
+        self.calls: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []
         self.txn_lock = asyncio.Lock()
         conf = {
             **log._common,
@@ -203,12 +205,36 @@ class _Member:
 
     def _poll(self) -> None:
         while not self.closing:
+            self._serve_calls()
             try:
-                self.consumer.poll(0.05)
+                self.consumer.poll(0.01)
             except RuntimeError:  # closed under us
                 return
             except KafkaException as exc:
                 logger.warning("Kafka group %s member poll failed: %s", self.group, exc)
+        self._serve_calls()
+
+    def _serve_calls(self) -> None:
+        """Run the consumer calls other threads asked for, here: a synchronous
+        commit made from another thread while this one polls waits for a
+        reply that this thread's poll() takes (and never delivers)."""
+        while self.calls:
+            fn, future = self.calls.pop(0)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+
+    def call(self, fn: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+        """Run ``fn`` (a call on :attr:`consumer`) in the poll thread."""
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        if self.closing or not self.started:
+            future.set_exception(LogError(f"Kafka group {self.group} member is not polling"))
+            return future
+        self.calls.append((fn, future))
+        return future
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self.metadata = consumer.consumer_group_metadata()
@@ -235,7 +261,9 @@ class _Member:
                         waits.append(owned)
         deadline = time.monotonic() + self.log.revoke_timeout
         for owned in waits:
-            owned.done.wait(max(0.0, deadline - time.monotonic()))
+            while not owned.done.is_set() and time.monotonic() < deadline:
+                self._serve_calls()  # the worker's last stores need this thread
+                owned.done.wait(0.01)
         with self.lock:
             for tp in partitions:
                 key = (self.log._plain(tp.topic), tp.partition)
@@ -418,6 +446,10 @@ class KafkaLog(Log):
                 return await asyncio.to_thread(fn)
         except KafkaException as exc:
             raise self._error(what, exc) from exc
+        except TimeoutError as exc:
+            raise LogUnavailableError(
+                f"Kafka log {self.url} is unavailable ({what}): no answer within {self.timeout} s"
+            ) from exc
 
     async def _idempotent(self, what: str, fn: Callable[[], _T]) -> _T:
         """:meth:`_run` for a call that only reads: a transient error (a
@@ -498,8 +530,20 @@ class KafkaLog(Log):
         return self._producer
 
     def _serve_producer(self) -> None:
-        while not self._stop.is_set():
-            self._producer.poll(0.05)
+        producer = self._producer
+        while not self._stop.is_set() and producer is self._producer:
+            producer.poll(0.05)
+
+    async def _drop_producer(self) -> None:
+        """Start a new idempotent producer at the next append (after a topic was
+        deleted: librdkafka keeps the old topic's metadata for minutes)."""
+        producer, self._producer = self._producer, None
+        thread, self._producer_thread = self._producer_thread, None
+        if producer is not None:
+            with BLOCKING_CALLS.track():
+                await asyncio.to_thread(producer.flush, 1.0)
+        if thread is not None:
+            await asyncio.to_thread(thread.join, 1.0)
 
     # -- topics -------------------------------------------------------------
 
@@ -636,6 +680,7 @@ class KafkaLog(Log):
             raise
         self._topics.pop(topic, None)
         self._limits.pop(topic, None)
+        await self._drop_producer()
         # Deletion is asynchronous on the broker: wait (bounded) until it is gone.
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
@@ -670,6 +715,12 @@ class KafkaLog(Log):
     ) -> None:
         limit = await self.max_message_bytes_of(topic)
         for headers, body in records:
+            bad = next((k for k in headers if "\x00" in k), None)
+            if bad is not None:
+                raise ConfigError(
+                    f"a record for {topic}/{partition} has the header name {bad!r}: Kafka "
+                    "header names (librdkafka's C strings) cannot hold NUL"
+                )
             size = len(body) + sum(len(k) + len(v) for k, v in headers.items())
             if size + _BATCH_OVERHEAD > limit:
                 key = headers.get("wk-key", b"")
@@ -733,8 +784,12 @@ class KafkaLog(Log):
                 f"not acknowledged within {self.timeout} s"
             ) from exc
         except KafkaException as exc:
-            if _code(exc) in _UNKNOWN_TOPIC_CODES:
+            if _code(exc) in _UNKNOWN_TOPIC_CODES or (
+                _code(exc) == KafkaError._MSG_TIMED_OUT
+                and await self._partitions_or_none(topic, fresh=True) is None
+            ):
                 self._topics.pop(topic, None)
+                await self._drop_producer()  # its metadata knows a topic that is gone
                 raise UnknownTopicError(topic) from exc
             raise self._error(f"append to {topic}/{partition}", exc) from exc
         return list(offsets)
@@ -912,7 +967,15 @@ class KafkaLog(Log):
         return await self._list_offsets(topic, OffsetSpec.earliest())
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
-        check_partition(topic, partition, await self._partitions(topic))
+        """The group's committed offset (None when none, or the topic is gone).
+
+        Read with ``require_stable``: an offset of a transaction in flight
+        is waited for, never read half-done.
+        """
+        count = await self._partitions_or_none(topic)
+        if count is None:
+            return None
+        check_partition(topic, partition, count)
         found = await self._group_offsets(group, [(topic, partition)])
         return found.get((topic, partition))
 
@@ -1013,7 +1076,9 @@ class KafkaLog(Log):
 
     async def _member_commit(self, member: _Member, tps: list[Any], fence: Lease | None) -> None:
         def commit() -> None:
-            member.consumer.commit(offsets=tps, asynchronous=False)
+            member.call(lambda: member.consumer.commit(offsets=tps, asynchronous=False)).result(
+                self.timeout
+            )
 
         try:
             await self._run("commit", commit)
@@ -1086,22 +1151,24 @@ class KafkaLog(Log):
         for key in [k for k in self._members if k[0] == group]:
             member = self._members.pop(key)
             await self._run("leave group", member.close)
-        found = await self._group_offsets(group, None)
+        everything = found = await self._group_offsets(group, None)
         if topic is not None:
             found = {k: v for k, v in found.items() if k[0] == topic}
         if not found:
             return 0
         name = self._name(group)
 
+        kept = {k: v for k, v in everything.items() if k not in found}
+
         def delete() -> None:
+            # confluent-kafka has no OffsetDelete call: the group goes, and the
+            # offsets on other topics are stored again (its members are stopped).
             admin = self._admin_client()
-            if topic is None:
-                self._future("delete group", admin.delete_consumer_groups([name])[name])
-            else:
-                tps = [TopicPartition(self._name(t), p) for t, p in found]
+            self._future("delete group", admin.delete_consumer_groups([name])[name])
+            if kept:
+                tps = [TopicPartition(self._name(t), p, o) for (t, p), o in kept.items()]
                 request = [ConsumerGroupTopicPartitions(name, tps)]
-                for fut in admin.delete_consumer_group_offsets(request).values():
-                    self._future("delete group offsets", fut)
+                self._future("commit", admin.alter_consumer_group_offsets(request)[name])
 
         deadline = time.monotonic() + self.timeout
         while True:
