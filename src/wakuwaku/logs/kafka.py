@@ -184,6 +184,8 @@ class _Member:
         self.metadata: Any = None
         self.calls: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []
         self.txn_lock = asyncio.Lock()
+        self.joining = asyncio.Lock()
+        self.ready: set[str] = set()  # topics whose first assignment was waited for
         conf = {
             **log._common,
             "group.id": log._name(group),
@@ -1108,9 +1110,11 @@ class KafkaLog(Log):
         found = self._members.get(key)
         owner = found if found is not None else _Member(self, group, member)
         self._members[key] = owner
-        if topic not in owner.topics:
-            await self._run("join group", lambda: owner.subscribe(topic))
-            await self._run("join group", lambda: owner.assigned_once.wait(self.timeout))
+        async with owner.joining:  # one subscription change at a time; others wait for it
+            if topic not in owner.ready:
+                await self._run("join group", lambda: owner.subscribe(topic))
+                await self._run("join group", lambda: owner.assigned_once.wait(self.timeout))
+                owner.ready.add(topic)
         with owner.lock:
             owned = owner.owned.get((topic, partition))
             if owned is None or owned.state == "gone":
