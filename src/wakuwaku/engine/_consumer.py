@@ -14,7 +14,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,9 +24,10 @@ from .._errors import (
     UnknownPartitionError,
     WakuwakuError,
 )
-from ..logs._base import Lease, Log
+from ..logs._base import Log
 from ._config import ConsumerConfig
 from ._handler import Handler
+from ._ownership import ownership_for
 from ._partition import PartitionWorker
 from ._stats import ConsumerStats
 
@@ -74,6 +75,8 @@ class Consumer:
         self._caught_up = asyncio.Event()
         # Sync handlers' threads, made by run() (issue 12 item 13).
         self._executor: ThreadPoolExecutor | None = None
+        # Leases of ours, or assignments the log pushes (Kafka): _ownership.py.
+        self._ownership = ownership_for(log, config)
 
     # ------------------------------------------------------------------ setup
 
@@ -254,13 +257,13 @@ class Consumer:
     # -------------------------------------------------------------- ownership
 
     async def _supervise(self, topic: str, partition: int) -> None:
-        """Own the partition while alive: take the lease, run a worker, renew (SPEC 15)."""
+        """Own the partition while alive: take it, run a worker while it is ours (SPEC 15)."""
         clock = self.config.clock
         ttl = self.config.lease_ttl
         waiting = False
         while not self._stop.is_set():
             sent = clock.monotonic()
-            lease = await self._acquire(topic, partition)
+            lease = await self._ownership.acquire(topic, partition)
             if lease is None:
                 if not waiting:  # once per wait: a dead member's lease runs out by itself
                     log.info(
@@ -268,7 +271,7 @@ class Consumer:
                         extra={"topic": topic, "partition": partition, "lease_ttl": ttl},
                     )
                     waiting = True
-                await self._wait_or_stop(ttl / 3)
+                await self._until_stop(self._ownership.wait(topic, partition))
                 continue
             if waiting:
                 log.info(
@@ -291,7 +294,7 @@ class Consumer:
             self.workers[(topic, partition)] = worker
             if self._stop.is_set():
                 worker.stop()
-            renewer = asyncio.create_task(self._renew(lease, worker))
+            renewer = asyncio.create_task(self._ownership.watch(lease, worker))
             try:
                 await worker.run()
             except asyncio.CancelledError:
@@ -323,63 +326,24 @@ class Consumer:
                 self.stop()
                 raise
             finally:
+                lost = renewer.done() and not renewer.cancelled()
                 renewer.cancel()
                 await asyncio.gather(renewer, return_exceptions=True)
             if self._stop.is_set():
-                with contextlib.suppress(Exception):
-                    await self.log.release_partition(lease)
+                await self._ownership.release(lease)
                 return
+            if lost:
+                # Revoked: the worker stored what was done; let the partition go now.
+                await self._ownership.release(lease)
             await clock.sleep(0)
 
-    async def _acquire(self, topic: str, partition: int) -> Lease | None:
-        try:
-            return await self.log.acquire_partition(
-                self.config.group, topic, partition, self.config.member_id, self.config.lease_ttl
-            )
-        except Exception as exc:  # noqa: BLE001 - the log is down: try again later
-            log.warning(
-                "cannot take partition lease; retrying",
-                extra={"topic": topic, "partition": partition, "error": str(exc)},
-            )
-            return None
-
-    async def _renew(self, lease: Lease, worker: PartitionWorker) -> None:
-        """Renew ``lease`` every ``lease_ttl / 3``; stop ``worker`` once it is lost.
-
-        Each renewal moves the worker's lease deadline to the time the
-        renewal was *sent* plus ``lease_ttl`` (monotonic): a renewal that
-        was answered before a long pause (SIGSTOP, a blocked event loop)
-        cannot keep the worker starting chunks after the lease ran out.
-        """
-        clock, ttl = self.config.clock, self.config.lease_ttl
-        while True:
-            await clock.sleep(ttl / 3)
-            sent = clock.monotonic()
-            try:
-                renewed = await self.log.acquire_partition(
-                    lease.group, lease.topic, lease.partition, lease.member, ttl
-                )
-            except Exception as exc:  # noqa: BLE001 - the log is down: the lease may still hold
-                log.warning(
-                    "cannot renew partition lease; retrying",
-                    extra={"topic": lease.topic, "partition": lease.partition, "error": str(exc)},
-                )
-                if clock.monotonic() < worker.lease_deadline:
-                    continue  # the log is unreachable, but the lease still holds
-                renewed = None
-            if renewed is not None and renewed.generation == lease.generation:
-                worker.lease_deadline = sent + ttl
-                continue
-            log.warning(
-                "partition lease lost; stopping its worker",
-                extra={"topic": lease.topic, "partition": lease.partition},
-            )
-            worker.stop()
-            return
-
     async def _wait_or_stop(self, seconds: float) -> None:
+        await self._until_stop(self.config.clock.sleep(seconds))
+
+    async def _until_stop(self, waiting: Coroutine[Any, Any, None]) -> None:
+        """Await ``waiting`` until it ends or :meth:`stop` is called."""
         stopper = asyncio.ensure_future(self._stop.wait())
-        sleeper = asyncio.ensure_future(self.config.clock.sleep(seconds))
+        sleeper = asyncio.ensure_future(waiting)
         try:
             await asyncio.wait({stopper, sleeper}, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -185,6 +185,8 @@ class _Member:
         self.calls: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []
         self.txn_lock = asyncio.Lock()
         self.joining = asyncio.Lock()
+        self.loop = asyncio.get_running_loop()
+        self.changed = asyncio.Event()  # replaced at each change: waiters keep theirs
         self.ready: set[str] = set()  # topics whose first assignment was waited for
         conf = {
             **log._common,
@@ -238,6 +240,15 @@ class _Member:
         self.calls.append((fn, future))
         return future
 
+    def _bump(self) -> None:
+        """Wake everything waiting for an assignment change (in the loop's thread)."""
+        old, self.changed = self.changed, asyncio.Event()
+        old.set()
+
+    def _changed(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(self._bump)
+
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self.metadata = consumer.consumer_group_metadata()
         with self.lock:
@@ -247,6 +258,7 @@ class _Member:
         if partitions:
             consumer.pause(partitions)
         self.assigned_once.set()
+        self._changed()
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         self.metadata = consumer.consumer_group_metadata()
@@ -261,6 +273,7 @@ class _Member:
                     else:
                         owned.state = "revoking"
                         waits.append(owned)
+        self._changed()
         deadline = time.monotonic() + self.log.revoke_timeout
         for owned in waits:
             while not owned.done.is_set() and time.monotonic() < deadline:
@@ -284,6 +297,7 @@ class _Member:
                 if owned is not None:
                     owned.state = "gone"
                 self.held.discard(key)
+        self._changed()
         logger.warning(
             "Kafka group %s: partitions lost (session timed out); nothing is stored for them",
             self.group,
@@ -1127,6 +1141,24 @@ class KafkaLog(Log):
                 return None
             owner.held.add((topic, partition))
         return Lease(group, topic, partition, member, owned.generation, time.time() + ttl)
+
+    async def ownership_changed(self, group: str, member: str, within: float) -> None:
+        """Return when ``member``'s assignment changes, or after ``within`` seconds
+        (:class:`~wakuwaku.engine._ownership.AssignmentLog`)."""
+        found = self._members.get((group, member))
+        if found is None:
+            await asyncio.sleep(min(within, 0.1))
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(found.changed.wait(), within)
+
+    def ownership_state(self, lease: Lease) -> str:
+        """``owned``, ``revoking`` (being revoked: stop, store, release) or ``gone``."""
+        member = self._members.get((lease.group, lease.member))
+        owned = member.current(lease.topic, lease.partition) if member is not None else None
+        if owned is None or owned.generation != lease.generation:
+            return "gone"
+        return "owned" if owned.state == "owned" else "revoking"
 
     async def release_partition(self, lease: Lease) -> None:
         """Let a revoked partition go now; at shutdown, leave the group once the
