@@ -10,15 +10,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
+import prometheus_client
 import pytest
 
 import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.metrics import ConsumerCollector
 from wakuwaku.testing import FakeClock
-
-prometheus_client = pytest.importorskip("prometheus_client")
-
-from wakuwaku.metrics import ConsumerCollector  # noqa: E402 - after the importorskip
 
 T0 = 1_700_000_000.0
 GROUP = "metered"
