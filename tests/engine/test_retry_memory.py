@@ -12,7 +12,7 @@ import pytest
 
 import wakuwaku as wk
 from wakuwaku._records import H_FAILED_AT, H_KEY, H_SRC, Source, encode_source
-from wakuwaku.engine import Handler, _partition
+from wakuwaku.engine import Handler, _attempts
 from wakuwaku.engine._retry import H_DUE, RetryState, ms_text
 from wakuwaku.logs import Log
 from wakuwaku.testing import FakeClock
@@ -76,8 +76,8 @@ def holds_records(state: RetryState) -> bool:
 @pytest.fixture
 def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pages of 3 records, rounds of at most 5: every path of the bounded reads."""
-    monkeypatch.setattr(_partition, "READ_PAGE", 3)
-    monkeypatch.setattr(_partition, "ROUND_RECORDS", 5)
+    monkeypatch.setattr(_attempts, "READ_PAGE", 3)
+    monkeypatch.setattr(_attempts, "ROUND_RECORDS", 5)
 
 
 @pytest.mark.usefixtures("small_pages")

@@ -43,7 +43,7 @@ each), counters, due times and the highest main offset. Record bodies stay
 in the retry log: :meth:`RetryState.apply` keeps none of a record's headers
 or body, neither live nor when a restart reads the partition back, and the
 partition worker reads a key's pending records from the retry partition
-when its attempt runs (see ``PartitionWorker._read_pending``).
+when its attempt runs (see ``Attempts._read_pending`` in ``_attempts.py``).
 
 One function, :meth:`RetryState.apply`, turns a record into state. The live
 consumer writes a record, then applies it with its assigned offset; a
