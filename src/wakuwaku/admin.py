@@ -64,7 +64,7 @@ from .engine._config import (
     ConsumerConfig,
     split_internal_topic,
 )
-from .engine._retry import H_MARKER, RetryState
+from .engine._retry import H_MARKER, RetryState, load_retry_state
 from .logs._base import Log, OutgoingRecord
 
 logger = logging.getLogger("wakuwaku.admin")
@@ -812,16 +812,9 @@ async def _retry_state(
     config: ConsumerConfig,
     problems: list[str],
 ) -> tuple[RetryState, int | None]:
-    """Rebuild one retry partition's state exactly as the worker's ``_restore`` does."""
+    """Rebuild one retry partition's state with the consumer's own loader."""
     state = RetryState(config.delay)
-    committed = await log.committed(group, retry, partition)
-    start = committed
-    if start is None:
-        start = (await log.start_offsets(retry)).get(partition, 0)
-    state.end_offset = start
-    end = (await log.end_offsets(retry)).get(partition, 0)
-    async for page in _scan(log, retry, partition, start, end):
-        state.apply_all(page)
+    committed, _ = await load_retry_state(log, group, retry, partition, state)
     problems.extend(
         f"{retry} partition {partition} offset {offset} (key {key!r}): broken retry record: {what}"
         for offset, key, what in state.broken

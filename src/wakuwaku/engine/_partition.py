@@ -43,7 +43,7 @@ from ._executor import ChunkExecutor, SegmentOutcome
 from ._handler import Handler
 from ._outbox import Outbox
 from ._plan import Groups, Item, Run, Segment, decode_batch, group, plan_groups
-from ._retry import RetryState, retry_source
+from ._retry import RetryState, load_retry_state, retry_source
 from ._shared import Abandon, PartitionServices, logger
 from ._stats import ConsumerStats
 
@@ -214,27 +214,10 @@ class PartitionWorker:
     async def _restore(self) -> None:
         """Rebuild retry state from the retry partition and find the start position."""
         log_call = self.services.log_call
-        committed = await log_call(
-            "load retry offset",
-            lambda: self.log.committed(self.config.group, self.retry_topic, self.partition),
+        _, retry_start = await load_retry_state(
+            self.log, self.config.group, self.retry_topic, self.partition, self.retry, call=log_call
         )
-        if committed is None:
-            starts = await log_call(
-                "start offsets", lambda: self.log.start_offsets(self.retry_topic)
-            )
-            committed = starts.get(self.partition, 0)
-        offset = committed
-        self.retry.end_offset = offset
-        while True:
-            page = await log_call(
-                "read retry topic",
-                partial(self.log.read, self.retry_topic, self.partition, offset, 1000),
-            )
-            if not page:
-                break
-            self.retry.apply_all(page)
-            offset = page[-1].offset + 1
-        self.outbox.retry_committed = committed
+        self.outbox.retry_committed = retry_start
         position = await log_call(
             "load offset",
             lambda: self.log.committed(self.config.group, self.topic, self.partition),
