@@ -31,6 +31,7 @@ H_ERROR = "wk-error"
 H_REASON = "wk-reason"
 H_SRC = "wk-src"
 H_FOR_GROUP = "wk-for-group"
+H_MARKER = "wk-marker"
 
 RETRY_ONLY_HEADERS = frozenset(
     {H_FAILED_AT, "wk-marker", "wk-through", "wk-reset", "wk-failures", "wk-at"}

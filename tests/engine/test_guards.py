@@ -68,7 +68,7 @@ async def test_redelivered_records_of_a_quarantined_key_are_not_routed_twice(
     second = consumer(log, clock, [Handler(Item, script)], retry_delays=(3600.0,), member_id="m1")
     async with Running(second) as c:
         await wait_until(
-            clock, lambda: bool(c.workers) and all(w.caught_up for w in c.workers.values())
+            clock, lambda: bool(c.assignment()) and all(v.caught_up for v in c.partitions())
         )
     work = [r for r in await read_all(log, "wk-retry.g.t") if H_MARKER not in r.headers]
     assert [msgspec.json.decode(r.body)["n"] for r in work] == [1, 2]

@@ -95,7 +95,7 @@ async def test_bodies_are_read_from_the_retry_log_when_the_attempt_runs_also_aft
     script.fail[1] = [wk.Retryable("not yet")]
     first = consumer(log, clock, [Handler(Item, script)], retry_delays=[60.0])
     async with Running(first):
-        await wait_until(clock, lambda: bool(first.workers))
+        await wait_until(clock, lambda: bool(first.assignment()))
         [worker] = first.workers.values()
         await wait_until(clock, lambda: worker.retry.pending_count == 16 and worker.caught_up)
         assert {k: len(s.offsets) for k, s in worker.retry.keys.items()} == {"a": 8, "b": 8}
@@ -106,7 +106,7 @@ async def test_bodies_are_read_from_the_retry_log_when_the_attempt_runs_also_aft
     second = consumer(log, clock, [Handler(Item, script)], retry_delays=[60.0])
     async with Running(second):
         await wait_until(
-            clock, lambda: bool(second.workers) and all(w.started for w in second.workers.values())
+            clock, lambda: bool(second.assignment()) and all(v.started for v in second.partitions())
         )
         [worker] = second.workers.values()
         assert worker.retry.pending_count == 16

@@ -91,6 +91,12 @@ def dead_letter_topic_name(topic: str, group: str) -> str:
     return f"{DEAD_LETTER_PREFIX}{group}.{topic}"
 
 
+def replay_ledger_topic_name(topic: str, group: str) -> str:
+    """``wk-replayed.<group>.<topic>``: which of one group's dead letters of
+    ``topic`` were replayed already (``wakuwaku dlq replay``)."""
+    return f"{REPLAY_LEDGER_PREFIX}{group}.{topic}"
+
+
 def split_internal_topic(name: str) -> tuple[str, str, str] | None:
     """``("retry" | "dlq" | "replayed", group, topic)`` for a retry,
     dead-letter or replay-ledger topic name (namespace removed first), None

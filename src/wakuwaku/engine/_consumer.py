@@ -24,11 +24,12 @@ from .._errors import (
     UnknownPartitionError,
     WakuwakuError,
 )
-from ..logs._base import Lease, Log
+from ..logs import Lease, Log
 from ._config import ConsumerConfig
 from ._handler import Handler
 from ._partition import PartitionWorker
 from ._stats import ConsumerStats
+from ._view import PartitionView
 
 log = logging.getLogger("wakuwaku.consumer")
 
@@ -235,6 +236,46 @@ class Consumer:
         if not self._started or len(self.workers) < len(self._assignment):
             return False
         return all(w.started and w.caught_up and not w.retry.keys for w in self.workers.values())
+
+    # ------------------------------------------------------------------- view
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, partition) pairs this consumer owns now, sorted: those
+        whose lease it holds and whose partition worker runs (like a Kafka
+        consumer's ``assignment()``). Empty before :meth:`run`."""
+        return sorted(self.workers)
+
+    def partitions(self) -> list[PartitionView]:
+        """A frozen snapshot of every partition this consumer owns, sorted by
+        (topic, partition): position, retry backlog, quarantined keys.
+
+        Safe to call from another thread (the metrics server's): a snapshot
+        taken while the event loop changes the state may be a moment old,
+        never broken; :class:`RuntimeError` from a dict changing size while
+        read is the caller's to retry.
+        """
+        owned = sorted(list(self.workers.items()), key=lambda item: item[0])
+        return [worker.view() for _, worker in owned]
+
+    def partition(self, topic: str, partition: int) -> PartitionView | None:
+        """The snapshot of one owned partition (``topic`` as :meth:`assignment`
+        names it: with the namespace prefix), or None when this consumer does
+        not own it now."""
+        worker = self.workers.get((topic, partition))
+        return None if worker is None else worker.view()
+
+    async def lag(self) -> dict[tuple[str, int], int]:
+        """Records after each owned partition's position, from the log's end
+        offsets (one ``end_offsets`` call per topic).
+
+        :raises LogError: what the log raises.
+        """
+        views = [v for v in self.partitions() if v.started]
+        ends: dict[str, dict[int, int]] = {}
+        for view in views:
+            if view.topic not in ends:
+                ends[view.topic] = await self.log.end_offsets(view.topic)
+        return {(v.topic, v.partition): v.lag(ends[v.topic].get(v.partition, 0)) for v in views}
 
     def _install_signals(self) -> list[signal.Signals]:
         if threading.current_thread() is not threading.main_thread():

@@ -21,7 +21,7 @@ from operator import attrgetter
 
 from .._records import ReasonCode, Record, Source, message_id
 from .._sanitize import sanitize
-from ..logs._base import BatchWrite
+from ..logs import BatchWrite
 from ._plan import Item, Reject
 from ._retry import Outgoing, dead_letter_record, retry_source, retry_work_records
 from ._shared import PartitionServices, logger

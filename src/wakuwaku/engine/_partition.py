@@ -36,7 +36,7 @@ from typing import Any
 from .._errors import ErrorClass
 from .._records import ReasonCode, Record, key_or_none
 from .._sanitize import sanitize
-from ..logs._base import Log
+from ..logs import Log
 from ._attempts import Attempts
 from ._config import ConsumerConfig, DeliveryMode
 from ._executor import ChunkExecutor, SegmentOutcome
@@ -46,6 +46,7 @@ from ._plan import Groups, Item, Run, Segment, decode_batch, group, plan_groups
 from ._retry import RetryState, load_retry_state, retry_source
 from ._shared import Abandon, PartitionServices, logger
 from ._stats import ConsumerStats
+from ._view import PartitionView, quarantined_keys
 
 ROUTED_ERROR = "routed to the retry topic: the key is quarantined"
 
@@ -141,6 +142,22 @@ class PartitionWorker:
     @property
     def stopping(self) -> bool:
         return self.services.stopping
+
+    def view(self) -> PartitionView:
+        """A frozen snapshot of the partition's position and retry state."""
+        retry = self.retry
+        keys = sorted(
+            quarantined_keys(retry, self.partition), key=lambda q: (q.next_attempt_at, q.key)
+        )
+        return PartitionView(
+            self.topic,
+            self.partition,
+            self.started,
+            self.position,
+            self.caught_up,
+            retry.pending_count,
+            tuple(keys),
+        )
 
     # --------------------------------------------------------------------- loop
 

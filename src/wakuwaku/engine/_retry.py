@@ -66,6 +66,7 @@ from .._records import (
     H_ERROR,
     H_FAILED_AT,
     H_KEY,
+    H_MARKER,
     H_REASON,
     H_SRC,
     H_VERSION,
@@ -78,7 +79,7 @@ from .._records import (
     key_or_none,
     parse_ms,
 )
-from ..logs._base import Log
+from ..logs import Log
 from ._plan import Item
 
 R = TypeVar("R")
@@ -86,7 +87,6 @@ R = TypeVar("R")
 #: Records one read of a retry partition returns at most.
 READ_PAGE = 1000
 
-H_MARKER = "wk-marker"
 H_THROUGH = "wk-through"
 H_RESET = "wk-reset"
 H_FAILURES = "wk-failures"

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from .._errors import ErrorClass, FencedError
 from .._sanitize import sanitize
-from ..logs._base import Lease, Log
+from ..logs import Lease, Log
 from ._config import ConsumerConfig
 from ._retry import RetryState
 from ._stats import ConsumerStats

@@ -1,18 +1,16 @@
-"""Operations on a topic's dead letters and a group's state: what ``wakuwaku dlq``
-and ``wakuwaku status`` run (SPEC 6, 8, 14).
+"""A consumer group's dead letters: list, replay, and the replay ledger (SPEC 8).
 
-Every function is async, takes an open :class:`~wakuwaku.logs.Log` and the
-*main* topic's name (``orders``, not ``wk-dlq.billing.orders``) and the
-consumer group whose retry and dead-letter topics are meant (they belong to
-one group, SPEC 6); ``namespace`` is the
+What ``wakuwaku dlq list`` and ``wakuwaku dlq replay`` run. Every function is
+async, takes an open :class:`~wakuwaku.logs.Log`, the *main* topic's name
+(``orders``, not ``wk-dlq.billing.orders``) and the consumer group whose
+dead-letter topic is meant; ``namespace`` is the
 :attr:`ConsumerConfig.namespace <wakuwaku.engine.ConsumerConfig.namespace>`
 of the consumer that wrote them.
 
 - :func:`list_dead_letters` reads the group's dead-letter topic
-  (``wk-dlq.<group>.<topic>``, written ``dlq_<topic>`` below), every partition, and
-  parses each record into a :class:`DeadLetter`. A dead letter whose
-  headers are broken is listed with its :attr:`DeadLetter.problems`, never
-  left out.
+  (``wk-dlq.<group>.<topic>``), every partition, and parses each record
+  into a :class:`DeadLetter`. A dead letter whose headers are broken is
+  listed with its :attr:`DeadLetter.problems`, never left out.
 - :func:`replay_dead_letters` writes dead letters back into the main topic,
   addressed to their group only (``wk-for-group``: other groups skip the
   copy). The copy keeps ``wk-src``, so the consumer handles it under the message
@@ -21,10 +19,8 @@ of the consumer that wrote them.
   in a ledger topic ``wk-replayed.<group>.<topic>`` (one ledger record per replayed
   dead letter), so a second run does not replay it again; ``everything=True``
   (``--all``) ignores the ledger.
-- :func:`consumer_status` reports a group's lag per partition, its
-  quarantined keys with their next attempt time, the retry backlog and the
-  dead letters per reason, rebuilding the retry state from ``retry_<topic>``
-  exactly as a restarting consumer does.
+
+May call: the log, the engine's public names (topic names, configuration).
 """
 
 from __future__ import annotations
@@ -38,13 +34,14 @@ from typing import Any
 
 import msgspec
 
-from ._errors import ConfigError, PartitionCountMismatch, UnknownTopicError
-from ._partitioner import partition_for
-from ._records import (
+from .._errors import ConfigError, PartitionCountMismatch, UnknownTopicError
+from .._partitioner import partition_for
+from .._records import (
     H_ALG,
     H_ERROR,
     H_FOR_GROUP,
     H_KEY,
+    H_MARKER,
     H_PROPS,
     H_REASON,
     H_SRC,
@@ -57,29 +54,18 @@ from ._records import (
     decode_source,
     header_text,
 )
-from ._sanitize import sanitize
-from .engine._config import (
-    DEFAULT_RETRY_DELAYS,
-    REPLAY_LEDGER_PREFIX,
-    ConsumerConfig,
-    split_internal_topic,
-)
-from .engine._retry import H_MARKER, RetryState, load_retry_state
-from .logs._base import Log, OutgoingRecord
+from .._sanitize import sanitize
+from ..engine import ConsumerConfig, replay_ledger_topic_name, split_internal_topic
+from ..logs import Log, OutgoingRecord
 
 logger = logging.getLogger("wakuwaku.admin")
 
 __all__ = (
     "MISSING_REASON",
     "DeadLetter",
-    "PartitionStatus",
-    "QuarantinedKey",
     "ReplayReport",
     "ReplayedDeadLetter",
     "SkippedDeadLetter",
-    "Status",
-    "committed_groups",
-    "consumer_status",
     "dead_letter_groups",
     "derived_topic_owner",
     "list_dead_letters",
@@ -101,15 +87,6 @@ MISSING_REASON = "<missing>"
 # Every other wk-* header describes the failure (wk-reason, wk-error, wk-failed-at)
 # or the retry topic's bookkeeping (a dead letter of a retry record carries it).
 _KEPT_ON_REPLAY = frozenset({H_VERSION, H_TYPE, H_KEY, H_PROPS, H_ALG, H_SRC})
-
-
-def replay_ledger_topic_name(topic: str, group: str) -> str:
-    """``wk-replayed.<group>.<topic>``: which of one group's dead letters of
-    ``topic`` were replayed already."""
-    return f"{REPLAY_LEDGER_PREFIX}{group}.{topic}"
-
-
-# ------------------------------------------------------------------ dead letters
 
 
 @dataclass(frozen=True, slots=True)
@@ -653,243 +630,6 @@ async def _replay_page(
     report.replayed.extend(entries)
 
 
-# ------------------------------------------------------------------------ status
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionStatus:
-    """One partition of the main topic, seen from one group.
-
-    :param partition: the partition.
-    :param start_offset: its lowest stored offset.
-    :param end_offset: the offset the next record will get.
-    :param committed: the group's committed offset (next to read), None
-        when the group never committed on it.
-    :param lag: records not yet consumed: ``end - committed`` (``end - start``
-        without a commit).
-    :param retry_pending: work records pending in ``retry_<topic>`` partition.
-    :param quarantined: quarantined keys of the partition.
-    :param retry_committed: the group's committed offset in the retry
-        partition (its lowest pending record), None when never committed.
-    """
-
-    partition: int
-    start_offset: int
-    end_offset: int
-    committed: int | None
-    lag: int
-    retry_pending: int = 0
-    quarantined: int = 0
-    retry_committed: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class QuarantinedKey:
-    """A key waiting in the retry topic (SPEC 6).
-
-    :param partition: its partition.
-    :param key: the key.
-    :param pending: its pending work records.
-    :param failures: failures in a row of the current cycle; the next
-        attempt runs with ``ChunkContext.attempt`` equal to it, and the key
-        gives up when that attempt fails and ``failures`` equals the number
-        of retry delays. 0 after a give-up: its other records are due at once.
-    :param next_attempt_at: when the next attempt may run (seconds since the
-        epoch, on the consumer's clock).
-    :param first_failed_at: the cycle's first failure (seconds since the epoch).
-    """
-
-    partition: int
-    key: str
-    pending: int
-    failures: int
-    next_attempt_at: float
-    first_failed_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """A group's position on a topic: lag, retry state and dead letters (SPEC 14).
-
-    :param topic: the (qualified) main topic.
-    :param group: the consumer group.
-    :param partitions: per partition, in order.
-    :param quarantined: quarantined keys, earliest next attempt first.
-    :param dead_letters: dead letters per ``wk-reason`` (``"<missing>"`` for
-        records without one).
-    :param problems: broken records met in the retry topic, each naming
-        topic, partition and offset (the consumer would stop on them too).
-    :param replayed: of :attr:`dead_letters`, those per reason that the
-        replay ledger ``replayed_<topic>`` says were replayed already.
-    :param groups: the groups with a committed offset on the topic, when the
-        log can list them (None otherwise).
-    """
-
-    topic: str
-    group: str
-    partitions: tuple[PartitionStatus, ...]
-    quarantined: tuple[QuarantinedKey, ...]
-    dead_letters: Mapping[str, int]
-    problems: tuple[str, ...] = ()
-    replayed: Mapping[str, int] = field(default_factory=dict)
-    groups: tuple[str, ...] | None = None
-
-    @property
-    def never_committed(self) -> bool:
-        """The group has no committed offset on any partition of the topic: a
-        mistyped group, or a consumer that never got as far as a commit."""
-        return all(p.committed is None for p in self.partitions)
-
-    @property
-    def not_replayed(self) -> dict[str, int]:
-        """Dead letters per reason that ``dlq replay`` has not replayed yet."""
-        left = {
-            reason: count - self.replayed.get(reason, 0)
-            for reason, count in self.dead_letters.items()
-        }
-        return {reason: count for reason, count in left.items() if count}
-
-    @property
-    def lag(self) -> int:
-        """Total lag over all partitions (records)."""
-        return sum(p.lag for p in self.partitions)
-
-    @property
-    def backlog(self) -> int:
-        """Pending work records in the retry topic, all partitions."""
-        return sum(p.retry_pending for p in self.partitions)
-
-    @property
-    def dead_lettered(self) -> int:
-        """All dead letters."""
-        return sum(self.dead_letters.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        return {
-            "topic": self.topic,
-            "group": self.group,
-            "lag": self.lag,
-            "backlog": self.backlog,
-            "partitions": [
-                {
-                    "partition": p.partition,
-                    "start_offset": p.start_offset,
-                    "end_offset": p.end_offset,
-                    "committed": p.committed,
-                    "lag": p.lag,
-                    "retry_pending": p.retry_pending,
-                    "quarantined": p.quarantined,
-                    "retry_committed": p.retry_committed,
-                }
-                for p in self.partitions
-            ],
-            "quarantined": [
-                {
-                    "partition": q.partition,
-                    "key": q.key,
-                    "pending": q.pending,
-                    "failures": q.failures,
-                    "next_attempt_at": q.next_attempt_at,
-                    "first_failed_at": q.first_failed_at,
-                }
-                for q in self.quarantined
-            ],
-            "dead_letters": dict(self.dead_letters),
-            "dead_letters_replayed": dict(self.replayed),
-            "dead_letters_not_replayed": self.not_replayed,
-            "never_committed": self.never_committed,
-            "groups": None if self.groups is None else list(self.groups),
-            "problems": list(self.problems),
-        }
-
-
-async def _retry_state(
-    log: Log,
-    retry: str,
-    group: str,
-    partition: int,
-    config: ConsumerConfig,
-    problems: list[str],
-) -> tuple[RetryState, int | None]:
-    """Rebuild one retry partition's state with the consumer's own loader."""
-    state = RetryState(config.delay)
-    committed, _ = await load_retry_state(log, group, retry, partition, state)
-    problems.extend(
-        f"{retry} partition {partition} offset {offset} (key {key!r}): broken retry record: {what}"
-        for offset, key, what in state.broken
-    )
-    return state, committed
-
-
-async def consumer_status(
-    log: Log,
-    topic: str,
-    group: str,
-    *,
-    retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
-    namespace: str = "",
-) -> Status:
-    """Lag, quarantined keys, retry backlog and dead letters of ``group`` on ``topic``.
-
-    The retry state is rebuilt by reading ``retry_<topic>`` from the group's
-    committed retry offset through :class:`~wakuwaku.engine._retry.RetryState`,
-    exactly as a restarting consumer does (SPEC 6); the next attempt times
-    are the ones the consumer stored with each failure (``wk-due-at``), so
-    they do not depend on ``retry_delays``, which only serves records
-    written before the due time was stored.
-
-    :param log: the log.
-    :param topic: the main topic.
-    :param group: the consumer group.
-    :param retry_delays: the consumer's ``retry_delays`` (seconds), used only
-        for retry records that carry no ``wk-due-at``.
-    :param namespace: the consumer's namespace prefix, if it had one.
-    :raises UnknownTopicError: when the main topic does not exist.
-    :raises ConfigError: for an empty group or a bad retry schedule, or
-        when ``topic`` is a dead-letter, retry or ledger topic.
-    """
-    _check_main_topic(topic, namespace)
-    config = ConsumerConfig(
-        topic=topic, group=group, namespace=namespace, retry_delays=retry_delays
-    )
-    main = config.topics[0]
-    partitions = (await log.describe_topic(main)).partitions
-    starts = await log.start_offsets(main)
-    ends = await log.end_offsets(main)
-    retry = config.retry_topic(main)
-    has_retry = await _partitions_or_none(log, retry) is not None
-    problems: list[str] = []
-    rows: list[PartitionStatus] = []
-    quarantined: list[QuarantinedKey] = []
-    for p in range(partitions):
-        committed = await log.committed(group, main, p)
-        start, end = starts.get(p, 0), ends.get(p, 0)
-        lag = max(0, end - (committed if committed is not None else start))
-        pending = keys = 0
-        retry_committed: int | None = None
-        if has_retry:
-            state, retry_committed = await _retry_state(log, retry, group, p, config, problems)
-            pending, keys = state.pending_count, len(state.keys)
-            quarantined.extend(
-                QuarantinedKey(p, key, len(s.offsets), s.failures, s.due_wall, s.first_failed_at)
-                for key, s in state.keys.items()
-            )
-        rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))
-    quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
-    dead, replayed = await _dead_letter_counts(log, config, topic, main)
-    return Status(
-        main,
-        group,
-        tuple(rows),
-        tuple(quarantined),
-        dead,
-        tuple(problems),
-        replayed,
-        await committed_groups(log, main),
-    )
-
-
 async def _dead_letter_counts(
     log: Log,
     config: ConsumerConfig,
@@ -911,13 +651,3 @@ async def _dead_letter_counts(
                 if letter.offset in done.get(p, ()):
                     replayed[reason] += 1
     return dict(sorted(dead.items())), dict(sorted(replayed.items()))
-
-
-async def committed_groups(log: Log, topic: str) -> tuple[str, ...] | None:
-    """The groups with a committed offset on ``topic``, sorted; None when the
-    log cannot list them (listing is not part of the :class:`Log` contract)."""
-    lister = getattr(log, "group_offsets", None)
-    if lister is None:
-        return None
-    offsets: Mapping[str, Any] = await lister(topic)
-    return tuple(sorted(offsets))
