@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = ("ConsumerCollector", "start_metrics_server")
 
-log = logging.getLogger("wakuwaku.metrics")
+logger = logging.getLogger("wakuwaku.metrics")
 
 T = TypeVar("T")
 
@@ -199,7 +199,7 @@ class ConsumerCollector(Collector):
             try:
                 await self.refresh_lag()
             except Exception as exc:  # noqa: BLE001 - metrics must never stop the consumer
-                log.warning(
+                logger.warning(
                     "cannot read end offsets for the lag metric",
                     extra={"error": f"{type(exc).__name__}: {exc}"},
                 )

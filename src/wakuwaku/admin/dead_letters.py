@@ -76,7 +76,7 @@ __all__ = (
 
 _PAGE = 500
 H_DLQ_OFFSET = "wk-dlq-offset"
-"""Ledger records: the dead letter's offset in its ``dlq_<topic>`` partition."""
+"""Ledger records: the dead letter's offset in its ``wk-dlq.<group>.<topic>`` partition."""
 H_REPLAYED_TO = "wk-replayed-to"
 """Ledger records: ``<partition>@<offset>`` of the copy in the main topic."""
 MARKER_REPLAYED = b"replayed"
@@ -91,9 +91,9 @@ _KEPT_ON_REPLAY = frozenset({H_VERSION, H_TYPE, H_KEY, H_PROPS, H_ALG, H_SRC})
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """One record of ``dlq_<topic>``, parsed (SPEC 8).
+    """One record of ``wk-dlq.<group>.<topic>``, parsed (SPEC 8).
 
-    :param partition: its partition in ``dlq_<topic>`` (the main record's partition).
+    :param partition: its partition in ``wk-dlq.<group>.<topic>`` (the main record's partition).
     :param offset: its offset there.
     :param reason: ``wk-reason`` as written (a :class:`ReasonCode` value when
         well-formed), None when missing.
@@ -162,7 +162,8 @@ class DeadLetter:
 
 
 def parse_dead_letter(partition: int, record: Record) -> DeadLetter:
-    """Parse one ``dlq_<topic>`` record; broken headers become :attr:`DeadLetter.problems`."""
+    """Parse one record of a dead-letter topic (``wk-dlq.<group>.<topic>``);
+    broken headers become :attr:`DeadLetter.problems`."""
     headers = record.headers
     problems: list[str] = []
     reason = header_text(headers, H_REASON)
@@ -307,12 +308,12 @@ async def _scan(
 
 
 async def _dead_letter_pages(
-    log: Log, dlq: str, partitions: int
+    log: Log, dead_letter_topic: str, partitions: int
 ) -> AsyncGenerator[tuple[int, list[DeadLetter]], None]:
-    starts = await log.start_offsets(dlq)
-    ends = await log.end_offsets(dlq)
+    starts = await log.start_offsets(dead_letter_topic)
+    ends = await log.end_offsets(dead_letter_topic)
     for p in range(partitions):
-        async for page in _scan(log, dlq, p, starts.get(p, 0), ends.get(p, 0)):
+        async for page in _scan(log, dead_letter_topic, p, starts.get(p, 0), ends.get(p, 0)):
             yield p, [parse_dead_letter(p, r) for r in page]
 
 
@@ -330,7 +331,7 @@ async def list_dead_letters(
     limit: int | None = None,
     namespace: str = "",
 ) -> list[DeadLetter]:
-    """The dead letters of ``topic``, by dlq partition then offset (SPEC 8).
+    """The dead letters of ``topic``, by dead-letter partition then offset (SPEC 8).
 
     :param log: the log.
     :param topic: the main topic.
@@ -341,7 +342,7 @@ async def list_dead_letters(
     :param limit: at most this many (the first ones in partition, offset order).
     :param namespace: the consumer's namespace prefix, if it had one.
     :returns: the matching dead letters; an empty list when the consumer
-        never created ``dlq_<topic>``. Dead letters with broken headers are
+        never created ``wk-dlq.<group>.<topic>``. Dead letters with broken headers are
         included, with :attr:`DeadLetter.problems` saying what is wrong.
     :raises UnknownTopicError: when the main topic does not exist.
     :raises ConfigError: for an unknown reason code or a limit below 1, or
@@ -353,12 +354,12 @@ async def list_dead_letters(
     names = _names(topic, group, namespace)
     main = names.topics[0]
     await log.describe_topic(main)
-    dlq = names.dead_letter_topic(main)
-    partitions = await _partitions_or_none(log, dlq)
+    dead_letter_topic = names.dead_letter_topic(main)
+    partitions = await _partitions_or_none(log, dead_letter_topic)
     if partitions is None:
         return []
     found: list[DeadLetter] = []
-    async with aclosing(_dead_letter_pages(log, dlq, partitions)) as pages:
+    async with aclosing(_dead_letter_pages(log, dead_letter_topic, partitions)) as pages:
         async for _, page in pages:
             for letter in page:
                 if _matches(letter, wanted, key):
@@ -523,7 +524,7 @@ async def replay_dead_letters(
     :param group: the consumer group whose dead letters are replayed; only
         that group handles the copies (SPEC 8).
     :param reason: / :param key: only dead letters with this reason / key.
-    :param limit: replay at most this many (matched dead letters, in dlq
+    :param limit: replay at most this many (matched dead letters, in dead-letter
         partition then offset order; the ledger's are not counted).
     :param dry_run: write nothing (neither copies nor ledger); the report
         says what would be replayed.
@@ -543,20 +544,22 @@ async def replay_dead_letters(
     names = _names(topic, group, namespace)
     main = names.topics[0]
     main_partitions = (await log.describe_topic(main)).partitions
-    dlq = names.dead_letter_topic(main)
+    dead_letter_topic = names.dead_letter_topic(main)
     ledger = names.qualify(replay_ledger_topic_name(topic, group))
     report = ReplayReport(main, dry_run)
-    dlq_partitions = await _partitions_or_none(log, dlq)
-    if dlq_partitions is None:
+    dead_letter_partitions = await _partitions_or_none(log, dead_letter_topic)
+    if dead_letter_partitions is None:
         return report
     if not dry_run:
         try:
-            await log.create_topic(ledger, dlq_partitions)
+            await log.create_topic(ledger, dead_letter_partitions)
         except PartitionCountMismatch as exc:
-            raise PartitionCountMismatch(ledger, exc.existing, dlq_partitions) from None
+            raise PartitionCountMismatch(ledger, exc.existing, dead_letter_partitions) from None
     done = {} if everything else await _read_ledger(log, ledger)
     remaining = limit
-    async with aclosing(_dead_letter_pages(log, dlq, dlq_partitions)) as pages:
+    async with aclosing(
+        _dead_letter_pages(log, dead_letter_topic, dead_letter_partitions)
+    ) as pages:
         async for p, page in pages:
             batch: list[tuple[DeadLetter, str]] = []
             for letter in page:
@@ -576,7 +579,7 @@ async def replay_dead_letters(
                     logger.warning(
                         "dead letter not replayed",
                         extra={
-                            "topic": dlq,
+                            "topic": dead_letter_topic,
                             "partition": p,
                             "offset": letter.offset,
                             "key": letter.key,
@@ -601,7 +604,7 @@ async def _replay_page(
     report: ReplayReport,
     group: str,
 ) -> None:
-    """Write one page's copies (one append per main partition, in dlq order), then
+    """Write one page's copies (one append per main partition, in dead-letter order), then
     their ledger records."""
     targets: dict[int, list[DeadLetter]] = {}
     for letter, key in letters:
@@ -639,12 +642,12 @@ async def _dead_letter_counts(
     """Dead letters per reason, and of those the ones the replay ledger holds."""
     dead: Counter[str] = Counter()
     replayed: Counter[str] = Counter()
-    dlq = config.dead_letter_topic(main)
-    dlq_partitions = await _partitions_or_none(log, dlq)
-    if dlq_partitions is not None:
+    dead_letter_topic = config.dead_letter_topic(main)
+    dead_letter_partitions = await _partitions_or_none(log, dead_letter_topic)
+    if dead_letter_partitions is not None:
         ledger = config.qualify(replay_ledger_topic_name(topic, config.group))
         done = await _read_ledger(log, ledger)
-        async for p, page in _dead_letter_pages(log, dlq, dlq_partitions):
+        async for p, page in _dead_letter_pages(log, dead_letter_topic, dead_letter_partitions):
             for letter in page:
                 reason = letter.reason or MISSING_REASON
                 dead[reason] += 1

@@ -45,7 +45,7 @@ class PartitionStatus:
         when the group never committed on it.
     :param lag: records not yet consumed: ``end - committed`` (``end - start``
         without a commit).
-    :param retry_pending: work records pending in ``retry_<topic>`` partition.
+    :param retry_pending: work records pending in ``wk-retry.<group>.<topic>`` partition.
     :param quarantined: quarantined keys of the partition.
     :param retry_committed: the group's committed offset in the retry
         partition (its lowest pending record), None when never committed.
@@ -168,7 +168,7 @@ async def consumer_status(
 ) -> Status:
     """Lag, quarantined keys, retry backlog and dead letters of ``group`` on ``topic``.
 
-    The retry state is rebuilt by reading ``retry_<topic>`` from the group's
+    The retry state is rebuilt by reading ``wk-retry.<group>.<topic>`` from the group's
     committed retry offset with the consumer's own loader
     (:func:`~wakuwaku.engine.read_retry_partition`),
     exactly as a restarting consumer does (SPEC 6); the next attempt times

@@ -5,7 +5,7 @@ from ._config import ConsumerConfig as ConsumerConfig
 from ._config import DeliveryMode as DeliveryMode
 from ._config import check_group_name as check_group_name
 from ._config import dead_letter_topic_name as dead_letter_topic_name
-from ._config import default_classify as default_classify
+from ._config import default_error_class as default_error_class
 from ._config import replay_ledger_topic_name as replay_ledger_topic_name
 from ._config import retry_topic_name as retry_topic_name
 from ._config import split_internal_topic as split_internal_topic
@@ -34,7 +34,7 @@ __all__ = (
     "check_group_name",
     "current_chunk",
     "dead_letter_topic_name",
-    "default_classify",
+    "default_error_class",
     "handler",
     "read_retry_partition",
     "replay_ledger_topic_name",

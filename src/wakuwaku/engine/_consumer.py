@@ -31,7 +31,7 @@ from ._partition import PartitionWorker
 from ._stats import ConsumerStats
 from ._view import PartitionView
 
-log = logging.getLogger("wakuwaku.consumer")
+logger = logging.getLogger("wakuwaku.consumer")
 
 
 class Consumer:
@@ -153,12 +153,12 @@ class Consumer:
             stopper.cancel()
             if not self._stop.is_set():
                 self.stop()
-            log.info("consumer stopping", extra={"group": self.config.group})
+            logger.info("consumer stopping", extra={"group": self.config.group})
             done, still = await asyncio.wait(supervisors, timeout=self.config.shutdown_timeout)
             for task in still:
                 task.cancel()
             if still:
-                log.warning(
+                logger.warning(
                     "shutdown deadline passed; cancelled running chunks",
                     extra={"partitions": len(still)},
                 )
@@ -289,7 +289,7 @@ class Consumer:
         return installed
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("signal received; stopping gracefully", extra={"signal": sig.name})
+        logger.info("signal received; stopping gracefully", extra={"signal": sig.name})
         self.stop()
 
     # -------------------------------------------------------------- ownership
@@ -304,7 +304,7 @@ class Consumer:
             lease = await self._acquire(topic, partition)
             if lease is None:
                 if not waiting:  # once per wait: a dead member's lease runs out by itself
-                    log.info(
+                    logger.info(
                         "partition owned by another member; waiting for its lease",
                         extra={"topic": topic, "partition": partition, "lease_ttl": ttl},
                     )
@@ -312,7 +312,7 @@ class Consumer:
                 await self._wait_or_stop(ttl / 3)
                 continue
             if waiting:
-                log.info(
+                logger.info(
                     "partition lease taken",
                     extra={"topic": topic, "partition": partition, "generation": lease.generation},
                 )
@@ -340,7 +340,7 @@ class Consumer:
                 if current is not None and current.cancelling():
                     raise  # this supervisor is being cancelled for real
                 # A driver leaked a CancelledError nobody asked for: a crash.
-                log.error(
+                logger.error(
                     "partition worker ended by a stray CancelledError; restarting it",
                     extra={"topic": topic, "partition": partition},
                 )
@@ -348,7 +348,7 @@ class Consumer:
             except Exception:
                 # A bug must not stall the partition silently: log it, start
                 # again from the stored offsets after the first retry delay.
-                log.exception(
+                logger.exception(
                     "partition worker crashed; restarting it",
                     extra={"topic": topic, "partition": partition},
                 )
@@ -356,7 +356,7 @@ class Consumer:
             except BaseException as exc:
                 # SystemExit, KeyboardInterrupt or another BaseException: the
                 # consumer stops and run() raises it, rather than idling.
-                log.critical(
+                logger.critical(
                     "partition worker ended by %s; stopping the consumer",
                     type(exc).__name__,
                     extra={"topic": topic, "partition": partition},
@@ -378,7 +378,7 @@ class Consumer:
                 self.config.group, topic, partition, self.config.member_id, self.config.lease_ttl
             )
         except Exception as exc:  # noqa: BLE001 - the log is down: try again later
-            log.warning(
+            logger.warning(
                 "cannot take partition lease; retrying",
                 extra={"topic": topic, "partition": partition, "error": str(exc)},
             )
@@ -402,7 +402,7 @@ class Consumer:
                 continue
             if renewed is None and clock.monotonic() < worker.lease_deadline:
                 continue  # the log is unreachable, but the lease still holds
-            log.warning(
+            logger.warning(
                 "partition lease lost; stopping its worker",
                 extra={"topic": lease.topic, "partition": lease.partition},
             )

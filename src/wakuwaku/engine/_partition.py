@@ -15,7 +15,7 @@ The three failure classes:
   the partition's *gate* closes, so no chunk of any key starts until it
   succeeds, and the partition does not poll (the batch is not finished).
   The consumer's own log calls get the same treatment (:mod:`._shared`).
-- ``Retryable``: the key stops; its unfinished work goes to ``retry_<topic>``
+- ``Retryable``: the key stops; its unfinished work goes to ``wk-retry.<group>.<topic>``
   and the key is quarantined (or dead-lettered when the backlog is full).
 - ``Unrecoverable``: the chunk is dead-lettered and the run goes on.
 
@@ -291,21 +291,33 @@ class PartitionWorker:
         that offset yet gets its end stored, so tracking starts now.
         """
         log_call = self.services.log_call
-        group, dlq, partition = self.config.group, self.dead_letter_topic, self.partition
+        group, dead_letter_topic, partition = (
+            self.config.group,
+            self.dead_letter_topic,
+            self.partition,
+        )
         offset = await log_call(
-            "load dead-letter offset", lambda: self.log.committed(group, dlq, partition)
+            "load dead-letter offset",
+            lambda: self.log.committed(group, dead_letter_topic, partition),
         )
         if offset is None:
-            ends = await log_call("end offsets", lambda: self.log.end_offsets(dlq))
+            ends = await log_call("end offsets", lambda: self.log.end_offsets(dead_letter_topic))
             end = ends.get(partition, 0)
             await log_call(
                 "commit dead-letter offset",
-                partial(self.log.commit, group, dlq, partition, end, fence=self.services.fence),
+                partial(
+                    self.log.commit,
+                    group,
+                    dead_letter_topic,
+                    partition,
+                    end,
+                    fence=self.services.fence,
+                ),
             )
             return
         routed = self.retry.routed
         while page := await log_call(
-            "read dead letters", partial(self.log.read, dlq, partition, offset, 1000)
+            "read dead letters", partial(self.log.read, dead_letter_topic, partition, offset, 1000)
         ):
             for record in page:
                 source = retry_source(record)
