@@ -65,6 +65,7 @@ class Consumer:
             raise ConfigError("a Consumer needs at least one handler")
         self.handlers: Mapping[str, Handler[Any]] = by_tag
         self.stats = ConsumerStats()
+        # Internal: other packages and tests read assignment()/partitions().
         self.workers: dict[tuple[str, int], PartitionWorker] = {}
         self._assignment: list[tuple[str, int]] = []
         self._stop = asyncio.Event()
@@ -240,9 +241,12 @@ class Consumer:
     # ------------------------------------------------------------------- view
 
     def assignment(self) -> list[tuple[str, int]]:
-        """The (topic, partition) pairs this consumer owns now, sorted: those
-        whose lease it holds and whose partition worker runs (like a Kafka
-        consumer's ``assignment()``). Empty before :meth:`run`."""
+        """The (topic, partition) pairs this consumer has taken a lease on and
+        runs a partition worker for, sorted (like a Kafka consumer's
+        ``assignment()``). Empty before :meth:`run`. A partition whose lease
+        was lost stays listed, with its worker's last state, until the lease
+        is taken again; after :meth:`run` returned, every partition it owned
+        is listed with its last state."""
         return sorted(self.workers)
 
     def partitions(self) -> list[PartitionView]:

@@ -66,7 +66,8 @@ class PartitionWorker:
     :param on_caught_up: called each time a poll finds nothing new (the
         consumer's :meth:`~wakuwaku.Consumer.drain` listens).
     :param executor: the thread pool sync handlers run on (None: asyncio's
-        default one).
+        default one); not to be confused with :attr:`chunk_executor`, the
+        :class:`ChunkExecutor` that calls the handlers.
 
     :ivar position: the main partition's offset as stored (next to read).
     :ivar started: true once the retry state and position are restored.
@@ -107,8 +108,8 @@ class PartitionWorker:
         self.dead_letter_topic = services.dead_letter_topic
         self._fields = services.fields
         self.outbox = Outbox(services)
-        self.executor = ChunkExecutor(services, self.outbox, handlers, executor)
-        self.attempts = Attempts(services, self.executor, self.outbox)
+        self.chunk_executor = ChunkExecutor(services, self.outbox, handlers, executor)
+        self.attempts = Attempts(services, self.chunk_executor, self.outbox)
         self.types = self.attempts.types
         self.position = 0
         self.caught_up = False
@@ -410,7 +411,7 @@ class PartitionWorker:
     # -------------------------------------------------------------------- batch
 
     async def _process_batch(self, records: list[Record]) -> None:
-        executor = self.executor
+        executor = self.chunk_executor
         # Without an inbox nothing needs the items of a batch that goes well:
         # the runs keep records instead (see Run).
         items, groups, rejects = decode_batch(
