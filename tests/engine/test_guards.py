@@ -10,10 +10,9 @@ from pathlib import Path
 import msgspec
 
 import wakuwaku as wk
-from wakuwaku._records import Source, build_headers, encode_source
+from wakuwaku._records import H_MARKER, Source, build_headers, encode_source
 from wakuwaku.engine import Handler
 from wakuwaku.engine._retry import (
-    H_MARKER,
     MARKER_RESOLVED,
     RetryState,
     resolved_marker,
