@@ -35,6 +35,7 @@ def state_of(breaker: CircuitBreaker) -> BreakerState:
     return breaker.state
 
 
+@pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(autojump=False)
 
