@@ -1,7 +1,7 @@
 """Operations on a consumer group's dead letters and state: what ``wakuwaku dlq``
 and ``wakuwaku status`` run (SPEC 6, 8, 14).
 
-Two modules, one per room; every name is importable from ``wakuwaku.admin``:
+Two modules, one per task (dead letters, status); every name is importable from ``wakuwaku.admin``:
 
 - :mod:`wakuwaku.admin.dead_letters`: :func:`list_dead_letters`,
   :func:`replay_dead_letters` and the replay ledger.

@@ -4,13 +4,16 @@ Owns the rounds: which due keys one round takes (at most
 :data:`ROUND_RECORDS` pending records), reading their pending work records
 back from the retry partition, decoding and planning them as one new batch
 per key, running them, and turning each key's outcome into retry-topic
-markers (resolved, attempt failed, given up). A round *returns* its markers
+markers (``resolved``; ``attempt-failed``; a give-up is a ``resolved``
+marker with ``wk-reset``, see :mod:`._retry`). A round *returns* its markers
 (:class:`RoundResult`); the partition loop stores them through the outbox,
-so the round never calls up into the loop.
+so the round never calls up into the loop. The dead letters of a round
+(records that cannot be decoded, give-ups) are only *buffered* in the
+outbox, like the executor's; nothing is written before the loop stores.
 
 May call: :mod:`._shared` (retry state, retrying log call, counters),
-:mod:`._executor` (running the segments, the inbox lookup) and
-:mod:`._outbox` (dead letters: rejects and give-ups). Called by the
+:mod:`._plan` (planning), :mod:`._executor` (running the segments, the
+inbox lookup) and :mod:`._outbox` (buffering dead letters). Called by the
 partition loop (:mod:`._partition`) before every poll.
 """
 

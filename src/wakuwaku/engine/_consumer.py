@@ -1,4 +1,8 @@
-"""The consumer: topics, partition ownership, one task per partition, shutdown (SPEC 5, 6, 14, 15).
+"""The consumer: topics, partition leases, one worker per partition, shutdown (SPEC 5, 6, 14, 15).
+
+Takes each partition's lease (renewed every ``lease_ttl / 3``; the worker
+stops once it is lost), runs one partition worker (:mod:`._partition`) per
+owned partition, and offers the read-only partition view (:mod:`._view`).
 
 ::
 

@@ -6,8 +6,9 @@ segments), each key's chunks strictly in order; the classification of what
 a handler raised; a Transient failure retried in place with the partition's
 gate closed; an Unrecoverable chunk dead-lettered; a Retryable failure
 stopping its key (the caller's ``after`` decides what becomes of the rest).
-Also the inbox lookup that drops records a handler's inbox already holds
-(SPEC 9), before planning.
+Also the inbox lookup (:meth:`ChunkExecutor.inbox_filter`, SPEC 9) that the
+loop and the attempts call on decoded records, to drop those a handler's
+inbox already holds before they are planned into runs.
 
 May call: :mod:`._shared` (gate, stop, lease deadline, retrying log call,
 counters) and :mod:`._outbox` (dead letters, done offsets). Called by the

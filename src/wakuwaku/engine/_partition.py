@@ -19,9 +19,15 @@ The three failure classes:
   and the key is quarantined (or dead-lettered when the backlog is full).
 - ``Unrecoverable``: the chunk is dead-lettered and the run goes on.
 
+The offset is committed by the outbox's store (:meth:`Outbox.flush
+<wakuwaku.engine._outbox.Outbox.flush>`), in the same fenced write as the
+batch's dead letters and retry work where the log allows it.
+
 May call: everything below it (:mod:`._attempts`, :mod:`._executor`,
-:mod:`._outbox`, :mod:`._shared`). Called by the consumer
-(:mod:`._consumer`), which owns the lease and renews it.
+:mod:`._outbox`, :mod:`._shared`) and the pure planner (:mod:`._plan`).
+Called by the consumer (:mod:`._consumer`), which takes the partition's
+lease (or is assigned the partition), renews it, and stops the worker when
+it is lost.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ for a retry, already reduced, with ``wk-failed-at`` and ``wk-src``) and small
 The first work record of a key carries ``wk-due-at`` too. The due time is
 stored, not only derived from the schedule, so that ``wakuwaku status``
 shows the time the consumer will use without being told its schedule;
-a record without it (written before it was stored) is read with the
-schedule as before.
+a record without ``wk-due-at`` (written by an older release) is read with
+the configured schedule.
 
 An attempt plans all of a key's pending work records as one new batch
 (SPEC 6), so records routed during a quarantine join the failed run when
@@ -42,8 +42,8 @@ offsets of its pending work records (a compact ``array('q')``, 8 bytes
 each), counters, due times and the highest main offset. Record bodies stay
 in the retry log: :meth:`RetryState.apply` keeps none of a record's headers
 or body, neither live nor when a restart reads the partition back, and the
-partition worker reads a key's pending records from the retry partition
-when its attempt runs (see ``Attempts._read_pending`` in ``_attempts.py``).
+attempts (:mod:`._attempts`) read a key's pending records from the retry
+partition when its attempt runs.
 
 One function, :meth:`RetryState.apply`, turns a record into state. The live
 consumer writes a record, then applies it with its assigned offset; a

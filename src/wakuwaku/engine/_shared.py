@@ -1,4 +1,4 @@
-"""What every part of one partition's consumption uses: the room below the other four.
+"""What every part of one partition's consumption uses: the bottom layer of the partition worker.
 
 Owns, for one (topic, partition) owned under one lease: the stop request, the
 pause *gate* (closed while a chunk or a log call retries in place, SPEC 5.6),
@@ -9,13 +9,20 @@ consumer's shared counters.
 May call: the log, the clock, :mod:`._retry`. Nothing here calls the
 partition loop (:mod:`._partition`), the attempts (:mod:`._attempts`), the
 executor (:mod:`._executor`) or the outbox (:mod:`._outbox`): they all call
-down into it, so the five modules form layers, not a ring::
+down into it, so the five modules form layers, not a ring. Each layer may
+call any layer below it, never one above::
 
-    _partition  (poll, plan, route, commit: the loop)
-      -> _attempts  (retry attempt rounds; returns the markers the loop stores)
-      -> _executor  (handler calls per key: the hot loop)
-      -> _outbox    (buffered dead-letter and retry writes, the fenced store)
-      -> _shared    (this module)
+    _partition  (the loop: poll, plan, route, quarantine, store)
+    _attempts   (retry attempt rounds; returns the markers the loop stores)
+    _executor   (handler calls per key: the hot loop)
+    _outbox     (buffered dead-letter and retry writes, the fenced store of them and the offsets)
+    _shared     (this module)
+
+Beside the layers, used by any of them: :mod:`._plan` (pure planning, no
+I/O), :mod:`._retry` (retry-topic records and state), :mod:`._config`,
+:mod:`._handler`, :mod:`._context`, :mod:`._stats`. Above them all:
+:mod:`._consumer` (ownership, one worker per partition) and :mod:`._view`
+(the read-only partition view).
 """
 
 from __future__ import annotations
