@@ -40,7 +40,7 @@ try:
     import pydantic
     from faststream.kafka import KafkaBroker
 except ImportError:  # the optional peer baseline
-    KafkaBroker = None
+    KafkaBroker = None  # type: ignore[misc, assignment]
 
 from _ticks import TOPIC, Tick, consume, fill
 from wakuwaku import Retryable
@@ -67,7 +67,7 @@ async def raw_read(bootstrap: str, log: KafkaLog, partitions: int, events: int, 
         for msg in await asyncio.to_thread(consumer.consume, page, 1.0):
             if msg.error() is None:
                 dict(msg.headers() or ())
-                decoder.decode(msg.value())
+                decoder.decode(msg.value() or b"")
                 count += 1
     elapsed = time.perf_counter() - started
     consumer.close()

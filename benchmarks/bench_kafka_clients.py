@@ -25,14 +25,15 @@ import random
 import statistics
 import time
 import uuid
+from typing import Any
 
 import msgspec
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 try:
-    from aiokafka import AIOKafkaConsumer
-    from aiokafka.structs import TopicPartition as AIOTopicPartition
+    from aiokafka import AIOKafkaConsumer  # type: ignore[import-untyped]
+    from aiokafka.structs import TopicPartition as AIOTopicPartition  # type: ignore[import-untyped]
 except ImportError:  # optional: the comparison column is skipped without it
     AIOKafkaConsumer = None
 
@@ -51,7 +52,11 @@ def fill(bootstrap: str, topic: str, events: int) -> None:
     encode = msgspec.json.Encoder().encode
     for n in range(events):
         key = f"key-{rng.randrange(1000)}"
-        headers = [("wk-v", b"1"), ("wk-type", b"bench.tick"), ("wk-alg", b"plain")]
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("wk-v", b"1"),
+            ("wk-type", b"bench.tick"),
+            ("wk-alg", b"plain"),
+        ]
         while True:
             try:
                 producer.produce(
@@ -63,7 +68,7 @@ def fill(bootstrap: str, topic: str, events: int) -> None:
     producer.flush(60)
 
 
-def _decode(msgs: list, decoder: msgspec.json.Decoder) -> int:
+def _decode(msgs: list[Any], decoder: msgspec.json.Decoder[Tick]) -> int:
     for msg in msgs:
         dict(msg.headers() or ())
         decoder.decode(msg.value())

@@ -151,9 +151,9 @@ async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[L
         await created.close()
         if prefix is not None:
             if request.param == "kafka":
-                from ..kafka_support import drop_prefix
+                from ..kafka_support import drop_prefix as drop_kafka_prefix
 
-                await asyncio.to_thread(drop_prefix, prefix)
+                await asyncio.to_thread(drop_kafka_prefix, prefix)
             elif request.param == "redis":
                 from ..conftest import REDIS_URL
                 from ..logs.test_redis import purge

@@ -99,7 +99,11 @@ async def test_a_record_over_the_topic_limit_is_refused_naming_it(log: KafkaLog)
 async def test_a_plain_kafka_producers_record_is_handled(log: KafkaLog) -> None:
     await log.create_topic("orders", 3)
     producer = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "partitioner": "murmur2_random"})
-    headers = [("wk-v", b"1"), ("wk-type", b"kafka.tick"), ("wk-alg", b"plain")]
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("wk-v", b"1"),
+        ("wk-type", b"kafka.tick"),
+        ("wk-alg", b"plain"),
+    ]
     for n in range(6):
         key = b"o%d" % (n % 2)
         producer.produce(
@@ -114,8 +118,8 @@ async def test_a_plain_kafka_producers_record_is_handled(log: KafkaLog) -> None:
     config = ConsumerConfig(topic="orders", group="interop", poll_interval=0.01)
     stats = await WkConsumer(config, [Handler(_Tick, handle)], log).drain()
     assert stats.handled == 6
-    for key in ("o0", "o1"):
-        assert [n for k, n in seen if k == key] == [n for n in range(6) if f"o{n % 2}" == key]
+    for name in ("o0", "o1"):
+        assert [n for k, n in seen if k == name] == [n for n in range(6) if f"o{n % 2}" == name]
     assert await log.committed("interop", "orders", partition_for("o0", 3)) is not None
 
 

@@ -36,7 +36,7 @@ from ..logs._base import Lease, Log
 from ._config import ConsumerConfig
 from ._partition import PartitionWorker
 
-log = logging.getLogger("wakuwaku.consumer")
+logger = logging.getLogger("wakuwaku.consumer")
 
 __all__ = (
     "AssignedOwnership",
@@ -75,7 +75,7 @@ class Ownership(abc.ABC):
                 self.config.group, topic, partition, self.config.member_id, self.config.lease_ttl
             )
         except Exception as exc:  # noqa: BLE001 - the log is down: try again later
-            log.warning(
+            logger.warning(
                 "cannot take partition lease; retrying",
                 extra={"topic": topic, "partition": partition, "error": str(exc)},
             )
@@ -94,7 +94,7 @@ class Ownership(abc.ABC):
         try:
             await self.log.release_partition(lease)
         except Exception as exc:  # noqa: BLE001 - the lease lapses by itself
-            log.warning(
+            logger.warning(
                 "cannot release partition; it moves when its lease or session ends",
                 extra={"topic": lease.topic, "partition": lease.partition, "error": str(exc)},
             )
@@ -125,7 +125,7 @@ class LeaseOwnership(Ownership):
                     lease.group, lease.topic, lease.partition, lease.member, ttl
                 )
             except Exception as exc:  # noqa: BLE001 - the log is down: the lease may still hold
-                log.warning(
+                logger.warning(
                     "cannot renew partition lease; retrying",
                     extra={"topic": lease.topic, "partition": lease.partition, "error": str(exc)},
                 )
@@ -135,7 +135,7 @@ class LeaseOwnership(Ownership):
             if renewed is not None and renewed.generation == lease.generation:
                 worker.lease_deadline = sent + ttl
                 continue
-            log.warning(
+            logger.warning(
                 "partition lease lost; stopping its worker",
                 extra={"topic": lease.topic, "partition": lease.partition},
             )
@@ -160,7 +160,7 @@ class AssignedOwnership(Ownership):
         while True:
             state = self.assignments.ownership_state(lease)
             if state != "owned":
-                log.info(
+                logger.info(
                     "partition revoked; stopping its worker"
                     if state == "revoking"
                     else "partition lost; stopping its worker (nothing more is stored)",
