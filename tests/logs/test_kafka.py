@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 import wakuwaku as wk
 from wakuwaku import ConfigError, open_log, partition_for
 from wakuwaku.engine import Consumer as WkConsumer
 from wakuwaku.engine import ConsumerConfig, Handler
-from wakuwaku.logs import Log
-from wakuwaku.logs.kafka import HEADER_ROOM, PASSWORD_ENV, KafkaLog
+from wakuwaku.logs import BatchWrite, Log
+from wakuwaku.logs.kafka import _FENCED_CODES, HEADER_ROOM, PASSWORD_ENV, KafkaLog
 
 from ..conftest import KAFKA_BOOTSTRAP
 from ..kafka_support import drop_prefix, fresh_prefix, kafka_log
@@ -150,3 +150,38 @@ async def test_our_keys_land_where_the_java_partitioner_puts_them(log: KafkaLog)
 class _Tick(msgspec.Struct, frozen=True):
     key: str
     n: int = 0
+
+
+async def test_a_zombies_transaction_is_fenced_by_the_broker(log: KafkaLog) -> None:
+    """KIP-447: a member that left the group (a zombie that still believes it
+    owns its partition) has its retry write and its offsets refused by the
+    broker: the transaction aborts and nothing becomes visible."""
+    await log.create_topic("orders", 1)
+    await log.create_topic("wk-retry.g.orders", 1)
+    old = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    assert old is not None
+    zombie = log._members[("g", "a")]
+    stale = zombie.metadata
+    await log.release_partition(old)  # a leaves the group ...
+    other = kafka_log(log.prefix)
+    try:
+        new = await other.acquire_partition("g", "orders", 0, "b", ttl=60.0)
+        assert new is not None  # ... and b owns the partition in a newer generation
+        zombie.metadata = stale  # ... while a still holds its old group metadata
+        batches = [("wk-retry.g.orders", 0, [rec(b"late")])]
+        offsets = [TopicPartition(log._name("orders"), 0, 5)]
+        with pytest.raises(KafkaException) as caught:
+            await asyncio.to_thread(log._transaction, zombie, batches, offsets)
+        assert caught.value.args[0].code() in _FENCED_CODES
+        assert await other.read("wk-retry.g.orders", 0, 0) == []
+        assert await other.committed("g", "orders", 0) is None
+        # The owner's transaction goes through.
+        write = BatchWrite(
+            "g", appends=[("wk-retry.g.orders", 0, [rec(b"owner")])], commits=[("orders", 0, 5)]
+        )
+        await other.store(write, fence=new)
+        assert [r.body for r in await other.read("wk-retry.g.orders", 0, 0)] == [b"owner"]
+        assert await other.committed("g", "orders", 0) == 5
+    finally:
+        await other.close()
+        zombie.close()
