@@ -13,7 +13,7 @@ import wakuwaku as wk
 from wakuwaku import ConfigError, open_log, partition_for
 from wakuwaku.engine import Consumer as WkConsumer
 from wakuwaku.engine import ConsumerConfig, Handler
-from wakuwaku.logs import BatchWrite, Log
+from wakuwaku.logs import BatchWrite, Log, OutgoingRecord
 from wakuwaku.logs.kafka import _FENCED_CODES, HEADER_ROOM, PASSWORD_ENV, KafkaLog
 
 from ..conftest import KAFKA_BOOTSTRAP
@@ -168,7 +168,9 @@ async def test_a_zombies_transaction_is_fenced_by_the_broker(log: KafkaLog) -> N
         new = await other.acquire_partition("g", "orders", 0, "b", ttl=60.0)
         assert new is not None  # ... and b owns the partition in a newer generation
         zombie.metadata = stale  # ... while a still holds its old group metadata
-        batches = [("wk-retry.g.orders", 0, [rec(b"late")])]
+        batches: list[tuple[str, int, Sequence[OutgoingRecord]]] = [
+            ("wk-retry.g.orders", 0, [rec(b"late")])
+        ]
         offsets = [TopicPartition(log._name("orders"), 0, 5)]
         with pytest.raises(KafkaException) as caught:
             await asyncio.to_thread(log._transaction, zombie, batches, offsets)
