@@ -682,6 +682,11 @@ class KafkaLog(Log):
         for key in [k for k in self._readers if k[0] == topic]:
             reader = self._readers.pop(key)
             await self._run("close reader", reader.consumer.close)
+        # Its consumers must be stopped already: members subscribed to it leave
+        # their groups, so the topic's assignments go with it.
+        for key in [k for k, m in self._members.items() if topic in m.topics]:
+            member = self._members.pop(key)
+            await self._run("leave group", member.close)
         name = self._name(topic)
         try:
             await self._run(
@@ -924,6 +929,11 @@ class KafkaLog(Log):
                 out.extend(consumer.consume(count, min(0.05, deadline - now)))
                 continue
             at = out[-1].offset() + 1 if out else start
+            # The fetch position moves past transaction markers (and aborted
+            # records) without delivering anything: the position, once the
+            # first fetch answered, says where the records end.
+            (position,) = consumer.position([tp])
+            at = max(at, position.offset)
             _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout, cached=False)
             if at >= high or now >= bound or (not out and now >= deadline + _MARKER_WAIT):
                 return out
