@@ -684,8 +684,8 @@ class KafkaLog(Log):
             await self._run("close reader", reader.consumer.close)
         # Its consumers must be stopped already: members subscribed to it leave
         # their groups, so the topic's assignments go with it.
-        for key in [k for k, m in self._members.items() if topic in m.topics]:
-            member = self._members.pop(key)
+        for owner in [k for k, m in self._members.items() if topic in m.topics]:
+            member = self._members.pop(owner)
             await self._run("leave group", member.close)
         name = self._name(topic)
         try:

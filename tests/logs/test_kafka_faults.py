@@ -1,0 +1,199 @@
+"""The Kafka log when its broker goes away: a broker this test starts on its own ports.
+
+The shared broker (127.0.0.1:9092) is never touched: the test formats and
+starts its own single-node KRaft broker from the same jars
+(``$WAKUWAKU_SERVICES_DIR/kafka/lib``, default ``.services/kafka/lib``, as
+``ci/services.sh`` installs them) with ``ci/kafka/server.properties`` on two
+free loopback ports and a data folder of its own, stops it in the middle of
+a consumer's run and starts it again on the same data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import wakuwaku as wk
+from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.logs.kafka import KafkaLog
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+LIB = Path(os.environ.get("WAKUWAKU_SERVICES_DIR", ROOT / ".services")) / "kafka" / "lib"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Broker:
+    """A single-node broker of our own (start, stop, start again on its data)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.port, self.controller = _free_port(), _free_port()
+        self.folder = folder
+        text = (ROOT / "ci" / "kafka" / "server.properties").read_text()
+        text = text.replace("9093", str(self.controller)).replace("9092", str(self.port))
+        self.config = folder / "server.properties"
+        self.config.write_text(text + f"\nlog.dirs={folder / 'data'}\n")
+        self.java = [
+            shutil.which("java") or "java",
+            "-Xms64m",
+            "-Xmx384m",
+            f"-Dlog4j2.configurationFile={ROOT / 'ci' / 'kafka' / 'log4j2.properties'}",
+            "-cp",
+            f"{LIB}/*",
+        ]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def format(self) -> None:
+        cluster = (
+            subprocess.run(
+                [*self.java, "kafka.tools.StorageTool", "random-uuid"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            .stdout.decode()
+            .split()[-1]
+        )
+        subprocess.run(
+            [
+                *self.java,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster,
+                "-c",
+                str(self.config),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+    def start(self) -> None:
+        with open(self.folder / "broker.log", "ab") as out:
+            self.process = subprocess.Popen(
+                [*self.java, "kafka.Kafka", str(self.config)], stdout=out, stderr=out
+            )
+        deadline = time.monotonic() + 90
+        while not _answers(self.port):
+            assert self.process.poll() is None, "the test broker exited; see broker.log"
+            assert time.monotonic() < deadline, "the test broker did not start in 90 s"
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    if not LIB.is_dir() or shutil.which("java") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no Kafka jars in {LIB} or no java: run ci/services.sh kafka")
+        pytest.skip(f"no Kafka jars in {LIB} or no java (set WAKUWAKU_SERVICES_DIR)")
+    own = Broker(tmp_path)
+    own.format()
+    own.start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture
+async def log(broker: Broker) -> AsyncIterator[KafkaLog]:
+    created = KafkaLog(f"127.0.0.1:{broker.port}", timeout=3.0)
+    try:
+        yield created
+    finally:
+        await created.close()
+
+
+@wk.event("faults.step", key="key")
+class Step(msgspec.Struct, frozen=True):
+    key: str
+    n: int
+
+
+async def test_a_broker_restart_pauses_the_consumer_and_loses_nothing(
+    broker: Broker, log: KafkaLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    events = 600
+    await log.create_topic("steps", 2)
+    await wk.Producer(log, "steps").publish_many(
+        [Step(f"k{i % 12}", i // 12) for i in range(events)]
+    )
+    seen: list[tuple[str, int]] = []
+    restarted = asyncio.Event()
+    quarter, complete = asyncio.Event(), asyncio.Event()
+
+    async def handle(run: Sequence[Step]) -> None:
+        seen.extend((s.key, s.n) for s in run)
+        if len(seen) >= events // 4:
+            quarter.set()
+        if len(set(seen)) >= events:
+            complete.set()
+        await asyncio.sleep(0.02)
+
+    config = ConsumerConfig(
+        topic="steps",
+        group="g",
+        poll_interval=0.01,
+        max_poll_records=20,
+        retry_delays=(0.2, 0.5, 1.0),
+        lease_ttl=30.0,
+    )
+    consumer = Consumer(config, [Handler(Step, handle, max_batch=5)], log)
+
+    async def restart() -> None:
+        await quarter.wait()
+        await asyncio.to_thread(broker.stop)
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(broker.start)
+        restarted.set()
+
+    with caplog.at_level(logging.WARNING, logger="wakuwaku"):
+        fault = asyncio.create_task(restart())
+        runner = asyncio.create_task(consumer.run(install_signal_handlers=False))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(complete.wait(), 240)
+        consumer.stop()
+        stats = await runner
+        await fault
+    assert restarted.is_set()
+    assert set(seen) == {(f"k{k}", n) for k in range(12) for n in range(events // 12)}
+    for key in {k for k, _ in seen}:
+        ns = [n for k, n in seen if k == key]
+        assert all(b <= a + 1 for a, b in itertools.pairwise(ns)), key
+    assert stats.log_call_retries > 0
+    assert any(r.getMessage() == "log call failed; retrying" for r in caplog.records)
