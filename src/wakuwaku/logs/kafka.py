@@ -314,12 +314,18 @@ class _Member:
             self.topics.add(topic)
             names = [self.log._name(t) for t in sorted(self.topics)]
         self.assigned_once.clear()
-        self.consumer.subscribe(
-            names, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
-        )
+
+        def subscribe() -> None:
+            self.consumer.subscribe(
+                names, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+            )
+
         if not self.started:
+            subscribe()
             self.started = True
             self.thread.start()
+        else:  # the poll thread owns the consumer once it runs
+            self.call(subscribe).result(self.log.timeout)
 
     def current(self, topic: str, partition: int) -> _Owned | None:
         with self.lock:
@@ -1137,7 +1143,14 @@ class KafkaLog(Log):
         async with owner.joining:  # one subscription change at a time; others wait for it
             if topic not in owner.ready:
                 await self._run("join group", lambda: owner.subscribe(topic))
-                await self._run("join group", lambda: owner.assigned_once.wait(self.timeout))
+                assigned = await self._run(
+                    "join group", lambda: owner.assigned_once.wait(self.timeout)
+                )
+                if not assigned:
+                    raise LogUnavailableError(
+                        f"Kafka log {self.url}: group {group!r} gave member {member!r} no "
+                        f"assignment for {topic!r} within {self.timeout} s"
+                    )
                 owner.ready.add(topic)
         with owner.lock:
             owned = owner.owned.get((topic, partition))
