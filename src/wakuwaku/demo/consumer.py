@@ -63,7 +63,9 @@ async def run(
         while not runner.done():
             await asyncio.sleep(STATS_EVERY / 5)
             _dump(consumer, stats)
-            if consumer.idle() and await asyncio.to_thread(done.exists):
+            # idle() trusts each partition's last empty poll; a log whose reads
+            # lag its writes (Kafka) may have records past it: ask the log too.
+            if consumer.idle() and await asyncio.to_thread(done.exists) and await consumer.at_end():
                 consumer.stop()
         await runner
     finally:

@@ -209,6 +209,11 @@ class Consumer:
                 self.stop()
                 await runner
 
+    async def at_end(self) -> bool:
+        """True when every partition's position is its log's end offset (a
+        failed check says False): what :meth:`drain` asks besides :meth:`idle`."""
+        return await self._at_end()
+
     async def _at_end(self) -> bool:
         """True when every partition's position is its log's end offset.
 

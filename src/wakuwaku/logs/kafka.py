@@ -1335,10 +1335,12 @@ class KafkaLog(Log):
             producer = Producer(
                 {
                     **self._common,
-                    "transactional.id": (
-                        f"{self._name(member.group)}-{member.member}-{uuid.uuid4().hex}"
-                    ),
-                    "transaction.timeout.ms": max(60_000, int(self.timeout * 3000)),
+                    # One id per (group, member): a restarted member with the same
+                    # member id aborts its dead predecessor's open transaction at
+                    # init_transactions instead of every read_committed reader of
+                    # its partitions waiting for transaction.timeout.ms.
+                    "transactional.id": f"{self._name(member.group)}-{member.member}",
+                    "transaction.timeout.ms": max(20_000, int(self.timeout * 2000)),
                     "message.max.bytes": 64 * 1024 * 1024,
                     "linger.ms": 0,
                 }
@@ -1400,6 +1402,12 @@ class KafkaLog(Log):
             return
         members, self._members = list(self._members.values()), {}
         readers, self._readers = list(self._readers.values()), {}
+        for member in members:
+            # A store in flight finishes its transaction first: an open one
+            # would hold every read_committed reader of its partitions back
+            # (the last stable offset) until transaction.timeout.ms.
+            async with member.txn_lock:
+                member.closing = True
 
         def shut() -> None:
             for member in members:
