@@ -939,9 +939,14 @@ class KafkaLog(Log):
             # records) without delivering anything: the position, once the
             # first fetch answered, says where the records end.
             (position,) = consumer.position([tp])
+            fetched = position.offset >= 0  # unknown until the first fetch answered
             at = max(at, position.offset)
             _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout, cached=False)
-            if at >= high or now >= bound or (not out and now >= deadline + _MARKER_WAIT):
+            if at >= high or now >= bound:
+                return out
+            if not out and fetched and now >= deadline + _MARKER_WAIT:
+                return out  # past the last stable offset: a transaction still open
+            if out and fetched and now >= deadline + _MARKER_WAIT:
                 return out
             out.extend(consumer.consume(count - len(out), 0.01))
         return out
