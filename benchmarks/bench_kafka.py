@@ -40,7 +40,7 @@ try:
     import pydantic
     from faststream.kafka import KafkaBroker
 except ImportError:  # the optional peer baseline
-    KafkaBroker = None  # type: ignore[misc, assignment]
+    KafkaBroker = None
 
 from _ticks import TOPIC, Tick, consume, fill
 from wakuwaku import Retryable
@@ -86,7 +86,7 @@ async def faststream_read(bootstrap: str, log: KafkaLog, events: int, page: int)
     done = asyncio.Event()
     seen = 0
 
-    @broker.subscriber(
+    @broker.subscriber(  # type: ignore[untyped-decorator,unused-ignore]
         log._name(TOPIC),
         group_id=f"fs-{uuid.uuid4().hex}",
         batch=True,

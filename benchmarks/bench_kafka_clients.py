@@ -32,8 +32,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 try:
-    from aiokafka import AIOKafkaConsumer  # type: ignore[import-untyped]
-    from aiokafka.structs import TopicPartition as AIOTopicPartition  # type: ignore[import-untyped]
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as AIOTopicPartition
 except ImportError:  # optional: the comparison column is skipped without it
     AIOKafkaConsumer = None
 
