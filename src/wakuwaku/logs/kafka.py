@@ -944,12 +944,24 @@ class KafkaLog(Log):
             _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout, cached=False)
             if at >= high or now >= bound:
                 return out
-            if not out and fetched and now >= deadline + _MARKER_WAIT:
-                return out  # past the last stable offset: a transaction still open
-            if out and fetched and now >= deadline + _MARKER_WAIT:
-                return out
+            if fetched and now >= deadline + _MARKER_WAIT:
+                # Still below the high watermark: aborted records being skipped
+                # (more comes), or the last stable offset (a transaction still
+                # open: nothing more now). Ask the broker which.
+                if out or at >= self._stable_offset(tp):
+                    return out
+                deadline = now
             out.extend(consumer.consume(count - len(out), 0.01))
         return out
+
+    def _stable_offset(self, tp: Any) -> int:
+        """The partition's last stable offset (in a thread): where ``read_committed`` ends."""
+        request = {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest()}
+        futures = self._admin_client().list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED
+        )
+        offset: int = next(iter(futures.values())).result(timeout=self.timeout).offset
+        return offset
 
     def _records(self, topic: str, partition: int, messages: list[Any]) -> list[Record]:
         out: list[Record] = []
@@ -1157,6 +1169,13 @@ class KafkaLog(Log):
                         f"assignment for {topic!r} within {self.timeout} s"
                     )
                 owner.ready.add(topic)
+        if self.transactions and owner.txn is None:
+            # At once, not at the first retry write: init_transactions aborts
+            # the open transaction a killed predecessor with this member id
+            # left, which otherwise holds read_committed readers back.
+            async with owner.txn_lock:
+                if owner.txn is None:
+                    await self._run("init transactions", lambda: self._transactional(owner))
         with owner.lock:
             owned = owner.owned.get((topic, partition))
             if owned is None or owned.state == "gone":
