@@ -188,6 +188,7 @@ class _Member:
         self.loop = asyncio.get_running_loop()
         self.changed = asyncio.Event()  # replaced at each change: waiters keep theirs
         self.ready: set[str] = set()  # topics whose first assignment was waited for
+        self.init_task: asyncio.Future[None] | None = None
         conf = {
             **log._common,
             "group.id": log._name(group),
@@ -1169,13 +1170,12 @@ class KafkaLog(Log):
                         f"assignment for {topic!r} within {self.timeout} s"
                     )
                 owner.ready.add(topic)
-        if self.transactions and owner.txn is None:
-            # At once, not at the first retry write: init_transactions aborts
-            # the open transaction a killed predecessor with this member id
-            # left, which otherwise holds read_committed readers back.
-            async with owner.txn_lock:
-                if owner.txn is None:
-                    await self._run("init transactions", lambda: self._transactional(owner))
+                if self.transactions and owner.txn is None and owner.init_task is None:
+                    # Soon, not at the first retry write: init_transactions aborts
+                    # the open transaction a killed predecessor with this member
+                    # id left, which otherwise holds read_committed readers back.
+                    owner.init_task = asyncio.ensure_future(self._init_transactions(owner))
+
         with owner.lock:
             owned = owner.owned.get((topic, partition))
             if owned is None or owned.state == "gone":
@@ -1188,6 +1188,12 @@ class KafkaLog(Log):
                 return None
             owner.held.add((topic, partition))
         return Lease(group, topic, partition, member, owned.generation, time.time() + ttl)
+
+    async def _init_transactions(self, member: _Member) -> None:
+        async with member.txn_lock:
+            if member.txn is None and not member.closing:
+                with contextlib.suppress(LogError):  # the first store tries again
+                    await self._run("init transactions", lambda: self._transactional(member))
 
     async def ownership_changed(self, group: str, member: str, within: float) -> None:
         """Return when ``member``'s assignment changes, or after ``within`` seconds
