@@ -3,18 +3,24 @@
 Layout (docs/logs.md, "The NATS JetStream log"):
 
 - **a stream per partition**, named ``<prefix>_T<topic>_P<n>`` with the
-  topic escaped (:func:`escape`), whose one subject is the stream name; a
-  record's offset is its stream sequence minus one, so offsets are dense
-  from 0, a read from an offset is a consumer started at ``offset + 1``
-  (no scan, no index) and retention is a purge below a sequence;
+  topic escaped (:func:`escape`), whose records' subject is the stream
+  name; a record's offset is its stream sequence minus one, so a read from
+  an offset is a consumer started at ``offset + 1`` (no scan, no index) and
+  retention is a purge below a sequence;
+- **fence records** on ``<stream>.fence.<group>.<topic>.<n>`` in the streams
+  written under a lease (retry and dead-letter partitions): a new lease
+  holder writes one before it reads, and fenced appends expect the
+  stream's last sequence, so the server refuses a stale holder's publish
+  (:meth:`NatsLog.append`); offsets there skip the fence records' sequences;
 - **one message per record**: a msgpack envelope ``[headers, body]`` in the
   message body, so any header name and bytes value round-trips (NATS
   headers are only used for the server's own ``Nats-*`` controls);
 - records too large for one message are split into chunks kept in a side
   stream ``<partition stream>_B``; the record's message names the chunks;
 - **one key-value bucket** ``<prefix>_state`` holds topics (``t.<topic>``),
-  committed offsets (``o.<group>.<topic>.<n>``) and leases
-  (``l.<group>.<topic>.<n>``), written with compare-and-set on the revision.
+  committed offsets (``o.<group>.<topic>.<n>``), leases
+  (``l.<group>.<topic>.<n>``) and the streams each lease wrote to
+  (``f.<group>.<topic>.<n>``), written with compare-and-set on the revision.
 
 nats-py is imported here only; the root package never imports it.
 """
