@@ -325,6 +325,29 @@ async def test_a_lost_answer_to_a_fenced_publish_is_stored_once(
     assert [r.body for r in await read_all(other, "retry_orders", 0)] == [b"r1", b"r2", b"r3"]
 
 
+async def test_a_stream_made_before_fence_subjects_gets_them_at_the_first_takeover(
+    log: NatsLog, other: NatsLog
+) -> None:
+    """Streams made by an earlier version take only their records' subject: the
+    first fence record adds ``<stream>.fence.>`` (a stream update), then fences."""
+    for topic in ("orders", "retry_orders"):
+        await log.create_topic(topic, 1)
+    stream = log.stream_name("retry_orders", 0)
+    config = (await log._api(f"$JS.API.STREAM.INFO.{stream}"))["config"]
+    config["subjects"] = [stream]
+    assert "error" not in await log._api(f"$JS.API.STREAM.UPDATE.{stream}", config)
+    old = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    assert old is not None
+    assert await log.append("retry_orders", 0, [(HEADERS, b"r1")], fence=old) == [0]
+    new = await _take_over(other, old)
+    info = await log._api(f"$JS.API.STREAM.INFO.{stream}")
+    assert info["config"]["subjects"] == [stream, f"{stream}.fence.>"]
+    with pytest.raises(FencedError):
+        await log.append("retry_orders", 0, [(HEADERS, b"late")], fence=old)
+    await other.append("retry_orders", 0, [(HEADERS, b"r2")], fence=new)
+    assert [r.body for r in await read_all(log, "retry_orders", 0)] == [b"r1", b"r2"]
+
+
 async def test_fence_records_stay_out_of_reads_offsets_and_retention(
     log: NatsLog, other: NatsLog
 ) -> None:
