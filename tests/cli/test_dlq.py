@@ -190,7 +190,7 @@ def test_cli_errors_name_what_was_wrong(
     )
     assert "no log at" in capsys.readouterr().err
     assert not missing.exists(), "an inspection must not create a log file"
-    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--log", "kafka://x"]) == ExitCode.ERROR
+    assert main(["dlq", "list", TOPIC, "-g", GROUP, "--log", "amqp://x"]) == ExitCode.ERROR
     assert "unsupported log URL" in capsys.readouterr().err
 
 

@@ -140,9 +140,9 @@ def test_unknown_topic_is_an_error(cli: CLI) -> None:
 
 
 def test_unknown_log_scheme_names_the_supported_ones(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["topic", "list", "--log", "kafka://broker:9092"]) == ExitCode.ERROR
+    assert main(["topic", "list", "--log", "amqp://broker:5672"]) == ExitCode.ERROR
     err = capsys.readouterr().err
-    assert "kafka://broker:9092" in err and "sqlite://" in err and "memory://" in err
+    assert "amqp://broker:5672" in err and "sqlite://" in err and "memory://" in err
 
 
 def test_log_url_from_the_environment(
