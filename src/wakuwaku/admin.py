@@ -697,6 +697,9 @@ class QuarantinedKey:
     :param next_attempt_at: when the next attempt may run (seconds since the
         epoch, on the consumer's clock).
     :param first_failed_at: the cycle's first failure (seconds since the epoch).
+    :param retry_offset: the offset of its first pending work record in the
+        retry partition (its ``wk-error`` holds the failure's sanitized
+        text); None when it has no pending record.
     """
 
     partition: int
@@ -705,6 +708,7 @@ class QuarantinedKey:
     failures: int
     next_attempt_at: float
     first_failed_at: float
+    retry_offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -792,6 +796,7 @@ class Status:
                     "failures": q.failures,
                     "next_attempt_at": q.next_attempt_at,
                     "first_failed_at": q.first_failed_at,
+                    "retry_offset": q.retry_offset,
                 }
                 for q in self.quarantined
             ],
@@ -879,7 +884,15 @@ async def consumer_status(
             state, retry_committed = await _retry_state(log, retry, group, p, config, problems)
             pending, keys = state.pending_count, len(state.keys)
             quarantined.extend(
-                QuarantinedKey(p, key, len(s.offsets), s.failures, s.due_wall, s.first_failed_at)
+                QuarantinedKey(
+                    p,
+                    key,
+                    len(s.offsets),
+                    s.failures,
+                    s.due_wall,
+                    s.first_failed_at,
+                    s.offsets[0] if s.offsets else None,
+                )
                 for key, s in state.keys.items()
             )
         rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))

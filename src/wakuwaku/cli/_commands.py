@@ -7,7 +7,7 @@ import importlib
 import click
 
 # Each module defines ``register(group: click.Group) -> None``.
-_FAMILIES = ("_topics", "_dlq", "_run", "_status", "_inbox", "_demo")
+_FAMILIES = ("_topics", "_dlq", "_run", "_status", "_inbox", "_demo", "_dashboard")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
