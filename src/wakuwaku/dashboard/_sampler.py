@@ -175,6 +175,8 @@ class Sampler:
         self.history = history
         self.views: dict[Target, View] = {}
         self.error: str | None = None
+        self.rounds = 0
+        """Rounds completed (a failed listing of topics counts as one)."""
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
@@ -206,13 +208,15 @@ class Sampler:
             except (WakuwakuError, OSError) as exc:
                 self.error = sanitize(f"{type(exc).__name__}: {exc}", 500)
                 logger.warning("dashboard: cannot list topics", extra={"error": self.error})
+                self.rounds += 1
                 return
             self.error = None
+            views: dict[Target, View] = {}
             for target in targets:
-                view = self.views.setdefault(target, View(target))
-                await self._refresh_view(view)
-            for gone in set(self.views) - set(targets):
-                del self.views[gone]
+                views[target] = self.views.get(target) or View(target)
+                await self._refresh_view(views[target])
+            self.views = views  # pages see whole rounds only
+            self.rounds += 1
 
     async def _refresh_view(self, view: View) -> None:
         target = view.target
@@ -308,7 +312,7 @@ class Sampler:
 
     async def ready(self) -> None:
         """Run the first round when none ran yet."""
-        if not self.views and self.error is None:
+        if self.rounds == 0:
             await self.refresh()
 
     def start(self) -> None:
