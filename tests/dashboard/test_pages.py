@@ -8,6 +8,7 @@ import base64
 import re
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,10 @@ async def _ends(url: str, topic: str) -> dict[int, int]:
 
 
 def ends(url: str, topic: str = TOPIC) -> int:
-    return sum(asyncio.run(_ends(url, topic)).values())
+    """The topic's summed end offsets (in a thread of its own: a browser test's
+    thread runs Playwright's event loop)."""
+    with ThreadPoolExecutor(1) as pool:
+        return sum(pool.submit(asyncio.run, _ends(url, topic)).result().values())
 
 
 def test_pages_show_partitions_quarantined_keys_and_dead_letters(built: str) -> None:
