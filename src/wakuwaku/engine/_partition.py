@@ -42,6 +42,7 @@ from .._records import (
 )
 from .._sanitize import sanitize
 from ..logs._base import BatchWrite, Lease, Log
+from ..tracing import chunk_span
 from ._config import ConsumerConfig, DeliveryMode
 from ._context import ChunkContext, _current
 from ._handler import Handler
@@ -741,21 +742,23 @@ class PartitionWorker:
                         if self._stopping or not gate.is_open or monotonic() >= self.lease_deadline:
                             await self._through_gate()
                         # The handler call, as _call makes it, inline.
+                        span = chunk_span(topic, partition, key, tag, chunk, attempt)
                         token = set_context(
                             ChunkContext(topic, partition, key, tag, chunk, attempt)
                         )
                         started = perf_counter()
+                        failure = None
                         try:
                             called = invoke(chunk.events.copy())
                             if called is not None:
                                 await called
                             calls += 1
-                            failure = None
                         except BaseException as exc:  # noqa: BLE001 - see _failure
                             failure = self._failure(exc, handler, key, chunk)
                         finally:
                             seconds += perf_counter() - started
                             reset_context(token)
+                            span.end(failure)
                         if failure is None:
                             handled.append(chunk)
                             records += len(chunk.events) if single else sum(map(_count, chunk))
@@ -873,20 +876,23 @@ class PartitionWorker:
         :meth:`_work` makes the first call of every chunk with the same steps
         inline (a coroutine less per chunk); this is the call of a retry in place.
         """
-        token = _current.set(
-            ChunkContext(self.topic, self.partition, key, handler.event_type.tag, chunk, attempt)
-        )
+        tag = handler.event_type.tag
+        span = chunk_span(self.topic, self.partition, key, tag, chunk, attempt)
+        token = _current.set(ChunkContext(self.topic, self.partition, key, tag, chunk, attempt))
         started = time.perf_counter()
+        failure = None
         try:
             invoke = handler.handle if handler.is_async else self._sync_call(handler)
             called = invoke(chunk.events.copy())
             if called is not None:
                 await called
         except BaseException as exc:  # noqa: BLE001 - _failure lets through what is no failure
-            return self._failure(exc, handler, key, chunk)
+            failure = self._failure(exc, handler, key, chunk)
+            return failure
         finally:
             self.stats.handler_seconds += time.perf_counter() - started
             _current.reset(token)
+            span.end(failure)
         self.stats.handler_calls += 1
         return None
 
