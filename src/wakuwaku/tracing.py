@@ -22,9 +22,11 @@ With ``opentelemetry-api`` installed (``pip install 'wakuwaku[otel]'``):
   lost across a restart: the retry topic does not store span ids).
 
 The handler's own spans are children of the chunk's span (it is current
-while the handler runs). Without the SDK configured, the API's no-op tracer
-makes all of this nearly free; without ``opentelemetry-api`` installed
-nothing is imported and every hook is a function returning at once.
+while the handler runs). Until the application sets a tracer provider (the
+SDK), the hooks return at once (no no-op spans: they cost 70 % of a no-op
+handler's throughput, benchmarks/bench_tracing.py); without
+``opentelemetry-api`` installed nothing is imported and every hook is a
+function returning at once.
 ``WAKUWAKU_TRACING=off`` turns the hooks off with the package installed.
 Spans are exported by whatever ``TracerProvider`` the application sets
 (``opentelemetry.trace.set_tracer_provider``).
@@ -35,6 +37,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Link, Span, SpanContext
 
-__all__ = ("AVAILABLE", "ChunkSpan", "chunk_span", "inject")
+__all__ = ("AVAILABLE", "ChunkSpan", "chunk_span", "inject", "refresh")
 
 logger = logging.getLogger("wakuwaku.tracing")
 
@@ -116,10 +119,45 @@ def _extract(props: Mapping[str, str]) -> Context | None:
     return propagate.extract(props)
 
 
+_provider_set = False
+_checked_at = -1e18
+
+
+def _recording() -> bool:
+    """True once the application set a tracer provider (an SDK): before that,
+    every span would be a no-op one and the hooks skip the work. Checked at
+    most once a second (a provider, once set, cannot be replaced)."""
+    global _provider_set, _checked_at
+    if _provider_set:
+        return True
+    now = time.monotonic()
+    if now - _checked_at < 1.0:
+        return False
+    _checked_at = now
+    from opentelemetry import trace
+
+    provider = trace.get_tracer_provider()
+    _provider_set = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return _provider_set
+
+
+def refresh() -> bool:
+    """Look for a tracer provider now, not at the next once-a-second check (call
+    it after ``set_tracer_provider`` when the very next chunks must be traced).
+
+    :returns: True when chunks are traced from now on.
+    """
+    global _checked_at
+    _checked_at = -1e18
+    return AVAILABLE and _recording()
+
+
 def _chunk_span_on(
     topic: str, partition: int, key: str, type_tag: str, chunk: Any, attempt: int
 ) -> ChunkSpan | _NoSpan:
     try:
+        if not _recording():
+            return _NO_SPAN
         return _start(topic, partition, key, type_tag, chunk, attempt)
     except Exception:  # tracing never stops consumption
         logger.exception(
@@ -134,12 +172,20 @@ def _start(
 ) -> ChunkSpan:
     from opentelemetry import context, trace
 
-    items: Sequence[Any] = list(chunk)  # the engine's Items (props, main_offsets)
+    # The engine's run: per event an Item (props, main_offsets) or, for a
+    # main-topic record without wk-props, the bare Record (no context to read).
+    entries: Sequence[Any] = chunk.entries
     parent: Context | None = None
     links: list[Link] = []
     seen: set[int] = set()
-    for item in items:
-        found = _extract(item.props)
+    offsets: list[int] = []
+    for entry in entries:
+        props = getattr(entry, "props", None)
+        if props is None:
+            offsets.append(entry.offset)
+            continue
+        offsets.extend(entry.main_offsets)
+        found = _extract(props)
         if found is None:
             continue
         span_context = trace.get_current_span(found).get_span_context()
@@ -154,7 +200,6 @@ def _start(
     failed = _failed.get(memory)
     if failed is not None:
         links.append(trace.Link(failed, {"wakuwaku.link": "failed_chunk"}))
-    offsets = [o for item in items for o in item.main_offsets]
     span = trace.get_tracer("wakuwaku").start_span(
         f"process {topic}",
         context=parent,
@@ -165,7 +210,7 @@ def _start(
             "messaging.operation.type": "process",
             "messaging.destination.name": topic,
             "messaging.destination.partition.id": str(partition),
-            "messaging.batch.message_count": len(items),
+            "messaging.batch.message_count": len(entries),
             "wakuwaku.key": key,
             "wakuwaku.type": type_tag,
             "wakuwaku.attempt": attempt,
@@ -197,7 +242,7 @@ def _chunk_span_off(
 def _inject_on(properties: Mapping[str, str] | None) -> Mapping[str, str] | None:
     from opentelemetry import propagate, trace
 
-    if not trace.get_current_span().get_span_context().is_valid:
+    if not _recording() or not trace.get_current_span().get_span_context().is_valid:
         return properties
     carrier: dict[str, str] = dict(properties or {})
     propagate.inject(carrier)

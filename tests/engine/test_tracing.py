@@ -36,6 +36,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
         trace.set_tracer_provider(provider)
+    assert tracing.refresh()  # not a second later
     _EXPORTER.clear()
     yield _EXPORTER
     _EXPORTER.clear()
