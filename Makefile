@@ -32,8 +32,8 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks examples
-	$(PY) -m ruff format --check src tests benchmarks examples
+	$(PY) -m ruff check src tests benchmarks examples conftest.py
+	$(PY) -m ruff format --check src tests benchmarks examples conftest.py
 	$(PY) -m mypy
 
 bench: $(STAMP)
