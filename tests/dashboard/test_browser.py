@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,6 +19,9 @@ from wakuwaku.dashboard import DashboardSettings, create_app
 from ..conftest import chromium_path
 from .kit import DEAD, GROUP, SCRIPT_KEY, STUCK, TOPIC, build, served
 from .test_pages import ends
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Dialog
 
 pytestmark = pytest.mark.browser
 
@@ -34,7 +38,7 @@ def test_log(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def browser() -> Iterator[object]:
+def browser() -> Iterator[Browser]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -46,14 +50,19 @@ def browser() -> Iterator[object]:
 
 
 def test_the_page_shows_counts_filters_by_key_and_replays_after_a_dry_run(
-    test_log: str, browser: object
+    test_log: str, browser: Browser
 ) -> None:
     url = test_log
     app = create_app(DashboardSettings(url, allow_replay=True, interval=3600.0))
     with served(app) as base:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
         dialogs: list[str] = []
-        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+        def on_dialog(dialog: Dialog) -> None:  # an alert() that ran would land here
+            dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
         page.goto(base + "/")
         page.click(f"text={TOPIC}")
         assert page.inner_text("#dead-count") == str(DEAD)
@@ -85,7 +94,7 @@ def test_the_page_shows_counts_filters_by_key_and_replays_after_a_dry_run(
         page.close()
 
 
-def test_a_screenshot_of_the_demo(browser: object, tmp_path: Path) -> None:
+def test_a_screenshot_of_the_demo(browser: Browser, tmp_path: Path) -> None:
     """A slice of ``wakuwaku demo flights``, shown by the dashboard; the screenshot
     is saved under ``$WAKUWAKU_ARTIFACTS`` (docs/dashboard.md shows a copy)."""
     work = tmp_path / "demo-out"
@@ -99,7 +108,7 @@ def test_a_screenshot_of_the_demo(browser: object, tmp_path: Path) -> None:
     url = f"sqlite:///{work}/log.db"
     app = create_app(DashboardSettings(url, interval=3600.0))
     with served(app) as base:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(f"{base}/topic/flights/group/flights-projection")
         dead = int(page.inner_text("#dead-count"))
         assert dead > 0
