@@ -59,8 +59,8 @@ async def main() -> None:
             continue
         parent = names.get(span.parent.span_id, "-") if span.parent else "-"
         print(
-            f"{span.name}: key {attributes['wakuwaku.key']}"
-            f" attempt {attributes['wakuwaku.attempt']}"
+            f"{span.name}: key {attributes['wakuwaku.key']!s}"
+            f" attempt {attributes['wakuwaku.attempt']!s}"
             f" failure {attributes.get('wakuwaku.failure_class', '-')} parent {parent}"
             f" links {len(span.links)}"
         )
