@@ -256,3 +256,29 @@ def test_events_per_second_is_the_growth_of_committed_offsets() -> None:
     assert view.partition_rate(0) == 20 / 30
     assert view.partition_rate(1) == 0.0  # no commit at the start: no known growth
     assert View(Target(TOPIC, GROUP)).partition_rate(0) is None
+
+
+def test_the_consumers_metrics_are_linked_and_shown(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+    registry = CollectorRegistry()
+    handled = Counter("wakuwaku_handled_records", "Handled.", ["group"], registry=registry)
+    handled.labels(group="<b>billing</b>").inc(12)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        url = f"sqlite:///{tmp_path}/log.db"
+        asyncio.run(build(url))
+        metrics = f"http://127.0.0.1:{server.server_port}/metrics"
+        with client(url, metrics_url=metrics) as http:
+            page = http.get("/consumer-metrics").text
+            assert f'href="{metrics}"' in page
+            assert (
+                "wakuwaku_handled_records_total{group=&#34;&lt;b&gt;billing&lt;/b&gt;&#34;}" in page
+            )
+            assert '<td class="num">12.0</td>' in page
+        with client(url) as http:
+            assert "--metrics-url" in http.get("/consumer-metrics").text
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10.0)

@@ -491,7 +491,7 @@ class Dashboard:
                 self.dead_letter,
             ),
             Route("/replay", self.replay, methods=["POST"]),
-            Route("/metrics", self.metrics),
+            Route("/consumer-metrics", self.metrics),
             Route("/favicon.ico", lambda request: Response(status_code=204)),
         ]
         return Starlette(
