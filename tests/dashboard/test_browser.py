@@ -121,3 +121,35 @@ def test_a_screenshot_of_the_demo(browser: Browser, tmp_path: Path) -> None:
         assert page.inner_text("#found-count") == str(dead)
         page.screenshot(path=str(ARTIFACTS / "dashboard-demo-dead-letters.png"))
         page.close()
+
+
+def test_the_open_page_follows_the_log_by_polling(test_log: str, browser: Browser) -> None:
+    """The page's own inline script (allowed by its CSP nonce) swaps in the live
+    part: a record published after the page loaded shows up as lag."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from playwright.sync_api import expect
+
+    import wakuwaku as wk
+
+    from .kit import Order
+
+    async def publish() -> None:
+        log = wk.open_log(test_log)
+        try:
+            await wk.Producer(log, TOPIC).publish(Order("k-late", 99))
+        finally:
+            await log.close()
+
+    app = create_app(DashboardSettings(test_log, interval=0.3))
+    with served(app) as base:
+        page = browser.new_page()
+        console: list[str] = []
+        page.on("console", lambda message: console.append(message.text))
+        page.goto(f"{base}/topic/{TOPIC}/group/{GROUP}")
+        assert page.inner_text("#lag") == "0"
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, publish()).result()
+        expect(page.locator("#lag")).to_have_text("1", timeout=30_000)
+        assert not [m for m in console if "Content Security Policy" in m]
+        page.close()

@@ -10,12 +10,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler, SamplingResult
 
 import wakuwaku as wk
 from wakuwaku import tracing
@@ -28,18 +30,38 @@ from .conftest import Item, consumer, read_all, setup_topic
 _EXPORTER = InMemorySpanExporter()
 
 
+class _Switch(Sampler):
+    """Samples while a tracing test runs; drops afterwards, so the tests that run
+    later in this process (the provider cannot be unset) make no recorded spans."""
+
+    on = False
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        return (ALWAYS_ON if self.on else ALWAYS_OFF).should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return "wakuwaku tests: on while a tracing test runs"
+
+
+_SWITCH = _Switch()
+
+
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     """The process's tracer provider (set once: OpenTelemetry allows one) with an
-    in-memory exporter, emptied for each test."""
+    in-memory exporter, sampling and emptied for each test only."""
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
+        provider = TracerProvider(sampler=_SWITCH)
         provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
         trace.set_tracer_provider(provider)
     assert tracing.refresh()  # not a second later
     _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+    _SWITCH.on = True
+    try:
+        yield _EXPORTER
+    finally:
+        _SWITCH.on = False
+        _EXPORTER.clear()
 
 
 def chunk_spans(exporter: InMemorySpanExporter, key: str) -> list[ReadableSpan]:
