@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 from wakuwaku import ConfigError
 from wakuwaku.cli import ExitCode, main
 from wakuwaku.dashboard import DashboardSettings, Target, View, create_app
+from wakuwaku.dashboard._app import shown_url
 from wakuwaku.dashboard._sampler import Sample
 from wakuwaku.logs import open_log
 
@@ -282,3 +283,11 @@ def test_the_consumers_metrics_are_linked_and_shown(tmp_path: Path) -> None:
         server.shutdown()
         server.server_close()
         thread.join(10.0)
+
+
+def test_a_log_urls_password_is_never_shown() -> None:
+    assert shown_url("redis://:s3cret@127.0.0.1:6379/0?prefix=x") == (
+        "redis://:***@127.0.0.1:6379/0?prefix=x"
+    )
+    assert shown_url("nats://me:pw@host:4222") == "nats://me:***@host:4222"
+    assert shown_url("sqlite:///demo-out/log.db") == "sqlite:///demo-out/log.db"

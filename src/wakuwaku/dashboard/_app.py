@@ -26,6 +26,7 @@ import hmac
 import ipaddress
 import json
 import secrets
+import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
 from .. import ConfigError, WakuwakuError, sanitize
-from ..admin import replay_dead_letters
+from ..admin import parse_dead_letter, replay_dead_letters
 from ..logs import Log, open_log
 from ._charts import bar_chart, clock, line_chart
 from ._sampler import LetterEntry, Sampler, Target, View
@@ -110,6 +111,16 @@ def check_exposure(host: str, token: str | None) -> None:
 # ---------------------------------------------------------------- formatting
 
 
+def shown_url(url: str) -> str:
+    """``url`` without its password (``redis://:secret@host`` shows ``redis://:***@host``)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
 def when(seconds: float | None) -> str:
     """A UTC time to the second (``-`` for None or an impossible time)."""
     if seconds is None:
@@ -163,7 +174,7 @@ def _templates() -> Jinja2Templates:
         autoescape=True,  # every template, whatever its name
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(when=when, printable=printable, clock=clock)
+    env.filters.update(when=when, printable=printable, clock=clock, shown_url=shown_url)
     return Jinja2Templates(env=env)
 
 
@@ -401,8 +412,6 @@ class Dashboard:
             return self.error(request, 404, sanitize(exc, 300))
         if not records or records[0].offset != offset:
             return self.error(request, 404, f"no dead letter at {dlq}/{partition}@{offset}")
-        from ..admin import parse_dead_letter
-
         letter = parse_dead_letter(partition, records[0])
         kind, body = decoded_body(letter.body)
         headers = [
@@ -471,11 +480,10 @@ class Dashboard:
         if url is not None:
             try:
                 text = await asyncio.to_thread(_fetch, url)
-                samples = [
-                    tuple(line.rsplit(" ", 1))  # type: ignore[misc]
-                    for line in text.splitlines()
-                    if line.startswith("wakuwaku_") and " " in line
-                ]
+                for line in text.splitlines():
+                    if line.startswith("wakuwaku_") and " " in line:
+                        name, value = line.rsplit(" ", 1)
+                        samples.append((name, value))
             except OSError as exc:
                 problem = sanitize(f"{type(exc).__name__}: {exc}", 300)
         return self.render(request, "metrics.html", samples=samples, problem=problem)
