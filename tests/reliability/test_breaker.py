@@ -29,12 +29,12 @@ from wakuwaku.testing import FakeClock
 CONFIG = BreakerConfig(failure_threshold=3, open_for=10.0, half_open_probes=1, probe_deadline=5.0)
 
 
-@pytest.fixture
 def state_of(breaker: CircuitBreaker) -> BreakerState:
     """Read the state anew (mypy keeps an earlier ``assert breaker.state is X`` narrowing)."""
     return breaker.state
 
 
+@pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(autojump=False)
 
