@@ -22,7 +22,7 @@ from wakuwaku.reliability.breaker import (
     BreakerState,
     CallOutcome,
     CircuitBreaker,
-    default_classify,
+    default_call_outcome,
 )
 from wakuwaku.testing import FakeClock
 
@@ -89,7 +89,7 @@ async def half_open_it(breaker: CircuitBreaker, clock: FakeClock) -> None:
     ids=repr,
 )
 def test_default_classification(exc: BaseException, outcome: CallOutcome) -> None:
-    assert default_classify(exc) is outcome
+    assert default_call_outcome(exc) is outcome
 
 
 @pytest.mark.parametrize(
@@ -322,7 +322,7 @@ async def test_classification_is_pluggable(clock: FakeClock) -> None:
     def classify(exc: BaseException) -> CallOutcome:
         if isinstance(exc, KeyError):
             return CallOutcome.DOMAIN_FAILURE
-        return default_classify(exc)
+        return default_call_outcome(exc)
 
     breaker = CircuitBreaker("x", CONFIG, clock=clock, classify=classify)
     for _ in range(10):
