@@ -52,6 +52,36 @@ def test_the_demo_verifies_itself_on_a_slice_with_chaos_and_replay(tmp_path: Pat
     assert "[FAILED]" not in out
 
 
+@pytest.mark.slow
+def test_a_consumer_killed_early_still_verifies(tmp_path: Path) -> None:
+    """Issue 18: killed at 0.6 s, the planes partitions redo their batch while
+    flights wait; the dead letters must still be exactly the unlisted planes'."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wakuwaku",
+            "demo",
+            "flights",
+            "--limit",
+            "1000",
+            "--chaos",
+            "--kill-at",
+            "0.6",
+            "--replay-dead-letters",
+            "--workdir",
+            str(tmp_path / "demo"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SIGKILL at" in result.stdout
+    assert "[FAILED]" not in result.stdout
+    assert result.stdout.rstrip().endswith("\nVERIFIED")
+
+
 def test_a_memory_log_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     result = subprocess.run(
         [

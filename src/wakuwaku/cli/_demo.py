@@ -69,6 +69,13 @@ def register(group: click.Group) -> None:
         show_default=True,
         help="How long --chaos locks the projection.",
     )
+    @click.option(
+        "--kill-at",
+        type=click.FloatRange(0.0, 3600),
+        default=None,
+        help="With --chaos, SIGKILL the consumer this many seconds after the start "
+        "(default: at ~35 % of the flights applied).",
+    )
     def flights(
         log_url: str | None,
         workdir: Path,
@@ -78,6 +85,7 @@ def register(group: click.Group) -> None:
         limit: int | None,
         retry_delays: tuple[float, ...],
         lock_seconds: float,
+        kill_at: float | None,
     ) -> int:
         """Project the 2013 New York flights and aircraft register, then verify the result."""
         from ..demo.run import run_demo
@@ -91,5 +99,6 @@ def register(group: click.Group) -> None:
             limit=limit,
             retry_delays=retry_delays,
             lock_seconds=lock_seconds,
+            kill_at=kill_at,
         )
         return asyncio.run(run_demo(options, click.echo))

