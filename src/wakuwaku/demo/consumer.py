@@ -44,8 +44,11 @@ def build(
 
 
 def _dump(consumer: Consumer, path: Path) -> None:
+    stats = consumer.stats.as_dict()
+    # The keys quarantined now (the metrics' wakuwaku_quarantined_keys gauge).
+    stats["quarantined_now"] = sum(len(w.retry.keys) for w in list(consumer.workers.values()))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(consumer.stats.as_dict()))
+    tmp.write_text(json.dumps(stats))
     os.replace(tmp, path)
 
 

@@ -207,6 +207,16 @@ class Projection:
             )
         self._complete = False  # an amendment may list planes not stored yet
 
+    def register_size(self) -> int:
+        """How many planes the projection holds while its register is complete, else 0."""
+        conn = sqlite3.connect(self.path)
+        try:
+            if not self.register_complete(conn):
+                return 0
+            return int(conn.execute("SELECT count(*) FROM planes").fetchone()[0])
+        finally:
+            conn.close()
+
     def register_complete(self, conn: sqlite3.Connection | None = None) -> bool:
         """Whether a register was published and all the planes it lists are stored."""
         own = conn is None
