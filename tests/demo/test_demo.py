@@ -142,8 +142,9 @@ async def test_the_demo_verifies_on_every_engine_and_refuses_a_used_log(
     log_url: str, tmp_path: Path
 ) -> None:
     args = ("--log", log_url, "--workdir", str(tmp_path / "demo"), "--progress", "none")
-    chaos = ("--chaos", "--lock-seconds", "1", "--replay-dead-letters")
-    first = demo(*args, "--limit", "5000", *chaos)
+    # Killed at 0.8 s: the consumer is still starting or consuming 10 000 rows then.
+    chaos = ("--chaos", "--lock-seconds", "1", "--kill-at", "0.8", "--replay-dead-letters")
+    first = demo(*args, "--limit", "10000", *chaos)
     assert_verified(first)
     assert "SIGKILL at" in first.stdout
     assert "every flight with a tail number applied exactly once" in first.stdout

@@ -1,9 +1,12 @@
 """The flights demo's consumer process: ``python -m wakuwaku.demo.consumer ...``.
 
 It runs in its own process so the demo's chaos can kill it with SIGKILL and
-start it again. It consumes ``planes`` and ``flights`` into the projection;
-once the file named by ``--done`` exists (the producers finished), it stops
-as soon as it is idle. Every half second, and at exit, it writes its
+start it again. It consumes ``planes`` and ``flights`` into the projection.
+The demo drives it with the file named by ``--done``: once it exists and the
+consumer is idle (every partition read to its end, no key quarantined), the
+consumer writes the file's text to ``<done>.ack``; when that text is
+``stop`` it then stops, otherwise it goes on consuming (the replay phase
+reuses it). Every 0.1 s, and before each ack and at exit, it writes its
 counters to ``--stats`` as JSON (a killed run keeps its last snapshot).
 """
 
@@ -23,7 +26,7 @@ from ..engine.classifiers import classify_sqlite
 from ..logs import open_log
 from .flights import FLIGHTS_TOPIC, GROUP, PLANES_TOPIC, Projection
 
-STATS_EVERY = 0.5
+STATS_EVERY = 0.1
 
 
 def build(
@@ -52,6 +55,13 @@ def _dump(consumer: Consumer, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
 async def run(
     log_url: str, projection: Path, retry_delays: Sequence[float], stats: Path, done: Path
 ) -> int:
@@ -62,12 +72,22 @@ async def run(
         if handler.inbox is not None:
             await handler.inbox.ensure_schema()
     runner = asyncio.create_task(consumer.run())
+    ack = done.with_name(done.name + ".ack")
+    acked = ""
     try:
         while not runner.done():
-            await asyncio.sleep(STATS_EVERY / 5)
+            await asyncio.sleep(STATS_EVERY)
             _dump(consumer, stats)
-            if consumer.idle() and await asyncio.to_thread(done.exists):
-                consumer.stop()
+            if not consumer.idle():
+                continue
+            token = await asyncio.to_thread(_read_text, done)
+            if token is not None and token != acked:
+                acked = token
+                tmp = ack.with_suffix(".tmp")
+                tmp.write_text(token)
+                os.replace(tmp, ack)
+                if token == "stop":
+                    consumer.stop()
         await runner
     finally:
         _dump(consumer, stats)

