@@ -29,11 +29,11 @@ services:
 test: $(STAMP)
 	@bash ci/services.sh || { [ "$${CI:-}" != true ] && echo "services: not all are up; their tests skip here (with CI=true they fail)"; }
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest
+	$(PY) -m pytest --cov --cov-report=term
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks examples
-	$(PY) -m ruff format --check src tests benchmarks examples
+	$(PY) -m ruff check src tests benchmarks examples conftest.py
+	$(PY) -m ruff format --check src tests benchmarks examples conftest.py
 	$(PY) -m mypy
 
 bench: $(STAMP)

@@ -25,6 +25,7 @@ import logging
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -56,7 +57,7 @@ async def run(path: Path, events: int, failing: bool) -> tuple[float, float, int
     done_at = 0.0
     started = 0.0
 
-    async def handle(ticks: list[Tick]) -> None:
+    async def handle(ticks: Sequence[Tick]) -> None:
         nonlocal handled, done_at
         if ticks[0].key == "k4":
             raise wk.Retryable("k4 never works")

@@ -27,7 +27,7 @@ import logging
 import statistics
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import redis.asyncio as aioredis
@@ -41,17 +41,26 @@ except ImportError:  # the optional peer baseline
 from _ticks import Tick, consume, fill
 from wakuwaku.logs.redis import RedisLog
 
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+async def xrange_page(
+    client: aioredis.Redis, stream: str, start: bytes | str, page: int
+) -> Entries:
+    """One XRANGE page, typed as a client without ``decode_responses`` returns it."""
+    return cast(Entries, await client.xrange(stream, start, "+", page))
+
 
 async def raw_read(url: str, log: RedisLog, partitions: int, page: int) -> tuple[float, int]:
     """redis-py alone: XRANGE pages of every stream, each body decoded."""
-    client = aioredis.Redis.from_url(url)
+    client: aioredis.Redis = aioredis.Redis.from_url(url)
     decoder = msgspec.json.Decoder(Tick)
     started = time.perf_counter()
     count = 0
     for p in range(partitions):
         stream = f"{log._tag('ticks', p)}:s"
-        start = "-"
-        while entries := await client.xrange(stream, start, "+", page):
+        start: bytes | str = "-"
+        while entries := await xrange_page(client, stream, start, page):
             for _ident, fields in entries:
                 decoder.decode(fields[b"b"])
             count += len(entries)
@@ -73,13 +82,13 @@ def fs_stream(prefix: str, partition: int) -> str:
 
 async def fill_faststream(url: str, log: RedisLog, prefix: str, partitions: int) -> None:
     """Copy every stream's bodies, in order, into FastStream-format streams."""
-    client = aioredis.Redis.from_url(url)
+    client: aioredis.Redis = aioredis.Redis.from_url(url)
     broker = RedisBroker(url, logger=None)
     await broker.connect()
     for p in range(partitions):
         stream = f"{log._tag('ticks', p)}:s"
         start: Any = "-"
-        while entries := await client.xrange(stream, start, "+", 2000):
+        while entries := await xrange_page(client, stream, start, 2000):
             async with broker._connection.pipeline() as pipe:
                 for _ident, fields in entries:
                     await broker.publish(
@@ -129,7 +138,7 @@ async def faststream_read(
 
 
 async def purge(url: str, prefix: str) -> None:
-    client = aioredis.Redis.from_url(url)
+    client: aioredis.Redis = aioredis.Redis.from_url(url)
     for pattern in (f"{prefix}:*", f"{{{prefix}:*"):
         keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
         for i in range(0, len(keys), 1000):

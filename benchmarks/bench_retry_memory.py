@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -119,7 +119,7 @@ async def measure(url: str, records: int, keys: int, route: int, body: int) -> N
     baseline = status("VmRSS")
     print(f"baseline RSS (imported, log open, no retry state): {mb(baseline)}")
 
-    async def handle(events: list[Tick]) -> None:
+    async def handle(events: Sequence[Tick]) -> None:
         return None
 
     config = ConsumerConfig(

@@ -49,5 +49,5 @@ def nats_log(prefix: str, url: str = NATS_URL, **options: object) -> NatsLog:
     return (
         NatsLog.from_url(f"{url}?prefix={prefix}")
         if not options
-        else NatsLog(url, prefix=prefix, **options)
-    )  # type: ignore[arg-type]
+        else NatsLog(url, prefix=prefix, **options)  # type: ignore[arg-type]
+    )

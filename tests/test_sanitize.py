@@ -481,7 +481,8 @@ _KEYS = [
 
 
 def _case(draw: Any, word: str) -> str:
-    return draw(st.sampled_from([word, word.upper(), word.title()]))
+    choice: str = draw(st.sampled_from([word, word.upper(), word.title()]))
+    return choice
 
 
 Shape = tuple[str, str, str]

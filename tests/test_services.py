@@ -17,7 +17,7 @@ from tests.conftest import KAFKA_BOOTSTRAP, NATS_URL, POSTGRES_DSN, REDIS_URL
 @pytest.mark.kafka
 def test_kafka_broker_stores_and_returns_one_record_with_headers() -> None:
     from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     topic = f"wk-smoke-{uuid.uuid4().hex[:12]}"
     admin = AdminClient({"bootstrap.servers": KAFKA_BOOTSTRAP})
@@ -25,7 +25,7 @@ def test_kafka_broker_stores_and_returns_one_record_with_headers() -> None:
         timeout=30
     )
     try:
-        delivered: list[tuple[int, int]] = []
+        delivered: list[tuple[int | None, int | None]] = []
         producer = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "enable.idempotence": True})
         producer.produce(
             topic,
@@ -33,7 +33,9 @@ def test_kafka_broker_stores_and_returns_one_record_with_headers() -> None:
             value=b'{"n":1}',
             partition=1,
             headers=[("wk-type", b"smoke")],
-            on_delivery=lambda err, msg: delivered.append((msg.partition(), msg.offset())),
+            on_delivery=lambda err, msg: delivered.append(
+                (msg.partition() or 0, msg.offset() or 0)
+            ),
         )
         assert producer.flush(30) == 0
         assert delivered == [(1, 0)]

@@ -206,7 +206,7 @@ def test_cli_reads_the_log_url_from_the_environment(
 
 
 async def main_topic(log: Log, partitions: int = 2) -> list[tuple[int, wk.Record]]:
-    out = []
+    out: list[tuple[int, wk.Record]] = []
     for p in range(partitions):
         out.extend((p, r) for r in await log.read(TOPIC, p, 0, 10_000))
     return out

@@ -69,9 +69,9 @@ async def test_12_a_crash_after_the_retry_write_never_gives_a_message_two_outcom
     # The restarted process has the same member id (a pod name), so it takes
     # its own unexpired lease back at once.
     first = consumer(
-        crashing,
+        crashing,  # type: ignore[arg-type]
         clock,
-        [Handler(Item, script)],  # type: ignore[arg-type]
+        [Handler(Item, script)],
         retry_delays=(0.0, 0.0, 0.0, 0.0),
         member_id="m1",
     )
@@ -129,8 +129,8 @@ async def test_9_a_base_exception_in_a_partition_fails_the_consumer_loudly(
 ) -> None:
     await setup_topic(memory_log, partitions=2)
     c = consumer(
-        Exploding(memory_log),
-        clock,  # type: ignore[arg-type]
+        Exploding(memory_log),  # type: ignore[arg-type]
+        clock,
         [Handler(Item, Script(clock))],
     )
     with caplog.at_level(logging.CRITICAL, "wakuwaku.consumer"), pytest.raises(Crash):
@@ -187,11 +187,11 @@ async def test_12_on_a_log_that_stores_call_by_call_a_crash_gives_no_second_outc
     script.fail[2] = [wk.Retryable("row not there yet")] * 5
     script.fail[3] = [wk.Retryable("never there")] * 100
     crashing = wrapper(log)
-    crashing.atomic_store = False  # type: ignore[misc]
+    crashing.atomic_store = False  # type: ignore[attr-defined]
     first = consumer(
-        crashing,
+        crashing,  # type: ignore[arg-type]
         clock,
-        [Handler(Item, script)],  # type: ignore[arg-type]
+        [Handler(Item, script)],
         retry_delays=(0.0, 0.0, 0.0, 0.0),
         member_id="m1",
     )
@@ -201,9 +201,9 @@ async def test_12_on_a_log_that_stores_call_by_call_a_crash_gives_no_second_outc
     again = Wrapped(log)
     again.atomic_store = False  # type: ignore[attr-defined]
     second = consumer(
-        again,
+        again,  # type: ignore[arg-type]
         clock,
-        [Handler(Item, script)],  # type: ignore[arg-type]
+        [Handler(Item, script)],
         retry_delays=(0.0, 0.0, 0.0, 0.0),
         member_id="m1",
     )

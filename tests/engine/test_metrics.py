@@ -10,15 +10,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
+import prometheus_client
 import pytest
 
 import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.metrics import ConsumerCollector
 from wakuwaku.testing import FakeClock
-
-prometheus_client = pytest.importorskip("prometheus_client")
-
-from wakuwaku.metrics import ConsumerCollector  # noqa: E402 - after the importorskip
 
 T0 = 1_700_000_000.0
 GROUP = "metered"
@@ -218,35 +216,6 @@ def test_the_root_package_and_the_cli_never_import_prometheus() -> None:
         "assert not bad, bad\n"
     )
     assert result.returncode == 0, result.stderr
-
-
-async def test_the_metrics_snippet_of_docs_operations_runs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    snippets = [part.split("```", 1)[0] for part in DOCS.split("```python\n")[1:]]
-    (snippet,) = [s for s in snippets if "ConsumerCollector(consumer)" in s]
-    served: list[tuple[int, object]] = []
-    monkeypatch.setattr(
-        prometheus_client,
-        "start_http_server",
-        lambda port, registry: served.append((port, registry)),
-    )
-    log = wk.MemoryLog()
-    await log.create_topic("jobs", 1)
-    consumer = Consumer(
-        ConsumerConfig(topic="jobs", group=GROUP, clock=FakeClock(T0), lease_ttl=3600.0),
-        [Handler(Job, Scripted())],
-        log,
-    )
-    scope: dict[str, object] = {"consumer": consumer}
-    exec(compile(snippet, "docs/operations.md", "exec"), scope)
-    [(port, registry)] = served
-    assert port == 9100 and registry is scope["registry"]
-    lag = scope["lag"]
-    assert isinstance(lag, asyncio.Task)
-    lag.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await lag
 
 
 async def test_one_collector_for_two_groups_and_no_duplicate_registration() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import sqlite3
 import subprocess
 import sys
@@ -176,15 +175,3 @@ def test_standalone_postgres_example() -> None:
             conn.execute(
                 f"DROP TABLE IF EXISTS balance{suffix}, wk_inbox{suffix}, wk_inbox{suffix}_dead"
             )
-
-
-def test_docs_snippets_are_excerpts_of_tested_examples() -> None:
-    """Every Python block of docs/inbox.md is a verbatim excerpt of a tested example."""
-    sources = "\n".join(p.read_text() for p in sorted(EXAMPLES.glob("*.py")))
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert blocks, "docs/inbox.md has no python snippets"
-    for block in blocks:
-        lines = [line for line in block.splitlines() if line.strip()]
-        body = "\n".join(lines)
-        flat = "\n".join(line for line in sources.splitlines() if line.strip())
-        assert body in flat, f"this docs snippet is not in examples/inbox:\n{block}"

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.postgres
 class PostgresHarness(Harness):
     """The inbox tables and an effects table, uniquely named, in database ``test``."""
 
+    inbox: PostgresInbox
+
     def __init__(self, conn: Any, suffix: str) -> None:
         self.conn = conn
         self.clock = FakeClock()

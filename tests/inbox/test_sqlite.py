@@ -23,6 +23,8 @@ EFFECT = effects_sql_counter().format(fx="fx", p="?")
 class SQLiteHarness(Harness):
     """The projection database is one SQLite file holding the effects and the inbox."""
 
+    inbox: SQLiteInbox
+
     def __init__(self, path: Path, inbox_cls: type[SQLiteInbox] = SQLiteInbox) -> None:
         self.path = path
         self.clock = FakeClock()

@@ -208,7 +208,7 @@ class StubPubSub:
         message = await self.queue.get()
         if isinstance(message, BaseException):
             raise message
-        return message
+        return message  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         self.owner.closed += 1
@@ -278,12 +278,12 @@ async def test_transient_errors_back_off_exponentially_then_the_result_comes() -
             seen.append(delay)
 
     result = await wait_for_result(
-        stub,
+        stub,  # type: ignore[arg-type]
         JOB,
         STEP,
         60,
         poll_interval=5,
-        backoff=Backoff(0.1, 0.4),  # type: ignore[arg-type]
+        backoff=Backoff(0.1, 0.4),
         clock=clock,
         observer=Observer(),
     )
@@ -310,13 +310,13 @@ async def test_a_nudge_triggers_a_read_before_the_tick() -> None:
                 asyncio.get_running_loop().call_soon(stub.nudge)
 
     result = await wait_for_result(
-        stub,
+        stub,  # type: ignore[arg-type]
         JOB,
         STEP,
         60,
         poll_interval=100,
         clock=clock,
-        observer=Observer(),  # type: ignore[arg-type]
+        observer=Observer(),
     )
     assert result.content == "ok"
     assert times(stub, "get") == [0.0, 0.0]
@@ -389,13 +389,13 @@ async def test_a_lost_subscription_is_made_again_and_triggers_a_read() -> None:
                 stub.pubsubs[0].queue.put_nowait(redis_errors.ConnectionError("reset by peer"))
 
     result = await wait_for_result(
-        stub,
+        stub,  # type: ignore[arg-type]
         JOB,
         STEP,
         60,
         poll_interval=1000,
         clock=clock,
-        observer=Observer(),  # type: ignore[arg-type]
+        observer=Observer(),
     )
     assert result.content == "ok"
     assert stub.subscriptions == 2
@@ -411,13 +411,13 @@ async def test_destructive_read_claims_only_a_key_it_saw() -> None:
     clock = FakeClock()
     stub = StubRedis(clock, exists=[0, 0, 1], getdel=[DONE])
     result = await wait_for_result(
-        stub,
+        stub,  # type: ignore[arg-type]
         JOB,
         STEP,
         60,
         mode=ReadMode.DESTRUCTIVE,
         poll_interval=1,
-        clock=clock,  # type: ignore[arg-type]
+        clock=clock,
     )
     assert result.content == "ok"
     assert [c for c, _ in stub.calls] == ["exists", "exists", "exists", "getdel"]
@@ -429,12 +429,12 @@ async def test_destructive_read_of_a_bad_payload_fails_at_once() -> None:
     stub = StubRedis(clock, exists=[1], getdel=[b"not json at all"])
     with pytest.raises(ProtocolError) as info:
         await wait_for_result(
-            stub,
+            stub,  # type: ignore[arg-type]
             JOB,
             STEP,
             60,
             mode=ReadMode.DESTRUCTIVE,
-            clock=clock,  # type: ignore[arg-type]
+            clock=clock,
         )
     assert info.value.reason == ProtocolReason.NOT_JSON
     assert clock.monotonic() == 0
@@ -448,12 +448,12 @@ async def test_destructive_read_that_came_back_empty_is_a_lost_result() -> None:
     stub = StubRedis(clock, exists=[1], getdel=[None])
     with pytest.raises(ProtocolError) as info:
         await wait_for_result(
-            stub,
+            stub,  # type: ignore[arg-type]
             JOB,
             STEP,
             60,
             mode=ReadMode.DESTRUCTIVE,
-            clock=clock,  # type: ignore[arg-type]
+            clock=clock,
         )
     assert info.value.reason == ProtocolReason.RESULT_LOST
     assert clock.monotonic() == 0
@@ -465,12 +465,12 @@ async def test_destructive_read_whose_reply_was_lost_fails_instead_of_hanging() 
     stub = StubRedis(clock, exists=[1, 0], getdel=[reset])
     with pytest.raises(ProtocolError) as info:
         await wait_for_result(
-            stub,
+            stub,  # type: ignore[arg-type]
             JOB,
             STEP,
             60,
             mode=ReadMode.DESTRUCTIVE,
-            clock=clock,  # type: ignore[arg-type]
+            clock=clock,
         )
     assert info.value.reason == ProtocolReason.RESULT_LOST
     assert clock.monotonic() == pytest.approx(0.05)  # one backoff, not the 60 s timeout
@@ -481,12 +481,12 @@ async def test_destructive_read_retries_a_claim_that_never_reached_redis() -> No
     reset = redis_errors.ConnectionError("Connection refused")
     stub = StubRedis(clock, exists=[1, 1], getdel=[reset, DONE])
     result = await wait_for_result(
-        stub,
+        stub,  # type: ignore[arg-type]
         JOB,
         STEP,
         60,
         mode=ReadMode.DESTRUCTIVE,
-        clock=clock,  # type: ignore[arg-type]
+        clock=clock,
     )
     assert result.content == "ok"
 

@@ -237,7 +237,10 @@ class PartitionWorker:
         """Sleep on the clock; raise :class:`Abandon` as soon as a stop is asked."""
         if self._stop.is_set():
             raise Abandon
-        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
+        # The deadline is taken now, not when the sleeping task first runs: a
+        # clock that moves in between (a FakeClock advanced by a test, shown
+        # by asyncio debug mode's other task order) would push it later.
+        sleeper = asyncio.ensure_future(self._sleep_until(self.clock.monotonic() + seconds))
         stopper = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -246,6 +249,9 @@ class PartitionWorker:
             stopper.cancel()
         if self._stop.is_set():
             raise Abandon
+
+    async def _sleep_until(self, deadline: float) -> None:
+        await self.clock.sleep(deadline - self.clock.monotonic())
 
     async def _through_gate(self) -> None:
         if self._stop.is_set():
