@@ -53,10 +53,8 @@ def main() -> int:
         f"while true; do {sys.executable} -m pytest -q -x -p no:cacheprovider "
         f"{args.tests} >/dev/null 2>&1; done"
     )
-    load.append(
-        subprocess.Popen(
-            ["bash", "-c", suite], cwd=root, start_new_session=True, stdout=out, stderr=out
-        )
+    suite_loop = subprocess.Popen(
+        ["bash", "-c", suite], cwd=root, start_new_session=True, stdout=out, stderr=out
     )
     failures = 0
     try:
@@ -78,11 +76,10 @@ def main() -> int:
                         flush=True,
                     )
     finally:
+        os.killpg(suite_loop.pid, 9)  # the suite loop and the pytest it runs
+        suite_loop.wait()
         for proc in load:
-            if proc.args[0] == "bash":
-                os.killpg(proc.pid, 9)  # the suite loop and the pytest it runs
-            else:
-                proc.kill()
+            proc.kill()
             proc.wait()
     total = args.runs * (1 if args.no_crash else 2)
     print(f"{total - failures} of {total} runs verified")

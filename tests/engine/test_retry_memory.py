@@ -130,13 +130,15 @@ async def test_an_attempt_reads_its_own_pending_records_not_the_stretches_betwee
     retry_reads: list[int] = []
     read = log.read
 
-    async def counting_read(topic: str, partition: int, offset: int, limit: int) -> list[wk.Record]:
-        records = await read(topic, partition, offset, limit)
+    async def counting_read(
+        topic: str, partition: int, offset: int, limit: int = 500, wait: float = 0.0
+    ) -> list[wk.Record]:
+        records = await read(topic, partition, offset, limit, wait)
         if topic.startswith("wk-retry."):
             retry_reads.extend(r.offset for r in records)
         return records
 
-    log.read = counting_read  # type: ignore[method-assign]
+    log.read = counting_read  # type: ignore[method-assign,assignment]
     c = consumer(log, clock, [Handler(Item, script)], retry_delays=[3600.0])
     async with Running(c):
         await producer.publish(Item("a", 0))
@@ -146,15 +148,25 @@ async def test_an_attempt_reads_its_own_pending_records_not_the_stretches_betwee
         clock.advance(30.0)
         n = 1
         await producer.publish(Item("b", n))
+        pending = 2
+
+        async def routed() -> None:
+            # One poll per step, so the retry partition interleaves a and b.
+            await wait_until(
+                clock, lambda: worker.retry.pending_count == pending and worker.caught_up
+            )
+
+        await routed()
         for _ in range(3):
-            for _ in range(40):
-                n += 1
-                await producer.publish(Item("b", n))
-            n += 1
+            await producer.publish_many([Item("b", n + i) for i in range(1, 41)])
+            n, pending = n + 40, pending + 40
+            await routed()
+            n, pending = n + 1, pending + 1
             await producer.publish(Item("a", n))
-        await wait_until(clock, lambda: worker.retry.pending_count == 125 and worker.caught_up)
+            await routed()
         retry_reads.clear()
-        await wait_until(clock, lambda: not worker.retry.quarantined("a"), limit=7200.0)
+        clock.advance(T0 + 3600.0 - clock.now())  # a is due, b (due 30 s later) is not
+        await wait_until(clock, lambda: not worker.retry.quarantined("a"))
         assert worker.retry.quarantined("b")  # not due yet: a's attempt ran alone
         read_for_a = list(retry_reads)
     assert script.handled_ns("a") == [0, 42, 83, 124]
