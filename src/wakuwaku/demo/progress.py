@@ -182,7 +182,10 @@ class PlainProgress(Progress):
         if now - self._last < self.every:
             return
         self._last = now
-        running = [p for p in self.phases.values() if p.status() == "running"]
+        # verify is quick and counts checks: only its end is worth a line.
+        running = [
+            p for p in self.phases.values() if p.status() == "running" and p.name != "verify"
+        ]
         for phase in running:
             self._print(self.phase_line(phase))
         if any(p.name == "consume" for p in running):
