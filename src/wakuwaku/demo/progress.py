@@ -55,6 +55,9 @@ class Phase:
         rate = self.rate(now)
         if self.total is None or self.ended is not None or rate <= 0:
             return None
+        if self.count < self.total * 0.02:
+            return None  # the first trickle says nothing about the pace
+
         return max(0.0, (self.total - self.count) / rate)
 
     def status(self) -> str:
