@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,38 @@ def test_a_consumer_killed_early_still_verifies(tmp_path: Path) -> None:
     assert "SIGKILL at" in result.stdout
 
 
+@contextlib.asynccontextmanager
+async def sqlite_url(tmp_path: Path) -> AsyncIterator[str]:
+    yield f"sqlite:///{tmp_path / 'log.db'}"
+
+
+@contextlib.asynccontextmanager
+async def redis_url(tmp_path: Path) -> AsyncIterator[str]:
+    prefix = f"wktest-{uuid.uuid4().hex}"
+    try:
+        yield f"{REDIS_URL}?prefix={prefix}"
+    finally:
+        await purge(REDIS_URL, prefix)
+
+
+@contextlib.asynccontextmanager
+async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
+    prefix = fresh_prefix()
+    try:
+        yield f"{NATS_URL}?prefix={prefix}"
+    finally:
+        await drop_prefix(NATS_URL, prefix)
+
+
+# One entry per engine: a fresh URL (unique prefix on the shared servers) and
+# its cleanup. The demo itself only uses the Log interface.
+ENGINES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[str]]] = {
+    "sqlite": sqlite_url,
+    "redis": redis_url,
+    "nats": nats_url,
+}
+
+
 @pytest.fixture(
     params=[
         "sqlite",
@@ -119,22 +152,9 @@ def test_a_consumer_killed_early_still_verifies(tmp_path: Path) -> None:
     ]
 )
 async def log_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A fresh log URL of each engine (one parameter per engine); server-side
-    names carry a unique prefix and are removed afterwards."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'log.db'}"
-    elif request.param == "redis":
-        prefix = f"wktest-{uuid.uuid4().hex}"
-        try:
-            yield f"{REDIS_URL}?prefix={prefix}"
-        finally:
-            await purge(REDIS_URL, prefix)
-    else:
-        prefix = fresh_prefix()
-        try:
-            yield f"{NATS_URL}?prefix={prefix}"
-        finally:
-            await drop_prefix(NATS_URL, prefix)
+    """A fresh log URL of each engine; server-side names are removed afterwards."""
+    async with ENGINES[request.param](tmp_path) as url:
+        yield url
 
 
 @pytest.mark.slow

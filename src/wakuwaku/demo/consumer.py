@@ -3,7 +3,8 @@
 It runs in its own process so the demo's chaos can kill it with SIGKILL and
 start it again. It consumes ``planes`` and ``flights`` into the projection.
 The demo drives it with the file named by ``--done``: once it exists and the
-consumer is idle (every partition read to its end, no key quarantined), the
+consumer is idle (every partition read to the log's end offsets, checked
+after reading the file, and no key quarantined), the
 consumer writes the file's text to ``<done>.ack``; when that text is
 ``stop`` it then stops, otherwise it goes on consuming (the replay phase
 reuses it). Every 0.1 s, and before each ack and at exit, it writes its
@@ -81,7 +82,10 @@ async def run(
             if not consumer.idle():
                 continue
             token = await asyncio.to_thread(_read_text, done)
-            if token is not None and token != acked:
+            # The token is written after the records it is about: checking the
+            # log's end offsets after reading it covers them (a partition's
+            # caught-up flag may date from a poll before they arrived).
+            if token is not None and token != acked and await consumer.at_end():
                 acked = token
                 tmp = ack.with_suffix(".tmp")
                 tmp.write_text(token)
