@@ -35,6 +35,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples conftest.py
 	$(PY) -m ruff format --check src tests benchmarks examples conftest.py
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

@@ -133,11 +133,11 @@ async def measure(url: str, records: int, keys: int, route: int, body: int) -> N
     started = time.perf_counter()
     task = asyncio.create_task(consumer.run(install_signal_handlers=False))
     await until(
-        lambda: bool(consumer.workers) and all(w.started for w in consumer.workers.values())
+        lambda: bool(consumer.assignment()) and all(v.started for v in consumer.partitions())
     )
     restart = time.perf_counter() - started
-    [worker] = consumer.workers.values()
-    pending, quarantined = worker.retry.pending_count, len(worker.retry.keys)
+    [view] = consumer.partitions()
+    pending, quarantined = view.retry_pending, len(view.quarantined)
     rss, peak = status("VmRSS"), status("VmHWM")
     print(
         f"restart: {restart:.2f} s to rebuild {pending} pending records of "
@@ -159,10 +159,11 @@ async def measure(url: str, records: int, keys: int, route: int, body: int) -> N
                 ]
             )
         began = time.perf_counter()
-        await until(lambda: worker.position >= records + route)
+        await until(lambda: consumer.partitions()[0].position >= records + route)
         took = time.perf_counter() - began
         rss, peak = status("VmRSS"), status("VmHWM")
-        print(f"routed {route} more events in {took:.2f} s; pending {worker.retry.pending_count}")
+        left = consumer.partitions()[0].retry_pending
+        print(f"routed {route} more events in {took:.2f} s; pending {left}")
         print(
             f"RSS after routing:              {mb(rss)}  (+{mb(rss - baseline).strip()} "
             f"over baseline; peak {mb(peak).strip()})"

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from wakuwaku.reliability import AttemptLimit, SqliteRetryBudget
+from wakuwaku.reliability import AttemptLimit, SQLiteRetryBudget
 
 LIMIT = AttemptLimit(max_attempts=3)  # the first attempt and two retries
 ENQUEUE_ID = "enq-7f3a"  # the id of this enqueue, not of the video it is about
@@ -29,7 +29,7 @@ def transcode() -> None:
 async def main(database: Path) -> None:
     # The longest possible gap between two attempts: the longest backoff (10 min)
     # plus the longest an attempt may run (20 min). Counters live twice that.
-    async with SqliteRetryBudget(database, max_gap=30 * 60) as budget:
+    async with SQLiteRetryBudget(database, max_gap=30 * 60) as budget:
         while True:
             try:
                 transcode()

@@ -19,7 +19,7 @@ from ._errors import ConfigError
 from ._events import JsonCodec, event_type
 from ._partitioner import partition_for
 from ._records import build_headers
-from .logs._base import Log, OutgoingRecord
+from .logs import Log, OutgoingRecord
 
 
 @dataclass(frozen=True, slots=True)

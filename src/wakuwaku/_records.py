@@ -12,7 +12,7 @@ import enum
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -31,6 +31,7 @@ H_ERROR = "wk-error"
 H_REASON = "wk-reason"
 H_SRC = "wk-src"
 H_FOR_GROUP = "wk-for-group"
+H_MARKER = "wk-marker"
 
 RETRY_ONLY_HEADERS = frozenset(
     {H_FAILED_AT, "wk-marker", "wk-through", "wk-reset", "wk-failures", "wk-at"}
@@ -182,10 +183,15 @@ def _text(headers: Headers, name: str) -> str | None:
     return bytes(raw).decode("utf-8")
 
 
-def validate_headers(  # noqa: C901 - one flat check per header, each with its own reason
+def validate_headers(
     headers: Headers, types: Mapping[str, EventType[Any]]
 ) -> ValidHeaders | InvalidHeaders:
     """Check every header of wire format version 1 (SPEC 3, 8).
+
+    One check per header, in a fixed order (the first problem found is the
+    reason given): ``wk-v``, ``wk-type``, ``wk-key``, ``wk-props``,
+    ``wk-alg``, ``wk-failed-at``, ``wk-for-group``, ``wk-src``, then the type
+    tag against ``types``.
 
     :param headers: the record's headers.
     :param types: the event types the reader can handle, by type tag.
@@ -196,66 +202,32 @@ def validate_headers(  # noqa: C901 - one flat check per header, each with its o
     """
     malformed = ReasonCode.MALFORMED_HEADER
     try:
-        version = _text(headers, H_VERSION)
-        tag = _text(headers, H_TYPE)
-        key = _text(headers, H_KEY)
-        props_raw = headers.get(H_PROPS)
-        alg_raw = _text(headers, H_ALG)
-        failed_raw = _text(headers, H_FAILED_AT)
-        for_group = _text(headers, H_FOR_GROUP)
+        version, tag, key, alg_raw, failed_raw, for_group = (
+            _text(headers, name)
+            for name in (H_VERSION, H_TYPE, H_KEY, H_ALG, H_FAILED_AT, H_FOR_GROUP)
+        )
     except (UnicodeDecodeError, TypeError) as exc:
         return InvalidHeaders(malformed, f"a wk-* header is not valid UTF-8: {exc}")
-    if version is None:
-        return InvalidHeaders(malformed, "header wk-v is missing")
-    if version != WIRE_VERSION.decode():
-        return InvalidHeaders(malformed, f"unknown header version wk-v={version!r}")
-    if not tag:
-        return InvalidHeaders(malformed, "header wk-type is missing or empty")
-    if not key:
-        return InvalidHeaders(malformed, "header wk-key is missing or empty")
-    props: dict[str, str] = {}
-    if props_raw is not None:
-        try:
-            props = _props_decoder.decode(props_raw)
-        except msgspec.DecodeError as exc:
-            return InvalidHeaders(malformed, f"header wk-props is not a JSON string map: {exc}")
-    if alg_raw is None:
-        return InvalidHeaders(malformed, "header wk-alg is missing")
-    try:
-        algebra = Algebra(alg_raw)
-    except ValueError:
-        return InvalidHeaders(malformed, f"header wk-alg has unknown marker {alg_raw!r}")
-    failed_at: float | None = None
-    if failed_raw is not None:
-        failed_at = parse_ms(failed_raw)
-        if failed_at is None:
-            return InvalidHeaders(
-                malformed,
-                f"header wk-failed-at is not ms since the epoch in [0, 2**53): {failed_raw[:40]!r}",
-            )
+    identity = _check_identity(version, tag, key)
+    if isinstance(identity, _Problem):
+        return InvalidHeaders(malformed, identity.detail)
+    tag, key = identity
+    props = _check_props(headers.get(H_PROPS))
+    if isinstance(props, _Problem):
+        return InvalidHeaders(malformed, props.detail)
+    algebra = _check_algebra(alg_raw)
+    if isinstance(algebra, _Problem):
+        return InvalidHeaders(malformed, algebra.detail)
+    failed_at = _check_failed_at(failed_raw)
+    if isinstance(failed_at, _Problem):
+        return InvalidHeaders(malformed, failed_at.detail)
     if for_group is not None and not valid_group_name(for_group):
         return InvalidHeaders(
             malformed, f"header wk-for-group is not a consumer group name: {for_group[:120]!r}"
         )
-    source: Source | None = None
-    src_raw = headers.get(H_SRC)
-    if src_raw is not None:
-        try:
-            source = decode_source(src_raw)
-        except msgspec.DecodeError as exc:
-            return InvalidHeaders(malformed, f"header wk-src is broken: {exc}")
-        if (
-            not source.ids
-            or not source.offsets
-            or source.partition < 0
-            or any(o < 0 for o in source.offsets)
-            or not all(source.ids)
-        ):
-            return InvalidHeaders(
-                malformed,
-                "header wk-src needs message ids, offsets >= 0 "
-                f"and a partition >= 0, got {src_raw!r}",
-            )
+    source = _check_source(headers.get(H_SRC))
+    if isinstance(source, _Problem):
+        return InvalidHeaders(malformed, source.detail)
     event_type = types.get(tag)
     if event_type is None:
         return InvalidHeaders(ReasonCode.UNKNOWN_TYPE, f"no handler for type tag {tag!r}")
@@ -266,6 +238,79 @@ def validate_headers(  # noqa: C901 - one flat check per header, each with its o
             f"but the record says {algebra.value}",
         )
     return ValidHeaders(tag, key, props, algebra, event_type, failed_at, source, for_group)
+
+
+class _Problem(NamedTuple):
+    """What one check of :func:`validate_headers` found wrong (the reason's detail)."""
+
+    detail: str
+
+
+# The checks of validate_headers: each returns the parsed value, or a _Problem.
+
+
+def _check_identity(
+    version: str | None, tag: str | None, key: str | None
+) -> tuple[str, str] | _Problem:
+    if version is None:
+        return _Problem("header wk-v is missing")
+    if version != WIRE_VERSION.decode():
+        return _Problem(f"unknown header version wk-v={version!r}")
+    if not tag:
+        return _Problem("header wk-type is missing or empty")
+    if not key:
+        return _Problem("header wk-key is missing or empty")
+    return tag, key
+
+
+def _check_props(raw: bytes | None) -> dict[str, str] | _Problem:
+    if raw is None:
+        return {}
+    try:
+        props: dict[str, str] = _props_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        return _Problem(f"header wk-props is not a JSON string map: {exc}")
+    return props
+
+
+def _check_algebra(raw: str | None) -> Algebra | _Problem:
+    if raw is None:
+        return _Problem("header wk-alg is missing")
+    try:
+        return Algebra(raw)
+    except ValueError:
+        return _Problem(f"header wk-alg has unknown marker {raw!r}")
+
+
+def _check_failed_at(raw: str | None) -> float | _Problem | None:
+    if raw is None:
+        return None
+    failed_at = parse_ms(raw)
+    if failed_at is None:
+        return _Problem(
+            f"header wk-failed-at is not ms since the epoch in [0, 2**53): {raw[:40]!r}"
+        )
+    return failed_at
+
+
+def _check_source(raw: bytes | None) -> Source | _Problem | None:
+    if raw is None:
+        return None
+    try:
+        source = decode_source(raw)
+    except msgspec.DecodeError as exc:
+        return _Problem(f"header wk-src is broken: {exc}")
+    if (
+        not source.ids
+        or not source.offsets
+        or source.partition < 0
+        or any(o < 0 for o in source.offsets)
+        or not all(source.ids)
+    ):
+        return _Problem(
+            f"header wk-src needs message ids, offsets >= 0 and a partition >= 0, got {raw!r}"
+        )
+    return source
 
 
 def parse_ms(raw: str | bytes) -> float | None:

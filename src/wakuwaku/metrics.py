@@ -76,11 +76,10 @@ from ._errors import ConfigError
 
 if TYPE_CHECKING:
     from .engine import Consumer, ConsumerStats
-    from .engine._partition import PartitionWorker
 
 __all__ = ("ConsumerCollector", "start_metrics_server")
 
-log = logging.getLogger("wakuwaku.metrics")
+logger = logging.getLogger("wakuwaku.metrics")
 
 T = TypeVar("T")
 
@@ -186,7 +185,7 @@ class ConsumerCollector(Collector):
         :raises LogError: what a log raises (e.g. LogUnavailableError).
         """
         for index, consumer in enumerate(self.consumers):
-            topics = sorted({topic for topic, _ in list(consumer.workers)})
+            topics = sorted({topic for topic, _ in _stable(consumer.assignment)})
             for topic in topics:
                 for partition, end in (await consumer.log.end_offsets(topic)).items():
                     self._ends[(index, topic, partition)] = end
@@ -200,7 +199,7 @@ class ConsumerCollector(Collector):
             try:
                 await self.refresh_lag()
             except Exception as exc:  # noqa: BLE001 - metrics must never stop the consumer
-                log.warning(
+                logger.warning(
                     "cannot read end offsets for the lag metric",
                     extra={"error": f"{type(exc).__name__}: {exc}"},
                 )
@@ -279,26 +278,21 @@ class ConsumerCollector(Collector):
         )
         for index, consumer in enumerate(self.consumers):
             group = consumer.config.group
-            workers = _stable(partial(_workers, consumer))
-            for (topic, partition), worker in workers:
+            for view in _stable(consumer.partitions):
+                topic, partition = view.topic, view.partition
                 values = [group, topic, str(partition)]
-                retry = worker.retry
-                backlog.add_metric(values, float(retry.pending_count))
-                keys.add_metric(values, float(len(retry.keys)))
-                next_due = _stable(retry.next_due_wall)
+                backlog.add_metric(values, float(view.retry_pending))
+                keys.add_metric(values, float(len(view.quarantined)))
+                next_due = view.next_attempt_at
                 if next_due is not None:
                     due.add_metric(values, next_due)
                 end = self._ends.get((index, topic, partition))
-                if end is not None and worker.started:
-                    lag.add_metric(values, float(max(0, end - worker.position)))
+                if end is not None and view.started:
+                    lag.add_metric(values, float(view.lag(end)))
         yield backlog
         yield keys
         yield due
         yield lag
-
-
-def _workers(consumer: Consumer) -> list[tuple[tuple[str, int], PartitionWorker]]:
-    return sorted(consumer.workers.items(), key=lambda item: item[0])
 
 
 def start_metrics_server(

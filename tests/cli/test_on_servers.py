@@ -67,8 +67,8 @@ async def _leave_a_dead_letter_and_a_quarantined_key(url: str) -> None:
         while not (
             consumer.stats.quarantined_keys
             and consumer.stats.dead_lettered()
-            and consumer.workers
-            and all(w.caught_up for w in consumer.workers.values())
+            and consumer.assignment()
+            and all(v.caught_up for v in consumer.partitions())
         ):
             assert asyncio.get_running_loop().time() < deadline, "the consumer got stuck"
             await asyncio.sleep(0.02)

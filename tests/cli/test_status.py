@@ -12,11 +12,12 @@ import msgspec
 import pytest
 
 import wakuwaku as wk
+from wakuwaku._records import H_MARKER
 from wakuwaku.admin import Status, consumer_status
 from wakuwaku.cli import ExitCode, main
 from wakuwaku.cli._status import when
 from wakuwaku.engine import Consumer
-from wakuwaku.engine._retry import H_AT, H_DUE, H_MARKER, MARKER_ATTEMPT_FAILED
+from wakuwaku.engine._retry import H_AT, H_DUE, MARKER_ATTEMPT_FAILED
 from wakuwaku.logs import Log
 from wakuwaku.logs.sqlite import SQLiteLog
 from wakuwaku.testing import FakeClock
@@ -55,16 +56,16 @@ async def quarantine(log: Log, *, attempts: int = 0) -> Consumer:
     await until(
         lambda: (
             consumer.stats.quarantined_keys == 1
-            and all(w.caught_up for w in consumer.workers.values())
-            and len(consumer.workers) == 2
+            and all(v.caught_up for v in consumer.partitions())
+            and len(consumer.assignment()) == 2
         )
     )
-    worker = consumer.workers[(TOPIC, wk.partition_for(STUCK, 2))]
+    p = wk.partition_for(STUCK, 2)
     for n in range(attempts):
         # Exactly to the due time: the attempt runs then, and its marker says so.
-        due = worker.retry.next_due()
-        assert due is not None
-        clock.advance(due - clock.monotonic())
+        view = consumer.partition(TOPIC, p)
+        assert view is not None and view.next_attempt_at is not None
+        clock.advance(view.next_attempt_at - clock.now())
         await until(lambda n=n: consumer.stats.attempts_failed == n + 1)  # type: ignore[misc]
     await producer.publish(Order(STUCK, 5))  # routed behind the pending ones
     await until(lambda: consumer.stats.routed == 1, clock)
@@ -82,12 +83,9 @@ async def test_status_reports_the_quarantined_key_exactly_as_the_consumer_holds_
     assert (key.partition, key.key, key.pending, key.failures) == (p, STUCK, 3, 1)
     assert key.first_failed_at == T0
     assert key.next_attempt_at == T0 + DELAYS[0]
-    live = consumer.workers[(TOPIC, p)].retry.keys[STUCK]
-    assert (len(live.offsets), live.failures, live.due_wall) == (
-        key.pending,
-        key.failures,
-        key.next_attempt_at,
-    )
+    live = consumer.partition(TOPIC, p)
+    assert live is not None and live.quarantined == (key,)
+    assert live.retry_pending == 3
     assert status.backlog == 3
     assert status.partitions[p].retry_pending == 3 and status.partitions[p].quarantined == 1
     assert status.lag == 0

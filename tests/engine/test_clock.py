@@ -150,7 +150,7 @@ async def test_a_restart_converts_stored_times_once_and_ignores_later_steps(
     async with Running(c2):
         await until(
             clock,
-            lambda: bool(c2.workers) and all(w.started for w in c2.workers.values()),
+            lambda: bool(c2.assignment()) and all(v.started for v in c2.partitions()),
             limit=5.0,
         )
         await clock.sleep(1.0)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import wakuwaku as wk
+from wakuwaku.admin import consumer_status
 from wakuwaku.engine import Handler
 from wakuwaku.logs import BatchWrite, Lease, Log
 from wakuwaku.testing import FakeClock
@@ -256,11 +257,17 @@ async def test_8_broken_retry_records_never_stop_the_partition(
             ),
         ],
     )
+    # `wakuwaku status` loads the retry partition with the worker's own
+    # loader: it names the same three broken records and the same key.
+    status = await consumer_status(log, "t", "g")
+    assert len(status.problems) == 3, status.problems
+    assert [(q.key, q.pending) for q in status.quarantined] == [("k", 1)]
     script = Script(clock)
     with caplog.at_level(logging.WARNING, "wakuwaku.consumer"):
         stats = await asyncio.wait_for(consumer(log, clock, [Handler(Item, script)]).drain(), 60)
     assert script.handled_ns() == [1, 2]
     assert [r.headers["wk-reason"] for r in await dead_letters(log)] == [b"malformed_header"]
+    assert (await consumer_status(log, "t", "g")).quarantined == ()
     broken = [r for r in caplog.records if r.getMessage().startswith("broken retry record")]
     assert len(broken) == 3
     assert "partition worker crashed" not in caplog.text

@@ -131,10 +131,10 @@ async def test_5_4_as_many_keys_run_at_once_as_max_concurrency_allows(
     assert order == {f"k{k}": [0, 1, 2] for k in range(10)}
 
 
-async def test_a_worker_that_crashes_ends_its_sibling_workers_before_the_partition_restarts(
+async def test_a_lane_that_crashes_ends_its_sibling_lanes_before_the_partition_restarts(
     memory_log: Log, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wakuwaku.engine._partition import PartitionWorker
+    from wakuwaku.engine._executor import ChunkExecutor
 
     log = memory_log
     producer = await setup_topic(log)
@@ -156,16 +156,16 @@ async def test_a_worker_that_crashes_ends_its_sibling_workers_before_the_partiti
         finally:
             running.discard(key)
 
-    original = PartitionWorker._chunk_failed
+    original = ChunkExecutor._chunk_failed
     crashes: list[str] = []
 
-    async def crash_once(self: PartitionWorker, *args: Any, **kwargs: Any) -> bool:
-        if not crashes:  # ...when a bug in the engine ends the worker running "a"
+    async def crash_once(self: ChunkExecutor, *args: Any, **kwargs: Any) -> bool:
+        if not crashes:  # ...when a bug in the engine ends the lane running "a"
             crashes.append("crashed")
             raise RuntimeError("a bug in the engine")
         return await original(self, *args, **kwargs)
 
-    monkeypatch.setattr(PartitionWorker, "_chunk_failed", crash_once)
+    monkeypatch.setattr(ChunkExecutor, "_chunk_failed", crash_once)
     await consumer(log, clock, [Handler(Item, body)], max_concurrency=4).drain()
     assert crashes == ["crashed"]
     assert overlaps == [], "a chunk of one key ran twice at once"

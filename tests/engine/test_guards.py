@@ -10,10 +10,9 @@ from pathlib import Path
 import msgspec
 
 import wakuwaku as wk
-from wakuwaku._records import Source, build_headers, encode_source
+from wakuwaku._records import H_MARKER, Source, build_headers, encode_source
 from wakuwaku.engine import Handler
 from wakuwaku.engine._retry import (
-    H_MARKER,
     MARKER_RESOLVED,
     RetryState,
     resolved_marker,
@@ -68,7 +67,7 @@ async def test_redelivered_records_of_a_quarantined_key_are_not_routed_twice(
     second = consumer(log, clock, [Handler(Item, script)], retry_delays=(3600.0,), member_id="m1")
     async with Running(second) as c:
         await wait_until(
-            clock, lambda: bool(c.workers) and all(w.caught_up for w in c.workers.values())
+            clock, lambda: bool(c.assignment()) and all(v.caught_up for v in c.partitions())
         )
     work = [r for r in await read_all(log, "wk-retry.g.t") if H_MARKER not in r.headers]
     assert [msgspec.json.decode(r.body)["n"] for r in work] == [1, 2]

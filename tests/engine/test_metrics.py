@@ -83,8 +83,8 @@ async def test_collector_exports_counters_retry_state_and_lag() -> None:
     await until(
         clock,
         lambda: (
-            len(consumer.workers) == 2
-            and all(w.caught_up for w in consumer.workers.values())
+            len(consumer.assignment()) == 2
+            and all(v.caught_up for v in consumer.partitions())
             and consumer.stats.handled == 3
             and consumer.stats.attempts_failed == 1
         ),

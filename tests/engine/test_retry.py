@@ -162,7 +162,7 @@ async def test_6_quarantine_ends_when_the_key_has_no_pending_records(
         await producer.publish(Item("a", 2))
         await wait_until(clock, lambda: script.handled_ns() == [1, 2])
         assert c.stats.routed == routed  # handled from the main topic, not routed
-        assert not any(w.retry.keys for w in c.workers.values())
+        assert not any(view.quarantined for view in c.partitions())
 
 
 async def test_6_work_that_succeeded_inside_a_failed_attempt_is_not_applied_again(
@@ -208,7 +208,7 @@ async def test_6_restart_in_the_middle_of_a_quarantine_rebuilds_keys_counters_an
     c2 = consumer(log, clock, [Handler(Item, second)], member_id="m1")
     async with Running(c2):
         await wait_until(
-            clock, lambda: all(w.started for w in c2.workers.values()) and bool(c2.workers)
+            clock, lambda: all(v.started for v in c2.partitions()) and bool(c2.assignment())
         )
         after = {
             k: (s.failures, s.due_wall, s.due, list(s.offsets))

@@ -12,7 +12,7 @@ import pytest
 
 import wakuwaku as wk
 from wakuwaku._records import H_FAILED_AT, H_KEY, H_SRC, Source, encode_source
-from wakuwaku.engine import Handler, _partition
+from wakuwaku.engine import Handler, _attempts
 from wakuwaku.engine._retry import H_DUE, RetryState, ms_text
 from wakuwaku.logs import Log
 from wakuwaku.testing import FakeClock
@@ -76,8 +76,8 @@ def holds_records(state: RetryState) -> bool:
 @pytest.fixture
 def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pages of 3 records, rounds of at most 5: every path of the bounded reads."""
-    monkeypatch.setattr(_partition, "READ_PAGE", 3)
-    monkeypatch.setattr(_partition, "ROUND_RECORDS", 5)
+    monkeypatch.setattr(_attempts, "READ_PAGE", 3)
+    monkeypatch.setattr(_attempts, "ROUND_RECORDS", 5)
 
 
 @pytest.mark.usefixtures("small_pages")
@@ -95,7 +95,7 @@ async def test_bodies_are_read_from_the_retry_log_when_the_attempt_runs_also_aft
     script.fail[1] = [wk.Retryable("not yet")]
     first = consumer(log, clock, [Handler(Item, script)], retry_delays=[60.0])
     async with Running(first):
-        await wait_until(clock, lambda: bool(first.workers))
+        await wait_until(clock, lambda: bool(first.assignment()))
         [worker] = first.workers.values()
         await wait_until(clock, lambda: worker.retry.pending_count == 16 and worker.caught_up)
         assert {k: len(s.offsets) for k, s in worker.retry.keys.items()} == {"a": 8, "b": 8}
@@ -106,7 +106,7 @@ async def test_bodies_are_read_from_the_retry_log_when_the_attempt_runs_also_aft
     second = consumer(log, clock, [Handler(Item, script)], retry_delays=[60.0])
     async with Running(second):
         await wait_until(
-            clock, lambda: bool(second.workers) and all(w.started for w in second.workers.values())
+            clock, lambda: bool(second.assignment()) and all(v.started for v in second.partitions())
         )
         [worker] = second.workers.values()
         assert worker.retry.pending_count == 16

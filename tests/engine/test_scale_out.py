@@ -46,8 +46,8 @@ async def test_two_members_share_partitions_and_each_partition_has_one_owner() -
     second = group_consumer(log, "b", seen)
     tasks = [asyncio.create_task(c.run(install_signal_handlers=False)) for c in (first, second)]
     try:
-        await wait_for(lambda: len(first.workers) + len(second.workers) == 4)
-        assert not set(first.workers) & set(second.workers)
+        await wait_for(lambda: len(first.assignment()) + len(second.assignment()) == 4)
+        assert not set(first.assignment()) & set(second.assignment())
         await producer.publish_many([Item(f"k{i}", i) for i in range(200)])
         await wait_for(lambda: len(seen) >= 200)
     finally:
@@ -64,11 +64,11 @@ async def test_a_stopped_members_partitions_move_to_the_other_one() -> None:
     seen: list[tuple[str, int]] = []
     first = group_consumer(log, "a", seen)
     first_task = asyncio.create_task(first.run(install_signal_handlers=False))
-    await wait_for(lambda: len(first.workers) == 2)
+    await wait_for(lambda: len(first.assignment()) == 2)
     second = group_consumer(log, "b", seen)
     second_task = asyncio.create_task(second.run(install_signal_handlers=False))
     await asyncio.sleep(0.2)
-    assert second.workers == {}  # both partitions are owned by a
+    assert second.assignment() == []  # both partitions are owned by a
     first.stop()
     await first_task  # releases its leases
     await producer.publish_many([Item(f"k{i}", i) for i in range(50)])

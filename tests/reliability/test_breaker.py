@@ -22,19 +22,19 @@ from wakuwaku.reliability.breaker import (
     BreakerState,
     CallOutcome,
     CircuitBreaker,
-    default_classify,
+    default_call_outcome,
 )
 from wakuwaku.testing import FakeClock
 
 CONFIG = BreakerConfig(failure_threshold=3, open_for=10.0, half_open_probes=1, probe_deadline=5.0)
 
 
-@pytest.fixture
 def state_of(breaker: CircuitBreaker) -> BreakerState:
     """Read the state anew (mypy keeps an earlier ``assert breaker.state is X`` narrowing)."""
     return breaker.state
 
 
+@pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(autojump=False)
 
@@ -89,7 +89,7 @@ async def half_open_it(breaker: CircuitBreaker, clock: FakeClock) -> None:
     ids=repr,
 )
 def test_default_classification(exc: BaseException, outcome: CallOutcome) -> None:
-    assert default_classify(exc) is outcome
+    assert default_call_outcome(exc) is outcome
 
 
 @pytest.mark.parametrize(
@@ -322,7 +322,7 @@ async def test_classification_is_pluggable(clock: FakeClock) -> None:
     def classify(exc: BaseException) -> CallOutcome:
         if isinstance(exc, KeyError):
             return CallOutcome.DOMAIN_FAILURE
-        return default_classify(exc)
+        return default_call_outcome(exc)
 
     breaker = CircuitBreaker("x", CONFIG, clock=clock, classify=classify)
     for _ in range(10):

@@ -18,7 +18,7 @@ from wakuwaku.reliability.budget import (
     AttemptLimit,
     RedisRetryBudget,
     RetryBudget,
-    SqliteRetryBudget,
+    SQLiteRetryBudget,
 )
 from wakuwaku.testing import FakeClock
 
@@ -50,7 +50,7 @@ def test_a_limit_needs_at_least_one_attempt() -> None:
 @pytest.mark.parametrize("gap", [0, -1, float("inf"), float("nan")])
 def test_max_gap_must_be_a_positive_number(gap: float, tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
-        SqliteRetryBudget(tmp_path / "b.db", max_gap=gap)
+        SQLiteRetryBudget(tmp_path / "b.db", max_gap=gap)
 
 
 # -- the contract, on both stores -----------------------------------------------------------
@@ -70,7 +70,7 @@ async def budget(
                 await client.delete(*keys)
             await client.aclose()
     else:
-        async with SqliteRetryBudget(tmp_path / "budget.db", max_gap=MAX_GAP) as store:
+        async with SQLiteRetryBudget(tmp_path / "budget.db", max_gap=MAX_GAP) as store:
             yield store
 
 
@@ -161,7 +161,7 @@ SPEND_IN_A_NEW_PROCESS = textwrap.dedent(
     """
     import asyncio, sys
     import redis.asyncio as aioredis
-    from wakuwaku.reliability.budget import RedisRetryBudget, SqliteRetryBudget
+    from wakuwaku.reliability.budget import RedisRetryBudget, SQLiteRetryBudget
 
     async def main() -> None:
         kind, where, prefix = sys.argv[1:4]
@@ -171,7 +171,7 @@ SPEND_IN_A_NEW_PROCESS = textwrap.dedent(
             print(await budget.spend("enq-1", "ocr"))
             await client.aclose()
         else:
-            async with SqliteRetryBudget(where, max_gap=300) as budget:
+            async with SQLiteRetryBudget(where, max_gap=300) as budget:
                 print(await budget.spend("enq-1", "ocr"))
 
     asyncio.run(main())
@@ -207,20 +207,20 @@ async def test_sqlite_counter_survives_a_process_restart(tmp_path: Path) -> None
     path = str(tmp_path / "budget.db")
     assert await asyncio.to_thread(_spend_in_subprocess, "sqlite", path, "-") == 1
     assert await asyncio.to_thread(_spend_in_subprocess, "sqlite", path, "-") == 2
-    async with SqliteRetryBudget(path, max_gap=MAX_GAP) as budget:
+    async with SQLiteRetryBudget(path, max_gap=MAX_GAP) as budget:
         assert await budget.spend("enq-1", "ocr") == 3
 
 
 async def test_sqlite_counter_survives_a_new_connection(tmp_path: Path) -> None:
-    async with SqliteRetryBudget(tmp_path / "b.db", max_gap=MAX_GAP) as first:
+    async with SQLiteRetryBudget(tmp_path / "b.db", max_gap=MAX_GAP) as first:
         await first.spend("enq-1", "ocr")
-    async with SqliteRetryBudget(tmp_path / "b.db", max_gap=MAX_GAP) as second:
+    async with SQLiteRetryBudget(tmp_path / "b.db", max_gap=MAX_GAP) as second:
         assert await second.spend("enq-1", "ocr") == 2
 
 
 async def test_sqlite_expiry_slides_with_every_spend(tmp_path: Path) -> None:
     clock = FakeClock(autojump=False)
-    async with SqliteRetryBudget(tmp_path / "b.db", max_gap=10, clock=clock) as budget:
+    async with SQLiteRetryBudget(tmp_path / "b.db", max_gap=10, clock=clock) as budget:
         assert budget.ttl == 20
         assert await budget.spend("enq-1", "ocr") == 1
         for expected in (2, 3, 4):
@@ -237,7 +237,7 @@ async def test_sqlite_purges_expired_rows(tmp_path: Path) -> None:
 
     clock = FakeClock(autojump=False)
     path = tmp_path / "b.db"
-    async with SqliteRetryBudget(path, max_gap=10, clock=clock) as budget:
+    async with SQLiteRetryBudget(path, max_gap=10, clock=clock) as budget:
         await budget.spend("old", "ocr")
         clock.advance(25)
         await budget.spend("new", "ocr")
@@ -247,7 +247,7 @@ async def test_sqlite_purges_expired_rows(tmp_path: Path) -> None:
 
 
 async def test_a_closed_sqlite_budget_refuses_work(tmp_path: Path) -> None:
-    budget = SqliteRetryBudget(tmp_path / "b.db", max_gap=MAX_GAP)
+    budget = SQLiteRetryBudget(tmp_path / "b.db", max_gap=MAX_GAP)
     await budget.aclose()
     await budget.aclose()  # twice is fine
     with pytest.raises(ConfigError):

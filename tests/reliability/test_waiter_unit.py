@@ -19,9 +19,9 @@ from wakuwaku.reliability.waiter import (
     ResultTimeoutError,
     Verdict,
     WaitObserver,
-    classify,
     parse_result,
     publish_result,
+    read_verdict,
     result_channel,
     result_key,
     wait_for_result,
@@ -134,12 +134,12 @@ def test_a_protocol_error_never_contains_the_raw_payload() -> None:
     ids=repr,
 )
 def test_classify(outcome: BaseException | None, verdict: Verdict) -> None:
-    assert classify(outcome) is verdict
+    assert read_verdict(outcome) is verdict
 
 
 def test_a_result_is_terminal() -> None:
     result = Result(JOB, STEP, None, ReadMode.DESTRUCTIVE, None, "k", b"")  # type: ignore[arg-type]
-    assert classify(result) is Verdict.TERMINAL
+    assert read_verdict(result) is Verdict.TERMINAL
 
 
 def test_backoff_doubles_up_to_its_maximum() -> None:

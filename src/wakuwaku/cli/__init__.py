@@ -1,41 +1,28 @@
 """The ``wakuwaku`` command line (click).
 
 The parser is built by :func:`build_cli`, apart from :func:`main`, which runs
-it and turns the outcome into one of the named exit codes below. Each
-command family lives in its own module and adds itself to the group.
+it and turns the outcome into one of the named exit codes
+(:class:`ExitCode`). Each command family lives in its own module and adds
+itself to the group (:mod:`._commands` lists them all).
 """
 
 from __future__ import annotations
 
-import enum
 import sys
 from collections.abc import Sequence
 
 import click
 
 from .._errors import WakuwakuError
+from ._commands import build
+from ._exit import ExitCode
 
-
-class ExitCode(enum.IntEnum):
-    """The exit statuses of ``wakuwaku``."""
-
-    OK = 0
-    """Success."""
-    FAILURE = 1
-    """The command ran and failed (verification failed, records refused...)."""
-    USAGE = 2
-    """Bad arguments or options (click's own usage errors)."""
-    ERROR = 3
-    """A wakuwaku error: unknown topic, bad log URL, corrupt log file..."""
-    INTERRUPTED = 130
-    """Stopped by SIGINT."""
+__all__ = ("ExitCode", "build_cli", "main")
 
 
 def build_cli() -> click.Group:
     """The ``wakuwaku`` command group with every command family attached."""
-    from . import _commands
-
-    return _commands.build()
+    return build()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,29 +1,27 @@
-"""Assembles the ``wakuwaku`` group from the command-family modules."""
+"""Assembles the ``wakuwaku`` group from the command-family modules.
+
+Every family is imported here by name: a missing or broken family module
+fails the import loudly instead of leaving its commands out.
+"""
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
+from . import _demo, _dlq, _inbox, _run, _status, _topics
+
 # Each module defines ``register(group: click.Group) -> None``.
-_FAMILIES = ("_topics", "_dlq", "_run", "_status", "_inbox", "_demo")
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="wakuwaku")
-def _group() -> None:
-    """Reliable, key-ordered consumption of typed events from partitioned logs."""
+_FAMILIES = (_topics, _dlq, _run, _status, _inbox, _demo)
 
 
 def build() -> click.Group:
-    """The group with every family that is present registered on it."""
-    for name in _FAMILIES:
-        try:
-            module = importlib.import_module(f"{__package__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.{name}":
-                raise
-            continue
-        module.register(_group)
-    return _group
+    """A new ``wakuwaku`` group with every command family registered on it."""
+
+    @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+    @click.version_option(package_name="wakuwaku")
+    def wakuwaku() -> None:
+        """Reliable, key-ordered consumption of typed events from partitioned logs."""
+
+    for family in _FAMILIES:
+        family.register(wakuwaku)
+    return wakuwaku

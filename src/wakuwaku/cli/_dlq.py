@@ -26,9 +26,9 @@ from ..admin import (
     list_dead_letters,
     replay_dead_letters,
 )
-from ..engine._config import ConsumerConfig
+from ..engine import ConsumerConfig
 from ..logs import Log
-from . import ExitCode
+from ._exit import ExitCode
 from ._status import log_option, namespace_option, printable, when, with_log
 
 KEY_LIMIT = 200

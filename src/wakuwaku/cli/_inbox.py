@@ -18,10 +18,10 @@ import click
 
 from .._errors import ConfigError, UnsupportedLogURL, WakuwakuError
 from .._sanitize import sanitize
-from ..inbox._base import DEFAULT_TABLE, Inbox
+from ..inbox import DEFAULT_TABLE, Inbox
 from ..inbox.sqlite import SQLiteInbox
-from ..logs._url import parse_log_url
-from . import ExitCode
+from ..logs import parse_log_url
+from ._exit import ExitCode
 from ._status import printable, when
 
 T = TypeVar("T")

@@ -30,7 +30,7 @@ import click
 from .._errors import ConfigError
 from .._logging import StructuredFormatter
 from ..engine import Consumer
-from . import ExitCode
+from ._exit import ExitCode
 from ._status import LOG_ENV, log_option, open_existing_log
 
 logger = logging.getLogger("wakuwaku.cli")

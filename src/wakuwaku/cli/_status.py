@@ -19,9 +19,9 @@ import click
 
 from .._errors import ConfigError
 from ..admin import Status, consumer_status
-from ..engine._config import DEFAULT_RETRY_DELAYS
+from ..engine import DEFAULT_RETRY_DELAYS
 from ..logs import DEFAULT_LOG_URL, Log, open_log, sqlite_log_path
-from . import ExitCode
+from ._exit import ExitCode
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])

@@ -31,9 +31,9 @@ from .._events import Algebra, EventType, JsonCodec
 from .._json import DuplicateKeyError, decode_strict
 from .._partitioner import partition_for
 from .._records import Record, build_headers
-from ..engine._config import check_group_name, split_internal_topic
+from ..engine import check_group_name, split_internal_topic
 from ..logs import Log, OutgoingRecord
-from . import ExitCode
+from ._exit import ExitCode
 from ._status import LOG_ENV, log_option, with_log
 
 __all__ = ("LOG_ENV", "log_option", "record_json", "register", "run_on_log")

@@ -1,11 +1,13 @@
-"""The consumer engine: handlers, planning, execution, retry topic, dead letters (SPEC 5-8)."""
+"""The consumer engine: the consumer and partition ownership, planning, handler execution,
+the retry topic and quarantine, dead letters, the partition view (SPEC 5-8, 14, 15)."""
 
 from ._config import DEFAULT_RETRY_DELAYS as DEFAULT_RETRY_DELAYS
 from ._config import ConsumerConfig as ConsumerConfig
 from ._config import DeliveryMode as DeliveryMode
 from ._config import check_group_name as check_group_name
 from ._config import dead_letter_topic_name as dead_letter_topic_name
-from ._config import default_classify as default_classify
+from ._config import default_error_class as default_error_class
+from ._config import replay_ledger_topic_name as replay_ledger_topic_name
 from ._config import retry_topic_name as retry_topic_name
 from ._config import split_internal_topic as split_internal_topic
 from ._consumer import Consumer as Consumer
@@ -14,6 +16,10 @@ from ._context import current_chunk as current_chunk
 from ._handler import Handler as Handler
 from ._handler import handler as handler
 from ._stats import ConsumerStats as ConsumerStats
+from ._view import PartitionView as PartitionView
+from ._view import QuarantinedKey as QuarantinedKey
+from ._view import RetryPartitionState as RetryPartitionState
+from ._view import read_retry_partition as read_retry_partition
 
 __all__ = (
     "DEFAULT_RETRY_DELAYS",
@@ -23,11 +29,16 @@ __all__ = (
     "ConsumerStats",
     "DeliveryMode",
     "Handler",
+    "PartitionView",
+    "QuarantinedKey",
+    "RetryPartitionState",
     "check_group_name",
     "current_chunk",
     "dead_letter_topic_name",
-    "default_classify",
+    "default_error_class",
     "handler",
+    "read_retry_partition",
+    "replay_ledger_topic_name",
     "retry_topic_name",
     "split_internal_topic",
 )

@@ -19,7 +19,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, ErrorClass
 from .._records import MAX_GROUP_LENGTH, valid_group_name
 
-log = logging.getLogger("wakuwaku.consumer")
+logger = logging.getLogger("wakuwaku.consumer")
 
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0)
 """The default schedule: a Retryable key gets four attempts (SPEC 6)."""
@@ -42,7 +42,7 @@ class DeliveryMode(enum.Enum):
     loses the batch in flight but never handles an event twice."""
 
 
-def default_classify(exc: BaseException) -> ErrorClass:
+def default_error_class(exc: BaseException) -> ErrorClass:
     """Classify an exception that is not a ``HandleError``: always Unrecoverable (SPEC 5.8).
 
     The consumer logs that it classified the exception this way. Ready-made
@@ -89,6 +89,12 @@ def dead_letter_topic_name(topic: str, group: str) -> str:
     """``wk-dlq.<group>.<topic>``: where one group's records of a topic that
     cannot be handled go (SPEC 6, 8)."""
     return f"{DEAD_LETTER_PREFIX}{group}.{topic}"
+
+
+def replay_ledger_topic_name(topic: str, group: str) -> str:
+    """``wk-replayed.<group>.<topic>``: which of one group's dead letters of
+    ``topic`` were replayed already (``wakuwaku dlq replay``)."""
+    return f"{REPLAY_LEDGER_PREFIX}{group}.{topic}"
 
 
 def split_internal_topic(name: str) -> tuple[str, str, str] | None:
@@ -150,7 +156,7 @@ class ConsumerConfig:
         ``max_concurrency`` threads, so this bound, not asyncio's default
         pool, limits them (issue 12 item 13).
     :param classify: maps an exception that is not a ``HandleError`` to an
-        :class:`ErrorClass` (SPEC 5.8); default :func:`default_classify`.
+        :class:`ErrorClass` (SPEC 5.8); default :func:`default_error_class`.
     :param clock: where time comes from (a :class:`~wakuwaku.testing.FakeClock` in tests).
     :param poll_interval: how long an idle partition waits before polling again.
     :param shutdown_timeout: how long running chunks may take to finish after
@@ -176,7 +182,7 @@ class ConsumerConfig:
     delivery_mode: DeliveryMode = DeliveryMode.NO_EVENT_LOSE
     max_poll_records: int = 500
     max_concurrency: int = 16
-    classify: Callable[[BaseException], ErrorClass] = default_classify
+    classify: Callable[[BaseException], ErrorClass] = default_error_class
     clock: Clock = field(default=SYSTEM_CLOCK)
     poll_interval: float = 0.05
     shutdown_timeout: float = 30.0

@@ -1,4 +1,8 @@
-"""The consumer: topics, partition ownership, one task per partition, shutdown (SPEC 5, 6, 14, 15).
+"""The consumer: topics, partition leases, one worker per partition, shutdown (SPEC 5, 6, 14, 15).
+
+Takes each partition's lease (renewed every ``lease_ttl / 3``; the worker
+stops once it is lost), runs one partition worker (:mod:`._partition`) per
+owned partition, and offers the read-only partition view (:mod:`._view`).
 
 ::
 
@@ -24,13 +28,14 @@ from .._errors import (
     UnknownPartitionError,
     WakuwakuError,
 )
-from ..logs._base import Lease, Log
+from ..logs import Lease, Log
 from ._config import ConsumerConfig
 from ._handler import Handler
 from ._partition import PartitionWorker
 from ._stats import ConsumerStats
+from ._view import PartitionView
 
-log = logging.getLogger("wakuwaku.consumer")
+logger = logging.getLogger("wakuwaku.consumer")
 
 
 class Consumer:
@@ -64,6 +69,7 @@ class Consumer:
             raise ConfigError("a Consumer needs at least one handler")
         self.handlers: Mapping[str, Handler[Any]] = by_tag
         self.stats = ConsumerStats()
+        # Internal: other packages and tests read assignment()/partitions().
         self.workers: dict[tuple[str, int], PartitionWorker] = {}
         self._assignment: list[tuple[str, int]] = []
         self._stop = asyncio.Event()
@@ -152,12 +158,12 @@ class Consumer:
             stopper.cancel()
             if not self._stop.is_set():
                 self.stop()
-            log.info("consumer stopping", extra={"group": self.config.group})
+            logger.info("consumer stopping", extra={"group": self.config.group})
             done, still = await asyncio.wait(supervisors, timeout=self.config.shutdown_timeout)
             for task in still:
                 task.cancel()
             if still:
-                log.warning(
+                logger.warning(
                     "shutdown deadline passed; cancelled running chunks",
                     extra={"partitions": len(still)},
                 )
@@ -247,6 +253,49 @@ class Consumer:
             return False
         return all(w.started and w.caught_up and not w.retry.keys for w in self.workers.values())
 
+    # ------------------------------------------------------------------- view
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, partition) pairs this consumer has taken a lease on and
+        runs a partition worker for, sorted (like a Kafka consumer's
+        ``assignment()``). Empty before :meth:`run`. A partition whose lease
+        was lost stays listed, with its worker's last state, until the lease
+        is taken again; after :meth:`run` returned, every partition it owned
+        is listed with its last state."""
+        return sorted(self.workers)
+
+    def partitions(self) -> list[PartitionView]:
+        """A frozen snapshot of every partition this consumer owns, sorted by
+        (topic, partition): position, retry backlog, quarantined keys.
+
+        Safe to call from another thread (the metrics server's): a snapshot
+        taken while the event loop changes the state may be a moment old,
+        never broken; :class:`RuntimeError` from a dict changing size while
+        read is the caller's to retry.
+        """
+        owned = sorted(list(self.workers.items()), key=lambda item: item[0])
+        return [worker.view() for _, worker in owned]
+
+    def partition(self, topic: str, partition: int) -> PartitionView | None:
+        """The snapshot of one owned partition (``topic`` as :meth:`assignment`
+        names it: with the namespace prefix), or None when this consumer does
+        not own it now."""
+        worker = self.workers.get((topic, partition))
+        return None if worker is None else worker.view()
+
+    async def lag(self) -> dict[tuple[str, int], int]:
+        """Records after each owned partition's position, from the log's end
+        offsets (one ``end_offsets`` call per topic).
+
+        :raises LogError: what the log raises.
+        """
+        views = [v for v in self.partitions() if v.started]
+        ends: dict[str, dict[int, int]] = {}
+        for view in views:
+            if view.topic not in ends:
+                ends[view.topic] = await self.log.end_offsets(view.topic)
+        return {(v.topic, v.partition): v.lag(ends[v.topic].get(v.partition, 0)) for v in views}
+
     def _install_signals(self) -> list[signal.Signals]:
         if threading.current_thread() is not threading.main_thread():
             return []
@@ -259,7 +308,7 @@ class Consumer:
         return installed
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("signal received; stopping gracefully", extra={"signal": sig.name})
+        logger.info("signal received; stopping gracefully", extra={"signal": sig.name})
         self.stop()
 
     # -------------------------------------------------------------- ownership
@@ -274,7 +323,7 @@ class Consumer:
             lease = await self._acquire(topic, partition)
             if lease is None:
                 if not waiting:  # once per wait: a dead member's lease runs out by itself
-                    log.info(
+                    logger.info(
                         "partition owned by another member; waiting for its lease",
                         extra={"topic": topic, "partition": partition, "lease_ttl": ttl},
                     )
@@ -282,7 +331,7 @@ class Consumer:
                 await self._wait_or_stop(ttl / 3)
                 continue
             if waiting:
-                log.info(
+                logger.info(
                     "partition lease taken",
                     extra={"topic": topic, "partition": partition, "generation": lease.generation},
                 )
@@ -310,7 +359,7 @@ class Consumer:
                 if current is not None and current.cancelling():
                     raise  # this supervisor is being cancelled for real
                 # A driver leaked a CancelledError nobody asked for: a crash.
-                log.error(
+                logger.error(
                     "partition worker ended by a stray CancelledError; restarting it",
                     extra={"topic": topic, "partition": partition},
                 )
@@ -318,7 +367,7 @@ class Consumer:
             except Exception:
                 # A bug must not stall the partition silently: log it, start
                 # again from the stored offsets after the first retry delay.
-                log.exception(
+                logger.exception(
                     "partition worker crashed; restarting it",
                     extra={"topic": topic, "partition": partition},
                 )
@@ -326,7 +375,7 @@ class Consumer:
             except BaseException as exc:
                 # SystemExit, KeyboardInterrupt or another BaseException: the
                 # consumer stops and run() raises it, rather than idling.
-                log.critical(
+                logger.critical(
                     "partition worker ended by %s; stopping the consumer",
                     type(exc).__name__,
                     extra={"topic": topic, "partition": partition},
@@ -348,7 +397,7 @@ class Consumer:
                 self.config.group, topic, partition, self.config.member_id, self.config.lease_ttl
             )
         except Exception as exc:  # noqa: BLE001 - the log is down: try again later
-            log.warning(
+            logger.warning(
                 "cannot take partition lease; retrying",
                 extra={"topic": topic, "partition": partition, "error": str(exc)},
             )
@@ -372,7 +421,7 @@ class Consumer:
                 continue
             if renewed is None and clock.monotonic() < worker.lease_deadline:
                 continue  # the log is unreachable, but the lease still holds
-            log.warning(
+            logger.warning(
                 "partition lease lost; stopping its worker",
                 extra={"topic": lease.topic, "partition": lease.partition},
             )

@@ -36,7 +36,7 @@ from .._records import (
 )
 from .._sanitize import sanitize
 
-log = logging.getLogger("wakuwaku.consumer")
+logger = logging.getLogger("wakuwaku.consumer")
 
 
 class Where(msgspec.Struct, frozen=True, gc=False):
@@ -536,7 +536,7 @@ def _combine(etype: EventType[Any], a: Item, b: Item) -> Any:
     try:
         return etype.combine(a.event, b.event)
     except Exception as exc:  # noqa: BLE001 - a failing combine must not lose events
-        log.error(
+        logger.error(
             "combine failed; events kept apart",
             extra={
                 "topic": a.origin.topic,

@@ -18,8 +18,8 @@ for a retry, already reduced, with ``wk-failed-at`` and ``wk-src``) and small
 The first work record of a key carries ``wk-due-at`` too. The due time is
 stored, not only derived from the schedule, so that ``wakuwaku status``
 shows the time the consumer will use without being told its schedule;
-a record without it (written before it was stored) is read with the
-schedule as before.
+a record without ``wk-due-at`` (written by an older release) is read with
+the configured schedule.
 
 An attempt plans all of a key's pending work records as one new batch
 (SPEC 6), so records routed during a quarantine join the failed run when
@@ -42,8 +42,8 @@ offsets of its pending work records (a compact ``array('q')``, 8 bytes
 each), counters, due times and the highest main offset. Record bodies stay
 in the retry log: :meth:`RetryState.apply` keeps none of a record's headers
 or body, neither live nor when a restart reads the partition back, and the
-partition worker reads a key's pending records from the retry partition
-when its attempt runs (see ``PartitionWorker._read_pending``).
+attempts (:mod:`._attempts`) read a key's pending records from the retry
+partition when its attempt runs.
 
 One function, :meth:`RetryState.apply`, turns a record into state. The live
 consumer writes a record, then applies it with its assigned offset; a
@@ -56,14 +56,17 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Protocol, TypeVar
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._records import (
     H_ERROR,
     H_FAILED_AT,
     H_KEY,
+    H_MARKER,
     H_REASON,
     H_SRC,
     H_VERSION,
@@ -76,9 +79,14 @@ from .._records import (
     key_or_none,
     parse_ms,
 )
+from ..logs import Log
 from ._plan import Item
 
-H_MARKER = "wk-marker"
+R = TypeVar("R")
+
+#: Records one read of a retry partition returns at most.
+READ_PAGE = 1000
+
 H_THROUGH = "wk-through"
 H_RESET = "wk-reset"
 H_FAILURES = "wk-failures"
@@ -400,3 +408,58 @@ def _int(raw: bytes | None) -> int | None:
     if not 0 < len(text) <= 19 or not text.isdigit():
         return None
     return int(text)
+
+
+class LogCall(Protocol):
+    """How a loader makes its log calls: ``await call(operation, thunk)``."""
+
+    async def __call__(self, operation: str, call: Callable[[], Awaitable[R]], /) -> R: ...
+
+
+async def _direct(operation: str, call: Callable[[], Awaitable[R]], /) -> R:
+    return await call()
+
+
+async def load_retry_state(
+    log: Log,
+    group: str,
+    retry_topic: str,
+    partition: int,
+    state: RetryState,
+    *,
+    call: LogCall = _direct,
+) -> tuple[int | None, int]:
+    """Rebuild ``state`` from one retry partition: the one loader of retry state.
+
+    Reads ``retry_topic``/``partition`` from ``group``'s committed offset (the
+    partition's start offset when the group never committed there) to its
+    end and applies every record (:meth:`RetryState.apply`), exactly as a
+    restarting consumer does (SPEC 6). The partition worker and ``wakuwaku
+    status`` both load through it, so they never disagree about a record.
+
+    A record whose own headers cannot be read (no usable ``wk-key``, a broken
+    ``wk-failed-at``, a marker with broken numbers) never stops the load:
+    it lands in :attr:`RetryState.broken` for the caller to report. A work
+    record with a usable key is kept pending even when its ``wk-failed-at``
+    is broken: its attempt dead-letters it as ``malformed_header``.
+
+    :param call: runs each log call (the partition worker retries them with
+        its gate closed; default: call once).
+    :returns: the group's committed offset in the partition (None when it
+        never committed there), and the offset the load started from.
+    :raises: what the log (or ``call``) raises.
+    """
+    committed = await call(
+        "load retry offset", lambda: log.committed(group, retry_topic, partition)
+    )
+    start = committed
+    if start is None:
+        starts = await call("start offsets", lambda: log.start_offsets(retry_topic))
+        start = starts.get(partition, 0)
+    state.end_offset = offset = start
+    while page := await call(
+        "read retry topic", partial(log.read, retry_topic, partition, offset, READ_PAGE)
+    ):
+        state.apply_all(page)
+        offset = page[-1].offset + 1
+    return committed, start

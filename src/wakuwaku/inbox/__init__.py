@@ -14,6 +14,7 @@ See ``docs/inbox.md`` for the design and a standalone example.
 
 from __future__ import annotations
 
+from ._base import DEFAULT_TABLE as DEFAULT_TABLE
 from ._base import Claim as Claim
 from ._base import DeadMessage as DeadMessage
 from ._base import EntryStatus as EntryStatus
@@ -26,6 +27,7 @@ from ._base import record_keys as record_keys
 from .sqlite import SQLiteInbox as SQLiteInbox
 
 __all__ = (
+    "DEFAULT_TABLE",
     "Claim",
     "DeadMessage",
     "EntryStatus",

@@ -32,7 +32,9 @@ from ._base import Lease as Lease
 from ._base import Log as Log
 from ._base import OutgoingRecord as OutgoingRecord
 from ._base import TopicInfo as TopicInfo
-from ._url import LOG_URL_OPTIONS, LogURL, option_bool, option_seconds, parse_log_url
+from ._url import LOG_URL_OPTIONS, option_bool, option_seconds
+from ._url import LogURL as LogURL
+from ._url import parse_log_url as parse_log_url
 from .memory import MemoryLog as MemoryLog
 from .sqlite import SQLiteLog as SQLiteLog
 
@@ -42,11 +44,13 @@ __all__ = (
     "BatchWrite",
     "Lease",
     "Log",
+    "LogURL",
     "MemoryLog",
     "OutgoingRecord",
     "SQLiteLog",
     "TopicInfo",
     "open_log",
+    "parse_log_url",
     "sqlite_log_path",
 )
 
@@ -57,7 +61,7 @@ SUPPORTED_SCHEMES: tuple[str, ...] = tuple(LOG_URL_OPTIONS)
 def open_log(url: str = DEFAULT_LOG_URL) -> Log:
     """Create the log adapter a URL names (see the module docstring).
 
-    The URL is split by :func:`~wakuwaku.logs._url.parse_log_url`, the one
+    The URL is split by :func:`parse_log_url`, the one
     parser every command uses; options are given as a query
     (``sqlite:///x.db?fsync=0&busy_timeout=5``).
 

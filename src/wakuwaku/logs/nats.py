@@ -69,7 +69,7 @@ from ._base import (
 
 __all__ = ("NatsLog", "escape")
 
-_logger = logging.getLogger("wakuwaku.logs.nats")
+logger = logging.getLogger("wakuwaku.logs.nats")
 
 _T = TypeVar("_T")
 
@@ -253,17 +253,17 @@ class NatsLog(Log):
         token = self._token if self._token is not None else os.environ.get(TOKEN_ENV) or None
 
         async def on_error(exc: Exception) -> None:
-            _logger.debug("NATS client error on %s: %s", self.url, exc)
+            logger.debug("NATS client error on %s: %s", self.url, exc)
 
         connected = False
 
         async def on_disconnect() -> None:
             if self._closed or not connected:
                 return  # a first connection that failed is reported by the raise below
-            _logger.warning("NATS log %s: connection lost, reconnecting", self.url)
+            logger.warning("NATS log %s: connection lost, reconnecting", self.url)
 
         async def on_reconnect() -> None:
-            _logger.warning("NATS log %s: reconnected", self.url)
+            logger.warning("NATS log %s: reconnected", self.url)
 
         nc = Client()
         # nats-py annotates these seconds as int; it passes them to asyncio as floats.

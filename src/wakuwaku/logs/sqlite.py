@@ -70,7 +70,7 @@ _RETENTION_INTERVAL = 5.0
 _READ_BATCH = 2_500
 _READ_AHEAD_BYTES = 1 << 20
 
-_logger = logging.getLogger("wakuwaku.logs.sqlite")
+logger = logging.getLogger("wakuwaku.logs.sqlite")
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -179,7 +179,7 @@ class SQLiteLog(Log):
             try:
                 self._conn.rollback()
             except sqlite3.Error as exc:  # the original error is the one to report
-                _logger.debug("rollback after a failure failed too: %s", exc)
+                logger.debug("rollback after a failure failed too: %s", exc)
 
     def _translate(self, exc: sqlite3.Error) -> LogError:
         text = str(exc)
@@ -637,7 +637,7 @@ class SQLiteLog(Log):
                 self._apply_retention(topic)
             except sqlite3.Error as exc:
                 self._rollback()
-                _logger.warning("automatic retention of topic %r failed: %s", topic, exc)
+                logger.warning("automatic retention of topic %r failed: %s", topic, exc)
 
     @staticmethod
     def _upsert_commit(

@@ -30,11 +30,11 @@ from .breaker import BreakerState as BreakerState
 from .breaker import CallOutcome as CallOutcome
 from .breaker import CircuitBreaker as CircuitBreaker
 from .breaker import Permit as Permit
-from .breaker import default_classify as default_classify
+from .breaker import default_call_outcome as default_call_outcome
 from .budget import AttemptLimit as AttemptLimit
 from .budget import RedisRetryBudget as RedisRetryBudget
 from .budget import RetryBudget as RetryBudget
-from .budget import SqliteRetryBudget as SqliteRetryBudget
+from .budget import SQLiteRetryBudget as SQLiteRetryBudget
 
 if TYPE_CHECKING:
     from .waiter import Backoff as Backoff
@@ -45,10 +45,10 @@ if TYPE_CHECKING:
     from .waiter import ResultTimeoutError as ResultTimeoutError
     from .waiter import Verdict as Verdict
     from .waiter import WaitObserver as WaitObserver
-    from .waiter import classify as classify
     from .waiter import delete_result as delete_result
     from .waiter import parse_result as parse_result
     from .waiter import publish_result as publish_result
+    from .waiter import read_verdict as read_verdict
     from .waiter import result_channel as result_channel
     from .waiter import result_key as result_key
     from .waiter import wait_for_result as wait_for_result
@@ -63,7 +63,7 @@ _WAITER_NAMES = frozenset(
         "ResultTimeoutError",
         "Verdict",
         "WaitObserver",
-        "classify",
+        "read_verdict",
         "delete_result",
         "parse_result",
         "publish_result",
@@ -90,14 +90,14 @@ __all__ = (
     "ResultStatus",
     "ResultTimeoutError",
     "RetryBudget",
-    "SqliteRetryBudget",
+    "SQLiteRetryBudget",
     "Verdict",
     "WaitObserver",
-    "classify",
-    "default_classify",
+    "default_call_outcome",
     "delete_result",
     "parse_result",
     "publish_result",
+    "read_verdict",
     "result_channel",
     "result_key",
     "sanitize",

@@ -67,7 +67,7 @@ __all__ = (
     "CallOutcome",
     "CircuitBreaker",
     "Permit",
-    "default_classify",
+    "default_call_outcome",
 )
 
 logger = logging.getLogger("wakuwaku.reliability.breaker")
@@ -112,7 +112,7 @@ _FAILURE: tuple[type[BaseException], ...] = (
 )
 
 
-def default_classify(exc: BaseException) -> CallOutcome:
+def default_call_outcome(exc: BaseException) -> CallOutcome:
     """Classify an exception that ended a protected call (SPEC 12).
 
     * :class:`asyncio.CancelledError`, :class:`KeyboardInterrupt`,
@@ -189,7 +189,7 @@ class CircuitBreaker:
     :param config: thresholds and times (:class:`BreakerConfig`).
     :param clock: time source; only ``monotonic()`` is used.
     :param classify: maps an exception that ended a call to a
-        :class:`CallOutcome` (default :func:`default_classify`).
+        :class:`CallOutcome` (default :func:`default_call_outcome`).
 
     Use it around a call::
 
@@ -207,7 +207,7 @@ class CircuitBreaker:
         config: BreakerConfig | None = None,
         *,
         clock: Clock = SYSTEM_CLOCK,
-        classify: Callable[[BaseException], CallOutcome] = default_classify,
+        classify: Callable[[BaseException], CallOutcome] = default_call_outcome,
     ) -> None:
         self.name = name
         self.config = config if config is not None else BreakerConfig()

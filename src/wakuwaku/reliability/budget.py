@@ -19,7 +19,7 @@ Two stores share one contract (:class:`RetryBudget`):
 
 * :class:`RedisRetryBudget`: ``INCR`` and ``PEXPIRE`` in one Lua script
   (``budget_spend.lua``), so no crash can leave an immortal counter behind;
-* :class:`SqliteRetryBudget`: one row per counter, updated in one
+* :class:`SQLiteRetryBudget`: one row per counter, updated in one
   transaction, expiry by timestamp on the injected clock.
 
 :class:`AttemptLimit` turns a count into a decision. Attempts are numbered
@@ -50,7 +50,7 @@ from ._names import DEFAULT_PREFIX, check_job, name
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-__all__ = ("AttemptLimit", "RedisRetryBudget", "RetryBudget", "SqliteRetryBudget")
+__all__ = ("AttemptLimit", "RedisRetryBudget", "RetryBudget", "SQLiteRetryBudget")
 
 _SPEND_LUA = resources.files(__package__).joinpath("budget_spend.lua").read_text("utf-8")
 
@@ -187,7 +187,7 @@ class RedisRetryBudget(RetryBudget):
         await self._redis.delete(self.key(job_id, step))
 
 
-class SqliteRetryBudget(RetryBudget):
+class SQLiteRetryBudget(RetryBudget):
     """Retry budget in a SQLite file: table ``wk_retry_budget``, one transaction per spend.
 
     :param path: the database file (created when missing); several processes
@@ -223,7 +223,7 @@ class SqliteRetryBudget(RetryBudget):
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise ConfigError("this SqliteRetryBudget is closed")
+            raise ConfigError("this SQLiteRetryBudget is closed")
         return self._conn
 
     def _spend(self, params: dict[str, Any]) -> int:

@@ -17,7 +17,7 @@ Payload contract (a positive allow-list: only these two statuses exist)::
     {"status": "error", "message": "<text, optional>", "retryable": <bool, optional>}
 
 Every outcome of every read, whether a nudge or the ticker caused it, goes
-through the one function :func:`classify`:
+through the one function :func:`read_verdict`:
 
 * **not ready** (the key is absent): keep waiting;
 * **transient** (Redis unreachable, ``LOADING``, a socket timeout, a
@@ -69,10 +69,10 @@ __all__ = (
     "ResultTimeoutError",
     "Verdict",
     "WaitObserver",
-    "classify",
     "delete_result",
     "parse_result",
     "publish_result",
+    "read_verdict",
     "result_channel",
     "result_key",
     "wait_for_result",
@@ -147,7 +147,7 @@ class ProtocolReason(enum.StrEnum):
 
 
 class Verdict(enum.Enum):
-    """What one read's outcome means for the wait (see :func:`classify`)."""
+    """What one read's outcome means for the wait (see :func:`read_verdict`)."""
 
     NOT_READY = "not_ready"
     """The key is absent: keep waiting for a nudge or the next tick."""
@@ -351,7 +351,7 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 )
 
 
-def classify(outcome: Result | BaseException | None) -> Verdict:
+def read_verdict(outcome: Result | BaseException | None) -> Verdict:
     """The one predicate every read outcome goes through (SPEC 10, seed 000).
 
     :param outcome: what a read produced: ``None`` (key absent), a
@@ -518,7 +518,7 @@ class _Wait:
                     elif message["type"] == "message":
                         self.nudge.set()
             except Exception as exc:
-                if classify(exc) is Verdict.TERMINAL:
+                if read_verdict(exc) is Verdict.TERMINAL:
                     raise
                 failures += 1
                 delay = self.backoff.delay(failures)
@@ -540,9 +540,9 @@ class _Wait:
             outcome: Result | BaseException | None
             try:
                 outcome = await self._read()
-            except Exception as exc:  # noqa: BLE001 - classify() decides; unknown ones are raised
+            except Exception as exc:  # noqa: BLE001 - read_verdict() decides; unknown ones are raised
                 outcome = exc
-            verdict = classify(outcome)
+            verdict = read_verdict(outcome)
             self.observer.read(self.job_id, self.step, verdict)
             if verdict is Verdict.TERMINAL:
                 if isinstance(outcome, BaseException):
@@ -638,7 +638,7 @@ async def wait_for_result(
     subscription that takes longer than ``poll_interval`` to confirm does not
     hold polling back). It reads
     again on every nudge, every ``poll_interval`` and after every
-    (re)subscription. Every read outcome goes through :func:`classify`.
+    (re)subscription. Every read outcome goes through :func:`read_verdict`.
 
     :param redis: a ``redis.asyncio.Redis`` client (``decode_responses``
         either way). Give it a ``socket_timeout``: a read that hangs is only

@@ -1,18 +1,16 @@
-"""Operations on a topic's dead letters and a group's state: what ``wakuwaku dlq``
-and ``wakuwaku status`` run (SPEC 6, 8, 14).
+"""A consumer group's dead letters: list, replay, and the replay ledger (SPEC 8).
 
-Every function is async, takes an open :class:`~wakuwaku.logs.Log` and the
-*main* topic's name (``orders``, not ``wk-dlq.billing.orders``) and the
-consumer group whose retry and dead-letter topics are meant (they belong to
-one group, SPEC 6); ``namespace`` is the
+What ``wakuwaku dlq list`` and ``wakuwaku dlq replay`` run. Every function is
+async, takes an open :class:`~wakuwaku.logs.Log`, the *main* topic's name
+(``orders``, not ``wk-dlq.billing.orders``) and the consumer group whose
+dead-letter topic is meant; ``namespace`` is the
 :attr:`ConsumerConfig.namespace <wakuwaku.engine.ConsumerConfig.namespace>`
 of the consumer that wrote them.
 
 - :func:`list_dead_letters` reads the group's dead-letter topic
-  (``wk-dlq.<group>.<topic>``, written ``dlq_<topic>`` below), every partition, and
-  parses each record into a :class:`DeadLetter`. A dead letter whose
-  headers are broken is listed with its :attr:`DeadLetter.problems`, never
-  left out.
+  (``wk-dlq.<group>.<topic>``), every partition, and parses each record
+  into a :class:`DeadLetter`. A dead letter whose headers are broken is
+  listed with its :attr:`DeadLetter.problems`, never left out.
 - :func:`replay_dead_letters` writes dead letters back into the main topic,
   addressed to their group only (``wk-for-group``: other groups skip the
   copy). The copy keeps ``wk-src``, so the consumer handles it under the message
@@ -21,10 +19,8 @@ of the consumer that wrote them.
   in a ledger topic ``wk-replayed.<group>.<topic>`` (one ledger record per replayed
   dead letter), so a second run does not replay it again; ``everything=True``
   (``--all``) ignores the ledger.
-- :func:`consumer_status` reports a group's lag per partition, its
-  quarantined keys with their next attempt time, the retry backlog and the
-  dead letters per reason, rebuilding the retry state from ``retry_<topic>``
-  exactly as a restarting consumer does.
+
+May call: the log, the engine's public names (topic names, configuration).
 """
 
 from __future__ import annotations
@@ -38,13 +34,14 @@ from typing import Any
 
 import msgspec
 
-from ._errors import ConfigError, PartitionCountMismatch, UnknownTopicError
-from ._partitioner import partition_for
-from ._records import (
+from .._errors import ConfigError, PartitionCountMismatch, UnknownTopicError
+from .._partitioner import partition_for
+from .._records import (
     H_ALG,
     H_ERROR,
     H_FOR_GROUP,
     H_KEY,
+    H_MARKER,
     H_PROPS,
     H_REASON,
     H_SRC,
@@ -57,29 +54,18 @@ from ._records import (
     decode_source,
     header_text,
 )
-from ._sanitize import sanitize
-from .engine._config import (
-    DEFAULT_RETRY_DELAYS,
-    REPLAY_LEDGER_PREFIX,
-    ConsumerConfig,
-    split_internal_topic,
-)
-from .engine._retry import H_MARKER, RetryState
-from .logs._base import Log, OutgoingRecord
+from .._sanitize import sanitize
+from ..engine import ConsumerConfig, replay_ledger_topic_name, split_internal_topic
+from ..logs import Log, OutgoingRecord
 
 logger = logging.getLogger("wakuwaku.admin")
 
 __all__ = (
     "MISSING_REASON",
     "DeadLetter",
-    "PartitionStatus",
-    "QuarantinedKey",
     "ReplayReport",
     "ReplayedDeadLetter",
     "SkippedDeadLetter",
-    "Status",
-    "committed_groups",
-    "consumer_status",
     "dead_letter_groups",
     "derived_topic_owner",
     "list_dead_letters",
@@ -90,7 +76,7 @@ __all__ = (
 
 _PAGE = 500
 H_DLQ_OFFSET = "wk-dlq-offset"
-"""Ledger records: the dead letter's offset in its ``dlq_<topic>`` partition."""
+"""Ledger records: the dead letter's offset in its ``wk-dlq.<group>.<topic>`` partition."""
 H_REPLAYED_TO = "wk-replayed-to"
 """Ledger records: ``<partition>@<offset>`` of the copy in the main topic."""
 MARKER_REPLAYED = b"replayed"
@@ -103,20 +89,11 @@ MISSING_REASON = "<missing>"
 _KEPT_ON_REPLAY = frozenset({H_VERSION, H_TYPE, H_KEY, H_PROPS, H_ALG, H_SRC})
 
 
-def replay_ledger_topic_name(topic: str, group: str) -> str:
-    """``wk-replayed.<group>.<topic>``: which of one group's dead letters of
-    ``topic`` were replayed already."""
-    return f"{REPLAY_LEDGER_PREFIX}{group}.{topic}"
-
-
-# ------------------------------------------------------------------ dead letters
-
-
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """One record of ``dlq_<topic>``, parsed (SPEC 8).
+    """One record of ``wk-dlq.<group>.<topic>``, parsed (SPEC 8).
 
-    :param partition: its partition in ``dlq_<topic>`` (the main record's partition).
+    :param partition: its partition in ``wk-dlq.<group>.<topic>`` (the main record's partition).
     :param offset: its offset there.
     :param reason: ``wk-reason`` as written (a :class:`ReasonCode` value when
         well-formed), None when missing.
@@ -185,7 +162,8 @@ class DeadLetter:
 
 
 def parse_dead_letter(partition: int, record: Record) -> DeadLetter:
-    """Parse one ``dlq_<topic>`` record; broken headers become :attr:`DeadLetter.problems`."""
+    """Parse one record of a dead-letter topic (``wk-dlq.<group>.<topic>``);
+    broken headers become :attr:`DeadLetter.problems`."""
     headers = record.headers
     problems: list[str] = []
     reason = header_text(headers, H_REASON)
@@ -330,12 +308,12 @@ async def _scan(
 
 
 async def _dead_letter_pages(
-    log: Log, dlq: str, partitions: int
+    log: Log, dead_letter_topic: str, partitions: int
 ) -> AsyncGenerator[tuple[int, list[DeadLetter]], None]:
-    starts = await log.start_offsets(dlq)
-    ends = await log.end_offsets(dlq)
+    starts = await log.start_offsets(dead_letter_topic)
+    ends = await log.end_offsets(dead_letter_topic)
     for p in range(partitions):
-        async for page in _scan(log, dlq, p, starts.get(p, 0), ends.get(p, 0)):
+        async for page in _scan(log, dead_letter_topic, p, starts.get(p, 0), ends.get(p, 0)):
             yield p, [parse_dead_letter(p, r) for r in page]
 
 
@@ -353,7 +331,7 @@ async def list_dead_letters(
     limit: int | None = None,
     namespace: str = "",
 ) -> list[DeadLetter]:
-    """The dead letters of ``topic``, by dlq partition then offset (SPEC 8).
+    """The dead letters of ``topic``, by dead-letter partition then offset (SPEC 8).
 
     :param log: the log.
     :param topic: the main topic.
@@ -364,7 +342,7 @@ async def list_dead_letters(
     :param limit: at most this many (the first ones in partition, offset order).
     :param namespace: the consumer's namespace prefix, if it had one.
     :returns: the matching dead letters; an empty list when the consumer
-        never created ``dlq_<topic>``. Dead letters with broken headers are
+        never created ``wk-dlq.<group>.<topic>``. Dead letters with broken headers are
         included, with :attr:`DeadLetter.problems` saying what is wrong.
     :raises UnknownTopicError: when the main topic does not exist.
     :raises ConfigError: for an unknown reason code or a limit below 1, or
@@ -376,12 +354,12 @@ async def list_dead_letters(
     names = _names(topic, group, namespace)
     main = names.topics[0]
     await log.describe_topic(main)
-    dlq = names.dead_letter_topic(main)
-    partitions = await _partitions_or_none(log, dlq)
+    dead_letter_topic = names.dead_letter_topic(main)
+    partitions = await _partitions_or_none(log, dead_letter_topic)
     if partitions is None:
         return []
     found: list[DeadLetter] = []
-    async with aclosing(_dead_letter_pages(log, dlq, partitions)) as pages:
+    async with aclosing(_dead_letter_pages(log, dead_letter_topic, partitions)) as pages:
         async for _, page in pages:
             for letter in page:
                 if _matches(letter, wanted, key):
@@ -546,7 +524,7 @@ async def replay_dead_letters(
     :param group: the consumer group whose dead letters are replayed; only
         that group handles the copies (SPEC 8).
     :param reason: / :param key: only dead letters with this reason / key.
-    :param limit: replay at most this many (matched dead letters, in dlq
+    :param limit: replay at most this many (matched dead letters, in dead-letter
         partition then offset order; the ledger's are not counted).
     :param dry_run: write nothing (neither copies nor ledger); the report
         says what would be replayed.
@@ -566,20 +544,22 @@ async def replay_dead_letters(
     names = _names(topic, group, namespace)
     main = names.topics[0]
     main_partitions = (await log.describe_topic(main)).partitions
-    dlq = names.dead_letter_topic(main)
+    dead_letter_topic = names.dead_letter_topic(main)
     ledger = names.qualify(replay_ledger_topic_name(topic, group))
     report = ReplayReport(main, dry_run)
-    dlq_partitions = await _partitions_or_none(log, dlq)
-    if dlq_partitions is None:
+    dead_letter_partitions = await _partitions_or_none(log, dead_letter_topic)
+    if dead_letter_partitions is None:
         return report
     if not dry_run:
         try:
-            await log.create_topic(ledger, dlq_partitions)
+            await log.create_topic(ledger, dead_letter_partitions)
         except PartitionCountMismatch as exc:
-            raise PartitionCountMismatch(ledger, exc.existing, dlq_partitions) from None
+            raise PartitionCountMismatch(ledger, exc.existing, dead_letter_partitions) from None
     done = {} if everything else await _read_ledger(log, ledger)
     remaining = limit
-    async with aclosing(_dead_letter_pages(log, dlq, dlq_partitions)) as pages:
+    async with aclosing(
+        _dead_letter_pages(log, dead_letter_topic, dead_letter_partitions)
+    ) as pages:
         async for p, page in pages:
             batch: list[tuple[DeadLetter, str]] = []
             for letter in page:
@@ -599,7 +579,7 @@ async def replay_dead_letters(
                     logger.warning(
                         "dead letter not replayed",
                         extra={
-                            "topic": dlq,
+                            "topic": dead_letter_topic,
                             "partition": p,
                             "offset": letter.offset,
                             "key": letter.key,
@@ -624,7 +604,7 @@ async def _replay_page(
     report: ReplayReport,
     group: str,
 ) -> None:
-    """Write one page's copies (one append per main partition, in dlq order), then
+    """Write one page's copies (one append per main partition, in dead-letter order), then
     their ledger records."""
     targets: dict[int, list[DeadLetter]] = {}
     for letter, key in letters:
@@ -653,250 +633,6 @@ async def _replay_page(
     report.replayed.extend(entries)
 
 
-# ------------------------------------------------------------------------ status
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionStatus:
-    """One partition of the main topic, seen from one group.
-
-    :param partition: the partition.
-    :param start_offset: its lowest stored offset.
-    :param end_offset: the offset the next record will get.
-    :param committed: the group's committed offset (next to read), None
-        when the group never committed on it.
-    :param lag: records not yet consumed: ``end - committed`` (``end - start``
-        without a commit).
-    :param retry_pending: work records pending in ``retry_<topic>`` partition.
-    :param quarantined: quarantined keys of the partition.
-    :param retry_committed: the group's committed offset in the retry
-        partition (its lowest pending record), None when never committed.
-    """
-
-    partition: int
-    start_offset: int
-    end_offset: int
-    committed: int | None
-    lag: int
-    retry_pending: int = 0
-    quarantined: int = 0
-    retry_committed: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class QuarantinedKey:
-    """A key waiting in the retry topic (SPEC 6).
-
-    :param partition: its partition.
-    :param key: the key.
-    :param pending: its pending work records.
-    :param failures: failures in a row of the current cycle; the next
-        attempt runs with ``ChunkContext.attempt`` equal to it, and the key
-        gives up when that attempt fails and ``failures`` equals the number
-        of retry delays. 0 after a give-up: its other records are due at once.
-    :param next_attempt_at: when the next attempt may run (seconds since the
-        epoch, on the consumer's clock).
-    :param first_failed_at: the cycle's first failure (seconds since the epoch).
-    """
-
-    partition: int
-    key: str
-    pending: int
-    failures: int
-    next_attempt_at: float
-    first_failed_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """A group's position on a topic: lag, retry state and dead letters (SPEC 14).
-
-    :param topic: the (qualified) main topic.
-    :param group: the consumer group.
-    :param partitions: per partition, in order.
-    :param quarantined: quarantined keys, earliest next attempt first.
-    :param dead_letters: dead letters per ``wk-reason`` (``"<missing>"`` for
-        records without one).
-    :param problems: broken records met in the retry topic, each naming
-        topic, partition and offset (the consumer would stop on them too).
-    :param replayed: of :attr:`dead_letters`, those per reason that the
-        replay ledger ``replayed_<topic>`` says were replayed already.
-    :param groups: the groups with a committed offset on the topic, when the
-        log can list them (None otherwise).
-    """
-
-    topic: str
-    group: str
-    partitions: tuple[PartitionStatus, ...]
-    quarantined: tuple[QuarantinedKey, ...]
-    dead_letters: Mapping[str, int]
-    problems: tuple[str, ...] = ()
-    replayed: Mapping[str, int] = field(default_factory=dict)
-    groups: tuple[str, ...] | None = None
-
-    @property
-    def never_committed(self) -> bool:
-        """The group has no committed offset on any partition of the topic: a
-        mistyped group, or a consumer that never got as far as a commit."""
-        return all(p.committed is None for p in self.partitions)
-
-    @property
-    def not_replayed(self) -> dict[str, int]:
-        """Dead letters per reason that ``dlq replay`` has not replayed yet."""
-        left = {
-            reason: count - self.replayed.get(reason, 0)
-            for reason, count in self.dead_letters.items()
-        }
-        return {reason: count for reason, count in left.items() if count}
-
-    @property
-    def lag(self) -> int:
-        """Total lag over all partitions (records)."""
-        return sum(p.lag for p in self.partitions)
-
-    @property
-    def backlog(self) -> int:
-        """Pending work records in the retry topic, all partitions."""
-        return sum(p.retry_pending for p in self.partitions)
-
-    @property
-    def dead_lettered(self) -> int:
-        """All dead letters."""
-        return sum(self.dead_letters.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        return {
-            "topic": self.topic,
-            "group": self.group,
-            "lag": self.lag,
-            "backlog": self.backlog,
-            "partitions": [
-                {
-                    "partition": p.partition,
-                    "start_offset": p.start_offset,
-                    "end_offset": p.end_offset,
-                    "committed": p.committed,
-                    "lag": p.lag,
-                    "retry_pending": p.retry_pending,
-                    "quarantined": p.quarantined,
-                    "retry_committed": p.retry_committed,
-                }
-                for p in self.partitions
-            ],
-            "quarantined": [
-                {
-                    "partition": q.partition,
-                    "key": q.key,
-                    "pending": q.pending,
-                    "failures": q.failures,
-                    "next_attempt_at": q.next_attempt_at,
-                    "first_failed_at": q.first_failed_at,
-                }
-                for q in self.quarantined
-            ],
-            "dead_letters": dict(self.dead_letters),
-            "dead_letters_replayed": dict(self.replayed),
-            "dead_letters_not_replayed": self.not_replayed,
-            "never_committed": self.never_committed,
-            "groups": None if self.groups is None else list(self.groups),
-            "problems": list(self.problems),
-        }
-
-
-async def _retry_state(
-    log: Log,
-    retry: str,
-    group: str,
-    partition: int,
-    config: ConsumerConfig,
-    problems: list[str],
-) -> tuple[RetryState, int | None]:
-    """Rebuild one retry partition's state exactly as the worker's ``_restore`` does."""
-    state = RetryState(config.delay)
-    committed = await log.committed(group, retry, partition)
-    start = committed
-    if start is None:
-        start = (await log.start_offsets(retry)).get(partition, 0)
-    state.end_offset = start
-    end = (await log.end_offsets(retry)).get(partition, 0)
-    async for page in _scan(log, retry, partition, start, end):
-        state.apply_all(page)
-    problems.extend(
-        f"{retry} partition {partition} offset {offset} (key {key!r}): broken retry record: {what}"
-        for offset, key, what in state.broken
-    )
-    return state, committed
-
-
-async def consumer_status(
-    log: Log,
-    topic: str,
-    group: str,
-    *,
-    retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
-    namespace: str = "",
-) -> Status:
-    """Lag, quarantined keys, retry backlog and dead letters of ``group`` on ``topic``.
-
-    The retry state is rebuilt by reading ``retry_<topic>`` from the group's
-    committed retry offset through :class:`~wakuwaku.engine._retry.RetryState`,
-    exactly as a restarting consumer does (SPEC 6); the next attempt times
-    are the ones the consumer stored with each failure (``wk-due-at``), so
-    they do not depend on ``retry_delays``, which only serves records
-    written before the due time was stored.
-
-    :param log: the log.
-    :param topic: the main topic.
-    :param group: the consumer group.
-    :param retry_delays: the consumer's ``retry_delays`` (seconds), used only
-        for retry records that carry no ``wk-due-at``.
-    :param namespace: the consumer's namespace prefix, if it had one.
-    :raises UnknownTopicError: when the main topic does not exist.
-    :raises ConfigError: for an empty group or a bad retry schedule, or
-        when ``topic`` is a dead-letter, retry or ledger topic.
-    """
-    _check_main_topic(topic, namespace)
-    config = ConsumerConfig(
-        topic=topic, group=group, namespace=namespace, retry_delays=retry_delays
-    )
-    main = config.topics[0]
-    partitions = (await log.describe_topic(main)).partitions
-    starts = await log.start_offsets(main)
-    ends = await log.end_offsets(main)
-    retry = config.retry_topic(main)
-    has_retry = await _partitions_or_none(log, retry) is not None
-    problems: list[str] = []
-    rows: list[PartitionStatus] = []
-    quarantined: list[QuarantinedKey] = []
-    for p in range(partitions):
-        committed = await log.committed(group, main, p)
-        start, end = starts.get(p, 0), ends.get(p, 0)
-        lag = max(0, end - (committed if committed is not None else start))
-        pending = keys = 0
-        retry_committed: int | None = None
-        if has_retry:
-            state, retry_committed = await _retry_state(log, retry, group, p, config, problems)
-            pending, keys = state.pending_count, len(state.keys)
-            quarantined.extend(
-                QuarantinedKey(p, key, len(s.offsets), s.failures, s.due_wall, s.first_failed_at)
-                for key, s in state.keys.items()
-            )
-        rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))
-    quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
-    dead, replayed = await _dead_letter_counts(log, config, topic, main)
-    return Status(
-        main,
-        group,
-        tuple(rows),
-        tuple(quarantined),
-        dead,
-        tuple(problems),
-        replayed,
-        await committed_groups(log, main),
-    )
-
-
 async def _dead_letter_counts(
     log: Log,
     config: ConsumerConfig,
@@ -906,25 +642,15 @@ async def _dead_letter_counts(
     """Dead letters per reason, and of those the ones the replay ledger holds."""
     dead: Counter[str] = Counter()
     replayed: Counter[str] = Counter()
-    dlq = config.dead_letter_topic(main)
-    dlq_partitions = await _partitions_or_none(log, dlq)
-    if dlq_partitions is not None:
+    dead_letter_topic = config.dead_letter_topic(main)
+    dead_letter_partitions = await _partitions_or_none(log, dead_letter_topic)
+    if dead_letter_partitions is not None:
         ledger = config.qualify(replay_ledger_topic_name(topic, config.group))
         done = await _read_ledger(log, ledger)
-        async for p, page in _dead_letter_pages(log, dlq, dlq_partitions):
+        async for p, page in _dead_letter_pages(log, dead_letter_topic, dead_letter_partitions):
             for letter in page:
                 reason = letter.reason or MISSING_REASON
                 dead[reason] += 1
                 if letter.offset in done.get(p, ()):
                     replayed[reason] += 1
     return dict(sorted(dead.items())), dict(sorted(replayed.items()))
-
-
-async def committed_groups(log: Log, topic: str) -> tuple[str, ...] | None:
-    """The groups with a committed offset on ``topic``, sorted; None when the
-    log cannot list them (listing is not part of the :class:`Log` contract)."""
-    lister = getattr(log, "group_offsets", None)
-    if lister is None:
-        return None
-    offsets: Mapping[str, Any] = await lister(topic)
-    return tuple(sorted(offsets))

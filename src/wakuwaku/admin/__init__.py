@@ -1,0 +1,46 @@
+"""Operations on a consumer group's dead letters and state: what ``wakuwaku dlq``
+and ``wakuwaku status`` run (SPEC 6, 8, 14).
+
+Two modules, one per task (dead letters, status); every name is importable from ``wakuwaku.admin``:
+
+- :mod:`wakuwaku.admin.dead_letters`: :func:`list_dead_letters`,
+  :func:`replay_dead_letters` and the replay ledger.
+- :mod:`wakuwaku.admin.status`: :func:`consumer_status` (lag, quarantined
+  keys, retry backlog, dead letters per reason).
+"""
+
+from .dead_letters import MISSING_REASON as MISSING_REASON
+from .dead_letters import DeadLetter as DeadLetter
+from .dead_letters import ReplayedDeadLetter as ReplayedDeadLetter
+from .dead_letters import ReplayReport as ReplayReport
+from .dead_letters import SkippedDeadLetter as SkippedDeadLetter
+from .dead_letters import dead_letter_groups as dead_letter_groups
+from .dead_letters import derived_topic_owner as derived_topic_owner
+from .dead_letters import list_dead_letters as list_dead_letters
+from .dead_letters import parse_dead_letter as parse_dead_letter
+from .dead_letters import replay_dead_letters as replay_dead_letters
+from .dead_letters import replay_ledger_topic_name as replay_ledger_topic_name
+from .status import PartitionStatus as PartitionStatus
+from .status import QuarantinedKey as QuarantinedKey
+from .status import Status as Status
+from .status import committed_groups as committed_groups
+from .status import consumer_status as consumer_status
+
+__all__ = (
+    "MISSING_REASON",
+    "DeadLetter",
+    "PartitionStatus",
+    "QuarantinedKey",
+    "ReplayReport",
+    "ReplayedDeadLetter",
+    "SkippedDeadLetter",
+    "Status",
+    "committed_groups",
+    "consumer_status",
+    "dead_letter_groups",
+    "derived_topic_owner",
+    "list_dead_letters",
+    "parse_dead_letter",
+    "replay_dead_letters",
+    "replay_ledger_topic_name",
+)

@@ -1,0 +1,239 @@
+"""A consumer group's state on a topic, read from the log: ``wakuwaku status`` (SPEC 6, 14).
+
+:func:`consumer_status` reports a group's lag per partition, its quarantined
+keys with their next attempt time, the retry backlog and the dead letters
+per reason. The retry state is read with the consumer's own loader
+(:func:`wakuwaku.engine.read_retry_partition`), so status and a restarting
+consumer never disagree about a retry record.
+
+May call: the log, the engine's public names, :mod:`.dead_letters` (the
+dead-letter counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import (
+    DEFAULT_RETRY_DELAYS,
+    ConsumerConfig,
+    QuarantinedKey,
+    read_retry_partition,
+)
+from ..logs import Log
+from .dead_letters import _check_main_topic, _dead_letter_counts, _partitions_or_none
+
+__all__ = (
+    "PartitionStatus",
+    "QuarantinedKey",
+    "Status",
+    "committed_groups",
+    "consumer_status",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    """One partition of the main topic, seen from one group.
+
+    :param partition: the partition.
+    :param start_offset: its lowest stored offset.
+    :param end_offset: the offset the next record will get.
+    :param committed: the group's committed offset (next to read), None
+        when the group never committed on it.
+    :param lag: records not yet consumed: ``end - committed`` (``end - start``
+        without a commit).
+    :param retry_pending: work records pending in ``wk-retry.<group>.<topic>`` partition.
+    :param quarantined: quarantined keys of the partition.
+    :param retry_committed: the group's committed offset in the retry
+        partition (its lowest pending record), None when never committed.
+    """
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    committed: int | None
+    lag: int
+    retry_pending: int = 0
+    quarantined: int = 0
+    retry_committed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A group's position on a topic: lag, retry state and dead letters (SPEC 14).
+
+    :param topic: the (qualified) main topic.
+    :param group: the consumer group.
+    :param partitions: per partition, in order.
+    :param quarantined: quarantined keys, earliest next attempt first.
+    :param dead_letters: dead letters per ``wk-reason`` (``"<missing>"`` for
+        records without one).
+    :param problems: broken records met in the retry topic, each naming
+        topic, partition and offset (the consumer would stop on them too).
+    :param replayed: of :attr:`dead_letters`, those per reason that the
+        replay ledger ``replayed_<topic>`` says were replayed already.
+    :param groups: the groups with a committed offset on the topic, when the
+        log can list them (None otherwise).
+    """
+
+    topic: str
+    group: str
+    partitions: tuple[PartitionStatus, ...]
+    quarantined: tuple[QuarantinedKey, ...]
+    dead_letters: Mapping[str, int]
+    problems: tuple[str, ...] = ()
+    replayed: Mapping[str, int] = field(default_factory=dict)
+    groups: tuple[str, ...] | None = None
+
+    @property
+    def never_committed(self) -> bool:
+        """The group has no committed offset on any partition of the topic: a
+        mistyped group, or a consumer that never got as far as a commit."""
+        return all(p.committed is None for p in self.partitions)
+
+    @property
+    def not_replayed(self) -> dict[str, int]:
+        """Dead letters per reason that ``dlq replay`` has not replayed yet."""
+        left = {
+            reason: count - self.replayed.get(reason, 0)
+            for reason, count in self.dead_letters.items()
+        }
+        return {reason: count for reason, count in left.items() if count}
+
+    @property
+    def lag(self) -> int:
+        """Total lag over all partitions (records)."""
+        return sum(p.lag for p in self.partitions)
+
+    @property
+    def backlog(self) -> int:
+        """Pending work records in the retry topic, all partitions."""
+        return sum(p.retry_pending for p in self.partitions)
+
+    @property
+    def dead_lettered(self) -> int:
+        """All dead letters."""
+        return sum(self.dead_letters.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "topic": self.topic,
+            "group": self.group,
+            "lag": self.lag,
+            "backlog": self.backlog,
+            "partitions": [
+                {
+                    "partition": p.partition,
+                    "start_offset": p.start_offset,
+                    "end_offset": p.end_offset,
+                    "committed": p.committed,
+                    "lag": p.lag,
+                    "retry_pending": p.retry_pending,
+                    "quarantined": p.quarantined,
+                    "retry_committed": p.retry_committed,
+                }
+                for p in self.partitions
+            ],
+            "quarantined": [
+                {
+                    "partition": q.partition,
+                    "key": q.key,
+                    "pending": q.pending,
+                    "failures": q.failures,
+                    "next_attempt_at": q.next_attempt_at,
+                    "first_failed_at": q.first_failed_at,
+                }
+                for q in self.quarantined
+            ],
+            "dead_letters": dict(self.dead_letters),
+            "dead_letters_replayed": dict(self.replayed),
+            "dead_letters_not_replayed": self.not_replayed,
+            "never_committed": self.never_committed,
+            "groups": None if self.groups is None else list(self.groups),
+            "problems": list(self.problems),
+        }
+
+
+async def consumer_status(
+    log: Log,
+    topic: str,
+    group: str,
+    *,
+    retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
+    namespace: str = "",
+) -> Status:
+    """Lag, quarantined keys, retry backlog and dead letters of ``group`` on ``topic``.
+
+    The retry state is rebuilt by reading ``wk-retry.<group>.<topic>`` from the group's
+    committed retry offset with the consumer's own loader
+    (:func:`~wakuwaku.engine.read_retry_partition`),
+    exactly as a restarting consumer does (SPEC 6); the next attempt times
+    are the ones the consumer stored with each failure (``wk-due-at``), so
+    they do not depend on ``retry_delays``, which only serves records
+    written before the due time was stored.
+
+    :param log: the log.
+    :param topic: the main topic.
+    :param group: the consumer group.
+    :param retry_delays: the consumer's ``retry_delays`` (seconds), used only
+        for retry records that carry no ``wk-due-at``.
+    :param namespace: the consumer's namespace prefix, if it had one.
+    :raises UnknownTopicError: when the main topic does not exist.
+    :raises ConfigError: for an empty group or a bad retry schedule, or
+        when ``topic`` is a dead-letter, retry or ledger topic.
+    """
+    _check_main_topic(topic, namespace)
+    config = ConsumerConfig(
+        topic=topic, group=group, namespace=namespace, retry_delays=retry_delays
+    )
+    main = config.topics[0]
+    partitions = (await log.describe_topic(main)).partitions
+    starts = await log.start_offsets(main)
+    ends = await log.end_offsets(main)
+    retry = config.retry_topic(main)
+    has_retry = await _partitions_or_none(log, retry) is not None
+    problems: list[str] = []
+    rows: list[PartitionStatus] = []
+    quarantined: list[QuarantinedKey] = []
+    for p in range(partitions):
+        committed = await log.committed(group, main, p)
+        start, end = starts.get(p, 0), ends.get(p, 0)
+        lag = max(0, end - (committed if committed is not None else start))
+        pending = keys = 0
+        retry_committed: int | None = None
+        if has_retry:
+            state = await read_retry_partition(log, group, retry, p, config.delay)
+            retry_committed = state.committed
+            pending, keys = state.pending, len(state.quarantined)
+            quarantined.extend(state.quarantined)
+            problems.extend(
+                f"{retry} partition {p} offset {offset} (key {key!r}): broken retry record: {what}"
+                for offset, key, what in state.broken
+            )
+        rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))
+    quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
+    dead, replayed = await _dead_letter_counts(log, config, topic, main)
+    return Status(
+        main,
+        group,
+        tuple(rows),
+        tuple(quarantined),
+        dead,
+        tuple(problems),
+        replayed,
+        await committed_groups(log, main),
+    )
+
+
+async def committed_groups(log: Log, topic: str) -> tuple[str, ...] | None:
+    """The groups with a committed offset on ``topic``, sorted; None when the
+    log cannot list them (listing is not part of the :class:`Log` contract)."""
+    lister = getattr(log, "group_offsets", None)
+    if lister is None:
+        return None
+    offsets: Mapping[str, Any] = await lister(topic)
+    return tuple(sorted(offsets))

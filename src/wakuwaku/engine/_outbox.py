@@ -1,0 +1,221 @@
+"""The outbox: buffered dead-letter and retry writes of one partition, and their fenced store.
+
+Owns the records a main batch or an attempt round produces for the
+dead-letter topic (SPEC 8) and the retry topic (SPEC 5.5, 6), the offsets of
+the current main batch that are done without a handler (dead-lettered,
+routed, skipped), and the store that writes all of it, with the partition's
+offsets, under the partition's lease: one transaction where the log has an
+atomic store, ordered fenced calls elsewhere (:meth:`Outbox.flush`).
+
+May call: :mod:`._shared` (the retrying log call, the counters, the retry
+state it applies written retry records to), :mod:`._retry` (record
+builders). Called by the executor, the attempts and the partition loop.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from functools import partial
+from operator import attrgetter
+
+from .._records import ReasonCode, Record, Source, message_id
+from .._sanitize import sanitize
+from ..logs import BatchWrite
+from ._plan import Item, Reject
+from ._retry import Outgoing, dead_letter_record, retry_source, retry_work_records
+from ._shared import PartitionServices, logger
+
+_count = attrgetter("count")
+
+
+class Outbox:
+    """Dead letters and retry records waiting to be stored, and the store itself.
+
+    :param services: the partition's shared services.
+
+    :ivar done: offsets of the current main batch that are done without a
+        handler call (None between batches): a graceful stop stores the
+        offset of the first record that is not done (SPEC 14).
+    :ivar unflushed_work: buffered retry *work* records (markers excluded):
+        they count against ``max_pending_retry`` before they are stored.
+    """
+
+    def __init__(self, services: PartitionServices) -> None:
+        self.services = services
+        self.done: set[int] | None = None
+        self.unflushed_work = 0
+        # Writes are buffered per batch or attempt round and flushed at its end,
+        # dead letters first: one append per topic instead of one per key.
+        self._dead_out: list[Outgoing] = []
+        self._dead_counts: Counter[str] = Counter()
+        self._retry_out: list[Outgoing] = []
+        # Per buffered retry record, the (wall, monotonic) time its times were
+        # taken at: applied with it, its due time becomes a monotonic deadline
+        # however the wall clock steps meanwhile (SPEC 6).
+        self._retry_at: list[tuple[float, float]] = []
+        # The retry partition's offset as last stored (or found at a restart).
+        self.retry_committed: int | None = None
+
+    def mark(self, items: Iterable[Item]) -> None:
+        """Note main-batch items as done (see :attr:`done`)."""
+        if self.done is not None:
+            self.done.update(r.offset for item in items for r in item.sources)
+
+    # ------------------------------------------------------------ dead letters
+
+    def dead_letter_items(self, items: Iterable[Item], reason: ReasonCode, error: str) -> None:
+        """Buffer the dead-letter copies of every record ``items`` stand for (SPEC 8)."""
+        items = list(items)
+        self._dead_out.extend(
+            dead_letter_record(record, reason, error, origin)
+            for item in items
+            for record, origin in zip(item.sources, item.origins, strict=True)
+        )
+        self._dead_counts[reason.value] += sum(map(_count, items))
+        self.mark(items)
+
+    def dead_letter_rejects(self, rejects: list[Reject]) -> None:
+        """Buffer the dead-letter copies of records that cannot reach a handler (SPEC 8)."""
+        services = self.services
+        for reject in rejects:
+            if reject.reason is None:  # a replayed dead letter of another group
+                services.stats.other_group_skipped += 1
+                if self.done is not None:
+                    self.done.add(reject.record.offset)
+                continue
+            origin = retry_source(reject.record)
+            if origin is None:
+                topic, partition = services.topic, services.partition
+                ident = message_id(topic, partition, reject.record.offset)
+                origin = Source(topic, partition, (reject.record.offset,), (ident,))
+            detail = sanitize(reject.detail, services.config.error_text_limit)
+            logger.error(
+                "record dead-lettered: %s",
+                reject.reason.value,
+                extra={
+                    **services.fields,
+                    "key": reject.key,
+                    "offsets": [reject.record.offset],
+                    "reason": reject.reason.value,
+                    "error": detail,
+                },
+            )
+            self._dead_out.append(dead_letter_record(reject.record, reject.reason, detail, origin))
+            self._dead_counts[reject.reason.value] += 1
+            if self.done is not None:
+                self.done.add(reject.record.offset)
+
+    # ------------------------------------------------------------- retry topic
+
+    def write_retry(self, items: list[Item], failed_at: float | None, error: str) -> None:
+        """Buffer main-topic items for the retry topic, in order (SPEC 5.5).
+
+        :param failed_at: the key's first failure (seconds since the epoch)
+            for items routed to a quarantined key; None for the failure that
+            quarantines it now, whose first attempt is due after the first
+            (jittered) delay.
+        """
+        config = self.services.config
+        at = self.services.times()
+        now = at[0]
+        if failed_at is None:
+            failed_at = now
+            due = now + config.retry_delay(1)
+        else:
+            # The key's state already holds its due time; this one is not read.
+            due = failed_at + config.delay(1)
+        for item in items:
+            records = retry_work_records(item, failed_at, error, due)
+            self._retry_out.extend(records)
+            self._retry_at.extend([at] * len(records))
+            self.unflushed_work += len(records)
+            self.mark([item])
+
+    def add_markers(self, markers: Iterable[tuple[Outgoing, tuple[float, float]]]) -> None:
+        """Buffer retry-topic markers, each with the (wall, monotonic) time
+        its times were taken at (what an attempt round returns)."""
+        for marker, at in markers:
+            self._retry_out.append(marker)
+            self._retry_at.append(at)
+
+    # ------------------------------------------------------------------- store
+
+    async def flush(self, main_offset: int | None = None) -> None:
+        """Store what the batch or attempt round buffered, under the partition's lease.
+
+        Dead letters first, then retry records, then the retry partition's
+        lowest pending offset (when it moved) and ``main_offset`` (when
+        given). On a log with an atomic store (SQLite, memory) that is one
+        transaction: a crash leaves all of it or none, so no record is both
+        routed to the retry topic and delivered again, and no dead letter is
+        written twice (issue 12, items 2 and 12). Elsewhere each write is its
+        own fenced call, in that order, so an offset is never stored before
+        what it covers. Every call is retried forever on failure (SPEC 5.6).
+
+        The retry offset stored is the low watermark *before* this flush's
+        records are applied: never above the truth (at worst a restart reads
+        a few resolved records again); the next flush stores the newer one.
+
+        :raises Abandon: when the log refuses the lease (the partition stops).
+        """
+        services = self.services
+        dead, retry = self._dead_out, self._retry_out
+        low = services.retry.low_watermark()
+        commits: list[tuple[str, int, int]] = []
+        if low != self.retry_committed:
+            commits.append((services.retry_topic, services.partition, low))
+        if main_offset is not None:
+            commits.append((services.topic, services.partition, main_offset))
+        appends: list[tuple[str, int, list[Outgoing]]] = []
+        if dead:
+            appends.append((services.dead_letter_topic, services.partition, dead))
+        if retry:
+            appends.append((services.retry_topic, services.partition, retry))
+        if not appends and not commits:
+            return
+        offsets = await self._store(appends, commits)
+        if dead:
+            services.stats.dead_letters.update(self._dead_counts)
+            self._dead_out = []
+            self._dead_counts = Counter()
+        if retry:
+            now = services.clock.now()
+            for (headers, body), offset, at in zip(retry, offsets, self._retry_at, strict=True):
+                services.retry.apply(Record(offset, headers, body, now), at)
+            self._retry_out = []
+            self._retry_at = []
+            self.unflushed_work = 0
+        if low != self.retry_committed:
+            self.retry_committed = low
+
+    async def _store(
+        self, appends: list[tuple[str, int, list[Outgoing]]], commits: list[tuple[str, int, int]]
+    ) -> list[int]:
+        """Write ``appends`` then ``commits`` fenced; returns the last append's offsets."""
+        services = self.services
+        log, group, fence = services.log, services.config.group, services.fence
+        dead_letter_topic = services.dead_letter_topic
+        if log.atomic_store:
+            write = BatchWrite(group, appends, commits)
+            assigned = await services.log_call("store", lambda: log.store(write, fence=fence))
+            return assigned[-1] if assigned else []
+        offsets: list[int] = []
+        dead_end: list[tuple[str, int, int]] = []
+        for topic, partition, records in appends:
+            operation = "dead-letter write" if topic == dead_letter_topic else "retry write"
+            offsets = await services.log_call(
+                operation, partial(log.append, topic, partition, records, fence=fence)
+            )
+            if topic == dead_letter_topic and offsets:
+                dead_end = [(topic, partition, offsets[-1] + 1)]
+        # The dead-letter partition's own offset goes last, after the main one:
+        # dead letters past it may have been written by a batch whose main
+        # offset was never stored, and a restart reads them back
+        # (PartitionWorker._recover_dead_letters).
+        for topic, partition, offset in [*commits, *dead_end]:
+            await services.log_call(
+                "commit offset",
+                partial(log.commit, group, topic, partition, offset, fence=fence),
+            )
+        return offsets

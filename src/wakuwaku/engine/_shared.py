@@ -1,0 +1,234 @@
+"""What every part of one partition's consumption uses: the bottom layer of the partition worker.
+
+Owns, for one (topic, partition) owned under one lease: the stop request, the
+pause *gate* (closed while a chunk or a log call retries in place, SPEC 5.6),
+the lease deadline and fence (SPEC 15), the retrying log call, the retry
+partition's state (:class:`~wakuwaku.engine._retry.RetryState`) and the
+consumer's shared counters.
+
+May call: the log, the clock, :mod:`._retry`. Nothing here calls the
+partition loop (:mod:`._partition`), the attempts (:mod:`._attempts`), the
+executor (:mod:`._executor`) or the outbox (:mod:`._outbox`): they all call
+down into it, so the five modules form layers, not a ring. Each layer may
+call any layer below it, never one above::
+
+    _partition  (the loop: poll, plan, route, quarantine, store)
+    _attempts   (retry attempt rounds; returns the markers the loop stores)
+    _executor   (handler calls per key: the hot loop)
+    _outbox     (buffered dead-letter and retry writes, the fenced store of them and the offsets)
+    _shared     (this module)
+
+Beside the layers, used by any of them: :mod:`._plan` (pure planning, no
+I/O), :mod:`._retry` (retry-topic records and state), :mod:`._config`,
+:mod:`._handler`, :mod:`._context`, :mod:`._stats`. Above them all:
+:mod:`._consumer` (ownership, one worker per partition) and :mod:`._view`
+(the read-only partition view).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from .._errors import ErrorClass, FencedError
+from .._sanitize import sanitize
+from ..logs import Lease, Log
+from ._config import ConsumerConfig
+from ._retry import RetryState
+from ._stats import ConsumerStats
+
+logger = logging.getLogger("wakuwaku.consumer")
+
+R = TypeVar("R")
+
+
+class Abandon(Exception):
+    """The partition task stops without finishing its batch (shutdown or lost lease)."""
+
+
+class Gate:
+    """Open unless some chunk or log call of the partition is retrying in place (SPEC 5.6).
+
+    :ivar is_open: true while nothing holds the gate closed (a plain
+        attribute: it is read before every chunk).
+    """
+
+    def __init__(self) -> None:
+        self._holders = 0
+        self._open = asyncio.Event()
+        self._open.set()
+        self.is_open = True
+
+    def close(self) -> None:
+        self._holders += 1
+        self._open.clear()
+        self.is_open = False
+
+    def reopen(self) -> None:
+        self._holders -= 1
+        if self._holders == 0:
+            self._open.set()
+            self.is_open = True
+
+    async def wait(self) -> None:
+        await self._open.wait()
+
+
+class PartitionServices:
+    """The shared state and services of one partition's consumption.
+
+    :param log: the log.
+    :param config: the consumer's configuration.
+    :param topic: the (qualified) main topic.
+    :param partition: the partition.
+    :param stats: counters shared by the consumer's partition workers.
+    :param generation: the partition lease's generation (fences writes);
+        None without a lease (no fence).
+    :param lease_deadline: when the lease runs out unless renewed (the
+        clock's monotonic seconds); no chunk starts past it.
+
+    :ivar stopping: true once :meth:`stop` was called (a plain attribute:
+        it is read before every chunk).
+    :ivar lease_deadline: moved by the consumer's lease renewer.
+    :ivar retry: the retry partition's pending work (SPEC 6).
+    """
+
+    def __init__(
+        self,
+        *,
+        log: Log,
+        config: ConsumerConfig,
+        topic: str,
+        partition: int,
+        stats: ConsumerStats,
+        generation: int | None = None,
+        lease_deadline: float = math.inf,
+    ) -> None:
+        self.log = log
+        self.config = config
+        self.topic = topic
+        self.partition = partition
+        self.retry_topic = config.retry_topic(topic)
+        self.dead_letter_topic = config.dead_letter_topic(topic)
+        self.stats = stats
+        self.generation = generation
+        self.lease_deadline = lease_deadline
+        # Every write for this partition carries its lease (SPEC 15): the log
+        # refuses it once another member owns the partition.
+        self.fence = (
+            None
+            if generation is None
+            else Lease(config.group, topic, partition, config.member_id, generation, 0.0)
+        )
+        self.clock = config.clock
+        self.retry = RetryState(config.delay, config.clock)
+        self.fields = {"topic": topic, "partition": partition}
+        self.gate = Gate()
+        self._stop = asyncio.Event()
+        self.stopping = False  # mirrors _stop, read before every chunk
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        """Ask for a stop: no new chunk starts, waits are abandoned."""
+        self._stop.set()
+        self.stopping = True
+
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def times(self) -> tuple[float, float]:
+        """Wall and monotonic time (seconds), read together (see
+        :meth:`RetryState.apply`)."""
+        return self.clock.now(), self.clock.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep on the clock; raise :class:`Abandon` as soon as a stop is asked."""
+        if self._stop.is_set():
+            raise Abandon
+        # The deadline is taken now, not when the sleeping task first runs: a
+        # clock that moves in between (a FakeClock advanced by a test, shown
+        # by asyncio debug mode's other task order) would push it later.
+        sleeper = asyncio.ensure_future(self._sleep_until(self.clock.monotonic() + seconds))
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            stopper.cancel()
+        if self._stop.is_set():
+            raise Abandon
+
+    async def _sleep_until(self, deadline: float) -> None:
+        await self.clock.sleep(deadline - self.clock.monotonic())
+
+    async def through_gate(self) -> None:
+        """Return when a chunk may start: the gate is open, the lease holds.
+
+        :raises Abandon: at a stop, or when the lease ran out before it was
+            renewed (the partition stops then).
+        """
+        if self._stop.is_set():
+            raise Abandon
+        if self.clock.monotonic() >= self.lease_deadline:
+            # A pause (SIGSTOP, a blocked event loop) outlived the lease: another
+            # member may own the partition now; start nothing more (SPEC 15).
+            logger.warning(
+                "partition lease ran out before it was renewed; stopping", extra=self.fields
+            )
+            self.stop()
+            raise Abandon
+        if self.gate.is_open:
+            return
+        opener = asyncio.ensure_future(self.gate.wait())
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({opener, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            opener.cancel()
+            stopper.cancel()
+        if self._stop.is_set():
+            raise Abandon
+
+    async def log_call(self, operation: str, call: Callable[[], Awaitable[R]]) -> R:
+        """Run one of the consumer's own log calls; on failure retry it on the
+        schedule, forever, with the gate closed (SPEC 5.6).
+
+        :raises Abandon: when the log refuses the lease (another member owns
+            the partition), or at a stop while waiting to retry.
+        """
+        failures = 0
+        try:
+            while True:
+                try:
+                    return await call()
+                except FencedError as exc:
+                    logger.warning(
+                        "partition lease lost; stopping",
+                        extra={**self.fields, "operation": operation, "error": str(exc)},
+                    )
+                    raise Abandon from exc
+                except Exception as exc:  # noqa: BLE001 - every log failure is Transient here
+                    failures += 1
+                    self.stats.log_call_retries += 1
+                    if failures == 1:
+                        self.gate.close()
+                    delay = self.config.retry_delay(failures)
+                    logger.warning(
+                        "log call failed; retrying",
+                        extra={
+                            **self.fields,
+                            "operation": operation,
+                            "delay": delay,
+                            "failures": failures,
+                            "error_class": ErrorClass.TRANSIENT.value,
+                            "error": sanitize(exc, self.config.error_text_limit),
+                        },
+                    )
+                    await self.sleep(delay)
+        finally:
+            if failures:
+                self.gate.reopen()
