@@ -463,6 +463,55 @@ class LogContract:
         with pytest.raises(FencedError):
             await log.append("retry_orders", 0, [rec()], fence=other)
 
+    async def test_a_taken_over_writer_is_refused_and_its_earlier_writes_are_read(
+        self, log: Log
+    ) -> None:
+        """The old owner's retry work and dead letters written before the takeover
+        are there for the new owner; after it, none of its appends lands.
+
+        Offsets only grow: a log may leave gaps (the NATS log's fence records),
+        so this test compares records read, never counts offsets."""
+        for topic in ("orders", "retry_orders", "dlq_orders"):
+            await log.create_topic(topic, 2)
+        old = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        assert old is not None
+        retried = await log.append("retry_orders", 0, [rec(b"r1"), rec(b"r2")], fence=old)
+        dead = await log.append("dlq_orders", 0, [rec(b"d1")], fence=old)
+        await log.release_partition(old)
+        new = await log.acquire_partition("g", "orders", 0, "b", ttl=60.0)
+        assert new is not None and new.generation > old.generation
+        for topic in ("retry_orders", "dlq_orders"):
+            with pytest.raises(FencedError):
+                await log.append(topic, 0, [rec(b"late")], fence=old)
+        retry_read = await read_all(log, "retry_orders", 0)
+        assert [(r.offset, r.body) for r in retry_read] == list(
+            zip(retried, [b"r1", b"r2"], strict=True)
+        )
+        assert [(r.offset, r.body) for r in await read_all(log, "dlq_orders", 0)] == [
+            (dead[0], b"d1")
+        ]
+        # Whatever a log keeps beside the records, the offsets tell only of records.
+        assert await log.start_offsets("retry_orders") == {0: retried[0], 1: 0}
+        assert await log.end_offsets("retry_orders") == {0: retried[-1] + 1, 1: 0}
+        assert await log.end_offsets("dlq_orders") == {0: dead[-1] + 1, 1: 0}
+        assert await log.read("retry_orders", 0, retried[-1] + 1) == []
+        mine = await log.append("retry_orders", 0, [rec(b"r3"), rec(b"r4")], fence=new)
+        assert retried[-1] < mine[0] < mine[1]
+        assert [r.body for r in await log.read("retry_orders", 0, retried[-1] + 1)] == [
+            b"r3",
+            b"r4",
+        ]
+        assert await log.end_offsets("retry_orders") == {0: mine[-1] + 1, 1: 0}
+        # Retention below the new owner's records keeps exactly them.
+        await log.commit("g", "retry_orders", 0, mine[0], fence=new)
+        await log.apply_retention("retry_orders")
+        assert await log.start_offsets("retry_orders") == {0: mine[0], 1: 0}
+        assert [r.body for r in await read_all(log, "retry_orders", 0)] == [b"r3", b"r4"]
+        # The stale writer stays refused after retention too.
+        with pytest.raises(FencedError):
+            await log.append("retry_orders", 0, [rec(b"later")], fence=old)
+        assert await log.end_offsets("retry_orders") == {0: mine[-1] + 1, 1: 0}
+
     async def test_a_stale_fence_refuses_commits_of_another_partition(self, log: Log) -> None:
         old, new = await self._taken_over(log)
         with pytest.raises(FencedError):

@@ -23,7 +23,7 @@ from wakuwaku.logs.nats import TOKEN_ENV, NatsLog, escape
 
 from ..conftest import NATS_URL
 from ..nats_support import drop_prefix, fresh_prefix, nats_log
-from .contract import LogContract
+from .contract import LogContract, read_all
 
 pytestmark = pytest.mark.nats
 
@@ -187,6 +187,195 @@ async def test_a_takeover_between_the_check_and_the_commit_is_refused(
     assert taken and await log.committed("g", "orders", 0) is None
     await log.commit("g", "orders", 0, 5, fence=taken[0])
     assert await log.committed("g", "orders", 0) == 5
+
+
+async def _owner_and_zombie(log: NatsLog, other: NatsLog) -> Lease:
+    """Topics orders, retry_orders, dlq_orders; member a (on ``log``) holds
+    orders/0 and has written r1 to retry_orders/0 and d1 to dlq_orders/0."""
+    for topic in ("orders", "retry_orders", "dlq_orders"):
+        await log.create_topic(topic, 1)
+    old = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    assert old is not None
+    await log.append("retry_orders", 0, [(HEADERS, b"r1")], fence=old)
+    await log.append("dlq_orders", 0, [(HEADERS, b"d1")], fence=old)
+    return old
+
+
+async def _take_over(other: NatsLog, old: Lease) -> Lease:
+    """Member b, on another log instance, takes orders/0 over from a."""
+    await other.release_partition(old)
+    new = await other.acquire_partition("g", "orders", 0, "b", ttl=60.0)
+    assert new is not None and new.generation > old.generation
+    return new
+
+
+@pytest.fixture
+async def other(log: NatsLog, nats_url: str) -> AsyncIterator[NatsLog]:
+    """A second instance on the same prefix: another member's log."""
+    second = nats_log(log.prefix, nats_url)
+    try:
+        yield second
+    finally:
+        await second.close()
+
+
+@pytest.mark.parametrize("topic", ["retry_orders", "dlq_orders"])
+async def test_a_takeover_between_a_zombies_last_check_and_its_publish_is_refused(
+    log: NatsLog, other: NatsLog, monkeypatch: pytest.MonkeyPatch, topic: str
+) -> None:
+    """The zombie knows its lease and the stream (it wrote there before); the
+    partition is taken over just before its publish leaves: the server refuses
+    it, and the new owner reads everything the zombie wrote before."""
+    old = await _owner_and_zombie(log, other)
+    real = log._publish
+    taken: list[Lease] = []
+
+    async def takeover_before_the_publish(
+        subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> Any:
+        if not taken and headers and "Nats-Expected-Last-Sequence" in headers:
+            taken.append(await _take_over(other, old))
+        return await real(subject, payload, headers)
+
+    monkeypatch.setattr(log, "_publish", takeover_before_the_publish)
+    with pytest.raises(FencedError) as caught:
+        await log.append(topic, 0, [(HEADERS, b"late")], fence=old)
+    assert caught.value.generation == old.generation and taken
+    expected = [b"r1"] if topic == "retry_orders" else [b"d1"]
+    assert [r.body for r in await read_all(other, topic, 0)] == expected
+    assert [r.body for r in await read_all(log, topic, 0)] == expected
+    # The fence record is the only message past the zombie's record; it is no record.
+    assert (await other.end_offsets(topic))[0] == 1
+    assert await other.append(topic, 0, [(HEADERS, b"new")], fence=taken[0]) == [2]
+    assert [r.body for r in await read_all(log, topic, 0)] == [*expected, b"new"]
+
+
+async def test_a_takeover_in_the_middle_of_a_fenced_append_keeps_what_came_before(
+    log: NatsLog, other: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records are chained by their expected sequence: the takeover's fence record
+    lands between two of them, the rest is refused, what came before is read."""
+    old = await _owner_and_zombie(log, other)
+    real = log._publish
+    published: list[bytes] = []
+    taken: list[Lease] = []
+
+    async def takeover_after_one(
+        subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> Any:
+        if headers and "Nats-Expected-Last-Sequence" in headers:
+            if len(published) == 1 and not taken:
+                taken.append(await _take_over(other, old))
+            published.append(payload)
+        return await real(subject, payload, headers)
+
+    monkeypatch.setattr(log, "_publish", takeover_after_one)
+    with pytest.raises(FencedError):
+        await log.append("retry_orders", 0, [(HEADERS, b"r2"), (HEADERS, b"r3")], fence=old)
+    assert [r.body for r in await read_all(other, "retry_orders", 0)] == [b"r1", b"r2"]
+
+
+async def test_a_takeover_while_a_zombie_registers_a_new_stream_is_refused(
+    log: NatsLog, other: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first fenced write to a stream registers it under the lease (a fenced
+    bucket write): a takeover right after the zombie's lease check makes the
+    registration, and so the append, fail; nothing is written."""
+    old = await _owner_and_zombie(log, other)
+    await log.create_topic("retry_other", 1)
+    real = log._check_fence
+    taken: list[Lease] = []
+
+    async def takeover_after_the_check(fence: Lease | None) -> None:
+        await real(fence)
+        if not taken:
+            taken.append(await _take_over(other, old))
+
+    monkeypatch.setattr(log, "_check_fence", takeover_after_the_check)
+    with pytest.raises(FencedError):
+        await log.append("retry_other", 0, [(HEADERS, b"late")], fence=old)
+    assert taken and await read_all(other, "retry_other", 0) == []
+    assert await other.end_offsets("retry_other") == {0: 0}
+
+
+async def test_a_lost_answer_to_a_fenced_publish_is_stored_once(
+    log: NatsLog, other: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2.9 deduplicates the resend; current servers refuse it for its expected
+    sequence first, and the log finds its own message there."""
+    old = await _owner_and_zombie(log, other)
+    real = log._publish
+    lost: list[str] = []
+
+    async def answer_lost_once(
+        subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> Any:
+        answer = await real(subject, payload, headers)
+        if not lost and headers and "Nats-Expected-Last-Sequence" in headers:
+            lost.append(headers["Nats-Msg-Id"])
+            raise LogUnavailableError("the answer was lost")
+        return answer
+
+    monkeypatch.setattr(log, "_publish", answer_lost_once)
+    assert await log.append("retry_orders", 0, [(HEADERS, b"r2"), (HEADERS, b"r3")], fence=old) == [
+        1,
+        2,
+    ]
+    assert lost
+    assert [r.body for r in await read_all(other, "retry_orders", 0)] == [b"r1", b"r2", b"r3"]
+
+
+async def test_a_stream_made_before_fence_subjects_gets_them_at_the_first_takeover(
+    log: NatsLog, other: NatsLog
+) -> None:
+    """Streams made by an earlier version take only their records' subject: the
+    first fence record adds ``<stream>.fence.>`` (a stream update), then fences."""
+    for topic in ("orders", "retry_orders"):
+        await log.create_topic(topic, 1)
+    stream = log.stream_name("retry_orders", 0)
+    config = (await log._api(f"$JS.API.STREAM.INFO.{stream}"))["config"]
+    config["subjects"] = [stream]
+    assert "error" not in await log._api(f"$JS.API.STREAM.UPDATE.{stream}", config)
+    old = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    assert old is not None
+    assert await log.append("retry_orders", 0, [(HEADERS, b"r1")], fence=old) == [0]
+    new = await _take_over(other, old)
+    info = await log._api(f"$JS.API.STREAM.INFO.{stream}")
+    assert info["config"]["subjects"] == [stream, f"{stream}.fence.>"]
+    with pytest.raises(FencedError):
+        await log.append("retry_orders", 0, [(HEADERS, b"late")], fence=old)
+    await other.append("retry_orders", 0, [(HEADERS, b"r2")], fence=new)
+    assert [r.body for r in await read_all(log, "retry_orders", 0)] == [b"r1", b"r2"]
+
+
+async def test_fence_records_stay_out_of_reads_offsets_and_retention(
+    log: NatsLog, other: NatsLog
+) -> None:
+    """Several takeovers leave fence records between the records: reads,
+    offsets and retention see records only, and each lease keeps its newest
+    fence record (the one a stale writer is refused by)."""
+    old = await _owner_and_zombie(log, other)
+    leases = [old]
+    for member in ("b", "c", "d"):
+        await log.release_partition(leases[-1])
+        lease = await log.acquire_partition("g", "orders", 0, member, ttl=60.0)
+        assert lease is not None
+        await log.append("retry_orders", 0, [(HEADERS, member.encode())], fence=lease)
+        leases.append(lease)
+    records = await read_all(other, "retry_orders", 0)
+    assert [r.body for r in records] == [b"r1", b"b", b"c", b"d"]
+    offsets = [r.offset for r in records]
+    assert offsets == sorted(set(offsets)) and offsets[-1] > 3  # gaps: the fence records
+    assert await other.start_offsets("retry_orders") == {0: 0}
+    assert await other.end_offsets("retry_orders") == {0: offsets[-1] + 1}
+    await other.commit("g", "retry_orders", 0, offsets[-1] + 1)
+    assert await other.apply_retention("retry_orders") == 4
+    assert await read_all(other, "retry_orders", 0) == []
+    assert await other.end_offsets("retry_orders") == await other.start_offsets("retry_orders")
+    for stale in leases[:-1]:
+        with pytest.raises(FencedError):
+            await log.append("retry_orders", 0, [(HEADERS, b"late")], fence=stale)
+    assert await read_all(other, "retry_orders", 0) == []
 
 
 async def test_max_payload_is_read_and_the_producer_refuses_larger_records(log: NatsLog) -> None:

@@ -3,18 +3,24 @@
 Layout (docs/logs.md, "The NATS JetStream log"):
 
 - **a stream per partition**, named ``<prefix>_T<topic>_P<n>`` with the
-  topic escaped (:func:`escape`), whose one subject is the stream name; a
-  record's offset is its stream sequence minus one, so offsets are dense
-  from 0, a read from an offset is a consumer started at ``offset + 1``
-  (no scan, no index) and retention is a purge below a sequence;
+  topic escaped (:func:`escape`), whose records' subject is the stream
+  name; a record's offset is its stream sequence minus one, so a read from
+  an offset is a consumer started at ``offset + 1`` (no scan, no index) and
+  retention is a purge below a sequence;
+- **fence records** on ``<stream>.fence.<group>.<topic>.<n>`` in the streams
+  written under a lease (retry and dead-letter partitions): a new lease
+  holder writes one before it reads, and fenced appends expect the
+  stream's last sequence, so the server refuses a stale holder's publish
+  (:meth:`NatsLog.append`); offsets there skip the fence records' sequences;
 - **one message per record**: a msgpack envelope ``[headers, body]`` in the
   message body, so any header name and bytes value round-trips (NATS
   headers are only used for the server's own ``Nats-*`` controls);
 - records too large for one message are split into chunks kept in a side
   stream ``<partition stream>_B``; the record's message names the chunks;
 - **one key-value bucket** ``<prefix>_state`` holds topics (``t.<topic>``),
-  committed offsets (``o.<group>.<topic>.<n>``) and leases
-  (``l.<group>.<topic>.<n>``), written with compare-and-set on the revision.
+  committed offsets (``o.<group>.<topic>.<n>``), leases
+  (``l.<group>.<topic>.<n>``) and the streams each lease wrote to
+  (``f.<group>.<topic>.<n>``), written with compare-and-set on the revision.
 
 nats-py is imported here only; the root package never imports it.
 """
@@ -83,6 +89,7 @@ _CHUNK_MARGIN = 4096  # room for the chunk message's own framing and NATS header
 _BLOB_SUFFIX = "_B"
 _WRONG_LAST_SEQUENCE = 10071  # JetStream: "wrong last sequence"
 _STREAM_NOT_FOUND = 10059
+_FENCE = "fence"  # subjects <partition stream>.fence.<group>.<topic>.<n> hold fence records
 _KEY_NOT_FOUND = 404
 _CAS_ATTEMPTS = 64
 
@@ -109,6 +116,13 @@ class _Lease(msgspec.Struct, gc=False):
     expires_at: float
 
 
+class _Fence(msgspec.Struct, array_like=True, gc=False):
+    """A fence record: from here on, only this generation of the lease may append."""
+
+    member: str
+    generation: int
+
+
 class _Offset(msgspec.Struct, array_like=True, gc=False):
     group: str
     offset: int
@@ -117,6 +131,11 @@ class _Offset(msgspec.Struct, array_like=True, gc=False):
 class _Topic(msgspec.Struct, gc=False):
     name: str
     partitions: int
+
+
+def _sequence(msg: Msg) -> int:
+    """The stream sequence of a message a direct get answered."""
+    return int((msg.headers or {})["Nats-Sequence"])
 
 
 def escape(name: str) -> str:
@@ -142,7 +161,7 @@ class _Reader:
     stream: str
     consumer: str
     next_seq: int
-    fresh: bool = True
+    next_delivery: int = 1  # the consumer sequence of the next delivery
 
 
 class NatsLog(Log):
@@ -199,6 +218,13 @@ class NatsLog(Log):
         self._readers: dict[tuple[str, int], _Reader] = {}
         self._max_payload = 0
         self._bucket_ready = False
+        # Fenced appends (see append): per lease (group, topic, partition,
+        # generation) and target stream, the stream's last sequence as this
+        # instance knows it; the targets it knows are registered; the leases
+        # whose targets it fenced when it took them.
+        self._fenced: dict[tuple[str, str, int, int, str], int] = {}
+        self._registered: set[tuple[str, str, int, str]] = set()
+        self._fenced_leases: set[tuple[str, str, int, int]] = set()
 
     def __repr__(self) -> str:
         return f"NatsLog({self.url!r})"
@@ -359,22 +385,8 @@ class NatsLog(Log):
     async def _get(self, subject: str) -> tuple[bytes, int] | None:
         """The latest value of a bucket key and its revision, or None."""
         await self._ensure_bucket()
-        nc = await self._conn()
-        request = json.dumps({"last_by_subj": subject}).encode()
-        msg = await self._call(
-            lambda: nc.request(
-                f"$JS.API.DIRECT.GET.{self._kv_stream}", request, timeout=self.timeout
-            )
-        )
-        headers = msg.headers or {}
-        if headers.get("Status"):
-            if headers["Status"] == "404":
-                return None
-            raise LogError(
-                f"NATS log {self.url}: reading {subject} failed: "
-                f"{headers.get('Status')} {headers.get('Description', '')}"
-            )
-        return msg.data, int(headers["Nats-Sequence"])
+        msg = await self._direct(self._kv_stream, {"last_by_subj": subject})
+        return None if msg is None else (msg.data, _sequence(msg))
 
     async def _put(
         self,
@@ -408,6 +420,8 @@ class NatsLog(Log):
     async def _stream_last(self, stream: str) -> int:
         answer = await self._api(f"$JS.API.STREAM.INFO.{stream}")
         err = self._error(answer)
+        if err is not None and err[0] == _STREAM_NOT_FOUND:
+            raise _NoResponders(f"NATS log {self.url}: stream {stream} is not there")
         if err is not None:
             raise LogError(f"NATS log {self.url}: stream {stream}: {err[1]}")
         return int(answer["state"]["last_seq"])
@@ -436,10 +450,11 @@ class NatsLog(Log):
         self._topics[topic] = partitions
         return TopicInfo(topic, partitions)
 
-    async def _create_stream(self, name: str) -> None:
+    async def _create_stream(self, name: str, *, fenced: bool = True) -> None:
+        """Create a stream whose subject is its name (plus fence subjects when ``fenced``)."""
         config = {
             "name": name,
-            "subjects": [name],
+            "subjects": [name, f"{name}.{_FENCE}.>"] if fenced else [name],
             "storage": "file",
             "retention": "limits",
             "discard": "old",
@@ -511,6 +526,7 @@ class NatsLog(Log):
         partition = partitions
         while await self._delete_stream(self.stream_name(topic, partition)):
             partition += 1
+        await self._drop_fences(f"$KV.{self.bucket}.f.*.{escape(topic)}.*")
         for kind in ("o", "l"):
             await self._purge_keys(f"$KV.{self.bucket}.{kind}.*.{escape(topic)}.*")
         # Purged without a marker, so the name can be created again from scratch.
@@ -538,9 +554,31 @@ class NatsLog(Log):
         else:
             await self._ensure_bucket()
             where = ">"
+        await self._drop_fences(f"$KV.{self.bucket}.f.{escape(group)}.{where}")
         removed = await self._purge_keys(f"$KV.{self.bucket}.o.{escape(group)}.{where}")
         await self._purge_keys(f"$KV.{self.bucket}.l.{escape(group)}.{where}")
         return removed
+
+    async def _drop_fences(self, subject: str) -> None:
+        """Purge the fence records and target lists of the leases matching ``subject``.
+
+        The leases go too, and a lease made again starts from generation 1:
+        the old generations' fence records would refuse it.
+        """
+        head = f"$KV.{self.bucket}.f."
+        for key, data in await self._scan(self._kv_stream, subject):
+            lease = key.removeprefix(head)
+            for stream in msgspec.msgpack.decode(data, type=list[str]):
+                answer = await self._api(
+                    f"$JS.API.STREAM.PURGE.{stream}", {"filter": f"{stream}.{_FENCE}.{lease}"}
+                )
+                err = self._error(answer)
+                if err is not None and err[0] != _STREAM_NOT_FOUND:
+                    raise LogError(f"NATS log {self.url}: purging {stream} failed: {err[1]}")
+        await self._purge_keys(subject)
+        self._fenced.clear()
+        self._registered.clear()
+        self._fenced_leases.clear()
 
     async def _delete_stream(self, stream: str) -> bool:
         """Delete ``stream``; False when there was none."""
@@ -602,29 +640,235 @@ class NatsLog(Log):
         ``timeout``, and the server's deduplication (2 minutes) stores it
         once. Records are published one after another, not as one
         transaction: a lost connection midway leaves the records before it
-        stored (NATS 2.9 has no atomic batch). The fence is checked just
-        before the first publish (one round trip earlier, not in the same
-        request).
+        stored (NATS 2.9 has no atomic batch).
+
+        A fenced append is refused by the server itself once another member
+        holds the lease (docs/logs.md, "Offsets, leases and fencing"): each
+        publish carries ``Nats-Expected-Last-Sequence``, the stream's last
+        sequence as this lease's writer knows it, and a new owner writes a
+        fence record (its generation, on the subject
+        ``<stream>.fence.<group>.<topic>.<n>``) into every stream the lease
+        ever wrote to before it starts, so the stale writer's next publish
+        finds the stream moved; it then reads the lease's last fence record:
+        a higher generation raises :class:`~wakuwaku.FencedError`, its own
+        (someone else wrote) sends again after the new last sequence. A
+        stream is registered under the lease (a fenced write to the state
+        bucket) the first time the lease writes to it. When the refusal
+        comes midway through several records, the records before it are
+        stored, all of them before the new owner's fence record.
 
         :raises ConfigError: when a record is not str -> bytes headers and a
             bytes body; nothing is written then.
+        :raises FencedError: when ``fence`` is no longer the current lease.
         :raises UnknownTopicError: also when this instance had the topic
             cached and another one deleted it (its stream is gone).
         :raises LogUnavailableError: when the server does not answer in time.
         """
         encoded = [_encode(_Envelope(check_record(h, b), bytes(b))) for h, b in records]
         check_partition(topic, partition, await self._partitions(topic))
-        await self._check_fence(fence)
         stream = self.stream_name(topic, partition)
         offsets: list[int] = []
         try:
+            last = None if fence is None else await self._fenced_last(fence, stream)
             for payload in encoded:
                 if len(payload) > self._max_payload - _CHUNK_MARGIN:
                     payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload)
-                offsets.append(await self._publish_once(stream, payload) - 1)
+                if fence is None or last is None:
+                    offsets.append(await self._publish_once(stream, payload) - 1)
+                else:
+                    last = await self._publish_fenced(stream, payload, fence, last)
+                    offsets.append(last - 1)
         except _NoResponders as exc:  # the stream is gone: deleted by another instance?
             raise await self._missing(topic, partition) from exc
         return offsets
+
+    # -- fencing appends ----------------------------------------------------
+
+    def _fence_subject(self, stream: str, lease: Lease) -> str:
+        """The subject of ``lease``'s fence records in ``stream``."""
+        return f"{stream}.{_FENCE}.{escape(lease.group)}.{escape(lease.topic)}.{lease.partition}"
+
+    async def _fenced_last(self, fence: Lease, stream: str) -> int:
+        """``stream``'s last sequence for ``fence``'s next publish; registers the stream.
+
+        Known from this instance's last fenced publish; otherwise the stream
+        is registered under the lease, its last sequence read, and only then
+        the lease's fence record checked (a takeover after that read moves
+        the stream past it, so the publish is refused and checks again).
+
+        :raises FencedError: when a newer generation fenced the stream or
+            the lease is stale at registration.
+        """
+        key = (fence.group, fence.topic, fence.partition, fence.generation, stream)
+        last = self._fenced.get(key)
+        if last is None:
+            await self._register(fence, stream)
+            last = await self._stream_last(stream)
+            await self._check_fence_record(stream, fence)
+            self._fenced[key] = last
+        return last
+
+    async def _register(self, fence: Lease, stream: str) -> None:
+        """Note ``stream`` as a target of ``fence``'s lease (key ``f.<group>.<topic>.<n>``).
+
+        Written like a fenced commit (the bucket's last sequence expected,
+        the lease checked in between), so a stream registered is known to
+        every later owner, which fences it when it takes the lease.
+        """
+        mark = (fence.group, fence.topic, fence.partition, stream)
+        if mark in self._registered:
+            return
+        subject = self._key("f", fence.group, fence.topic, fence.partition)
+        await self._ensure_bucket()
+        for _ in range(_CAS_ATTEMPTS):
+            last = await self._stream_last(self._kv_stream)
+            found = await self._get(subject)
+            streams = [] if found is None else msgspec.msgpack.decode(found[0], type=list[str])
+            if stream in streams:
+                break
+            await self._check_fence(fence)
+            if await self._put(subject, _encode(sorted([*streams, stream])), stream_last=last):
+                break
+        else:
+            raise LogUnavailableError(
+                f"NATS log {self.url}: the bucket {self.bucket} stayed too busy to register "
+                f"{stream} under {fence.group}/{fence.topic}/{fence.partition}"
+            )
+        self._registered.add(mark)
+
+    async def _check_fence_record(self, stream: str, fence: Lease) -> None:
+        """:raises FencedError: when a newer generation of the lease fenced ``stream``."""
+        found = await self._direct(stream, {"last_by_subj": self._fence_subject(stream, fence)})
+        if found is not None:
+            held = msgspec.msgpack.decode(found.data, type=_Fence)
+            if held.generation > fence.generation:
+                raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+
+    async def _publish_fenced(self, stream: str, payload: bytes, fence: Lease, last: int) -> int:
+        """Publish one record expecting ``last`` as the stream's last sequence; its sequence.
+
+        On a "wrong last sequence" refusal the new last sequence comes from
+        the refusal, then the lease's fence record is read (in that order, so
+        a takeover between the two is caught by the next refusal). A publish
+        whose answer was lost is sent again with the same ``Nats-Msg-Id``;
+        servers from 2.10 check the expected sequence before deduplicating,
+        so the refusal is checked for being this very message, stored.
+
+        :raises FencedError: when a newer generation fenced the stream.
+        """
+        key = (fence.group, fence.topic, fence.partition, fence.generation, stream)
+        msg_id = uuid.uuid4().hex
+        lost: list[int] = []  # expected sequences of publishes whose answer was lost
+        deadline = time.monotonic() + self.timeout
+        for _ in range(_CAS_ATTEMPTS):
+            headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(last)}
+            try:
+                answer = await self._publish(stream, payload, headers)
+            except _NoResponders:
+                raise
+            except LogUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+                lost.append(last)
+                await asyncio.sleep(0.05)
+                continue
+            err = self._error(answer)
+            if err is None:
+                seq = int(answer["seq"])
+                self._fenced[key] = seq
+                return seq
+            if err[0] != _WRONG_LAST_SEQUENCE:
+                raise LogError(f"NATS log {self.url}: publish to {stream} refused: {err[1]}")
+            for expected in lost:
+                stored = await self._direct(stream, {"seq": expected + 1})
+                if stored is not None and (stored.headers or {}).get("Nats-Msg-Id") == msg_id:
+                    self._fenced[key] = expected + 1
+                    return expected + 1
+            moved = re.search(r"(\d+)\s*$", err[1])
+            last = int(moved.group(1)) if moved else await self._stream_last(stream)
+            await self._check_fence_record(stream, fence)
+        raise LogUnavailableError(
+            f"NATS log {self.url}: {stream} kept moving under a fenced append "
+            f"({_CAS_ATTEMPTS} attempts)"
+        )
+
+    async def _fence_targets(self, lease: Lease) -> bool:
+        """Write ``lease``'s fence record into every stream registered under it.
+
+        Run when a member takes a lease, before the engine reads anything:
+        from then on a stale writer's publish to those streams is refused.
+        Streams that are gone are skipped. False when a newer generation
+        already fenced one of them (the lease was taken over meanwhile).
+        """
+        mark = (lease.group, lease.topic, lease.partition, lease.generation)
+        if mark in self._fenced_leases:
+            return True
+        found = await self._get(self._key("f", lease.group, lease.topic, lease.partition))
+        streams = [] if found is None else msgspec.msgpack.decode(found[0], type=list[str])
+        for stream in streams:
+            try:
+                await self._write_fence(stream, lease)
+            except FencedError:
+                return False
+            except _NoResponders:
+                continue  # the stream was deleted: nothing to fence
+        self._fenced_leases.add(mark)
+        return True
+
+    async def _write_fence(self, stream: str, lease: Lease) -> None:
+        """Write ``lease``'s fence record into ``stream`` unless it is there.
+
+        Conditioned with ``Nats-Expected-Last-Subject-Sequence`` on the
+        lease's fence subject, so a lower generation never follows a higher.
+
+        :raises FencedError: when a higher generation is there.
+        """
+        subject = self._fence_subject(stream, lease)
+        record = _encode(_Fence(lease.member, lease.generation))
+        for _ in range(_CAS_ATTEMPTS):
+            found = await self._direct(stream, {"last_by_subj": subject})
+            revision = 0
+            if found is not None:
+                held = msgspec.msgpack.decode(found.data, type=_Fence)
+                if held.generation > lease.generation:
+                    raise FencedError(lease.group, lease.topic, lease.partition, lease.generation)
+                if held.generation == lease.generation:
+                    return
+                revision = _sequence(found)
+            headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
+            try:
+                answer = await self._publish(subject, record, headers)
+            except _NoResponders:
+                # A stream made before fence subjects existed: add them once.
+                await self._add_fence_subjects(stream)
+                continue
+            err = self._error(answer)
+            if err is None:
+                return
+            if err[0] != _WRONG_LAST_SEQUENCE:
+                raise LogError(f"NATS log {self.url}: fencing {stream} failed: {err[1]}")
+        raise LogUnavailableError(f"NATS log {self.url}: the fence of {stream} kept changing")
+
+    async def _add_fence_subjects(self, stream: str) -> None:
+        """Add ``<stream>.fence.>`` to a stream made without it.
+
+        :raises _NoResponders: when the stream is not there.
+        """
+        answer = await self._api(f"$JS.API.STREAM.INFO.{stream}")
+        err = self._error(answer)
+        if err is not None and err[0] == _STREAM_NOT_FOUND:
+            raise _NoResponders(f"NATS log {self.url}: stream {stream} is not there")
+        if err is not None:
+            raise LogError(f"NATS log {self.url}: stream {stream}: {err[1]}")
+        config = answer["config"]
+        wanted = f"{stream}.{_FENCE}.>"
+        if wanted in config["subjects"]:
+            raise LogError(f"NATS log {self.url}: nothing answered on {wanted}")
+        config["subjects"] = [*config["subjects"], wanted]
+        answer = await self._api(f"$JS.API.STREAM.UPDATE.{stream}", config)
+        err = self._error(answer)
+        if err is not None:
+            raise LogError(f"NATS log {self.url}: cannot add fence subjects to {stream}: {err[1]}")
 
     async def _publish_once(self, subject: str, payload: bytes) -> int:
         """Publish with a message id, resending on a lost answer; returns the sequence."""
@@ -647,7 +891,7 @@ class NatsLog(Log):
 
     async def _store_chunks(self, stream: str, payload: bytes) -> bytes:
         """Store ``payload`` in chunks in ``stream``; returns the envelope naming them."""
-        await self._create_stream(stream)
+        await self._create_stream(stream, fenced=False)
         size = self._max_payload - _CHUNK_MARGIN
         seqs = [
             await self._publish_once(stream, payload[i : i + size])
@@ -713,6 +957,7 @@ class NatsLog(Log):
             "ack_policy": "none",
             "deliver_policy": "by_start_sequence",
             "opt_start_seq": seq,
+            "filter_subject": stream,  # records only, never fence records
             "inactive_threshold": 300_000_000_000,
             "mem_storage": True,
             "num_replicas": 1,
@@ -737,16 +982,17 @@ class NatsLog(Log):
             self._readers.pop((topic, partition), None)  # back only when all went well
             msgs = await self._fetch(reader.stream, reader.consumer, count, wait)
             records: list[Record] = []
-            expected = None if reader.fresh else seq
+            delivery = reader.next_delivery
             for msg in msgs:
-                record = self._plain_record(msg) or await self._record(reader.stream, msg)
-                if expected is not None and record.offset + 1 != expected:
+                # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>
+                if int(msg.reply.rsplit(".", 4)[2]) != delivery:
                     break  # a delivery was lost: read again from the gap
-                records.append(record)
-                expected = record.offset + 2
+                records.append(self._plain_record(msg) or await self._record(reader.stream, msg))
+                delivery += 1
             else:
-                reader.fresh = reader.fresh and not records
-                reader.next_seq = expected if expected is not None else seq
+                reader.next_delivery = delivery
+                if records:
+                    reader.next_seq = records[-1].offset + 2
                 self._readers[(topic, partition)] = reader
                 return records
             reader.next_seq = -1  # made again at the next pull
@@ -870,26 +1116,76 @@ class NatsLog(Log):
             await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}")
         return out
 
+    async def _stream_state(self, topic: str, partition: int) -> tuple[int, int, dict[str, int]]:
+        """A partition stream's ``(first_seq, last_seq, {fence subject: messages})``."""
+        stream = self.stream_name(topic, partition)
+        answer = await self._api(
+            f"$JS.API.STREAM.INFO.{stream}", {"subjects_filter": f"{stream}.{_FENCE}.>"}
+        )
+        err = self._error(answer)
+        if err is not None and err[0] == _STREAM_NOT_FOUND:
+            raise await self._missing(topic, partition)
+        if err is not None:
+            raise LogError(f"NATS log {self.url}: {topic}/{partition}: {err[1]}")
+        state = answer["state"]
+        fences = {str(k): int(v) for k, v in (state.get("subjects") or {}).items()}
+        return int(state["first_seq"]), int(state["last_seq"]), fences
+
     async def _bounds(self, topic: str) -> dict[int, tuple[int, int]]:
-        """Per partition ``(first_seq, last_seq)`` of its stream."""
+        """Per partition ``(start_offset, end_offset)``, fence records left out.
+
+        Without fence records: ``first_seq - 1`` and ``last_seq`` (an empty
+        stream reports ``first_seq = last_seq + 1``: the start equals the
+        end). With them, the end is the last record's sequence and the start
+        its first record's sequence minus one (two direct gets); a stream
+        holding only fence records has both at ``last_seq``.
+        """
         out: dict[int, tuple[int, int]] = {}
         for partition in range(await self._partitions(topic)):
-            answer = await self._api(f"$JS.API.STREAM.INFO.{self.stream_name(topic, partition)}")
-            err = self._error(answer)
-            if err is not None and err[0] == _STREAM_NOT_FOUND:
-                raise await self._missing(topic, partition)
-            if err is not None:
-                raise LogError(f"NATS log {self.url}: {topic}/{partition}: {err[1]}")
-            state = answer["state"]
-            out[partition] = (int(state["first_seq"]), int(state["last_seq"]))
+            first, last, fences = await self._stream_state(topic, partition)
+            if not fences:
+                out[partition] = (max(first, 1) - 1, last)
+                continue
+            stream = self.stream_name(topic, partition)
+            final = await self._direct(stream, {"last_by_subj": stream})
+            if final is None:
+                out[partition] = (last, last)
+                continue
+            begin = await self._direct(stream, {"seq": first, "next_by_subj": stream})
+            end = _sequence(final)
+            out[partition] = (end if begin is None else _sequence(begin) - 1, end)
         return out
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
-        return {p: last for p, (_, last) in (await self._bounds(topic)).items()}
+        """Per partition, one past the last record's offset; see :meth:`Log.end_offsets`.
+
+        Fence records (written at lease takeovers, see :meth:`append`) are
+        not records: a partition whose stream ends with one reports the
+        offset after its last record, so the lag of a group that read
+        everything is 0. The next record appended may get a higher offset.
+        """
+        return {p: end for p, (_, end) in (await self._bounds(topic)).items()}
 
     async def start_offsets(self, topic: str) -> dict[int, int]:
-        # An empty stream reports first_seq = last_seq + 1: the start equals the end.
-        return {p: max(first, 1) - 1 for p, (first, _) in (await self._bounds(topic)).items()}
+        """Per partition, the lowest record offset still stored (fence records left out)."""
+        return {p: start for p, (start, _) in (await self._bounds(topic)).items()}
+
+    async def _direct(self, stream: str, request: Mapping[str, Any]) -> Msg | None:
+        """One direct get from ``stream``; None when no message matches."""
+        nc = await self._conn()
+        data = json.dumps(request).encode()
+        msg = await self._call(
+            lambda: nc.request(f"$JS.API.DIRECT.GET.{stream}", data, timeout=self.timeout)
+        )
+        status = (msg.headers or {}).get("Status")
+        if status == "404":
+            return None
+        if status:
+            raise LogError(
+                f"NATS log {self.url}: reading {stream} ({request}) failed: "
+                f"{status} {(msg.headers or {}).get('Description', '')}"
+            )
+        return msg
 
     # -- offsets and leases -------------------------------------------------
 
@@ -976,6 +1272,9 @@ class NatsLog(Log):
 
         Expiry is judged by this machine's wall clock (``time.time()``):
         members on several machines need clocks in step to well under ``ttl``.
+        A lease new to this instance first writes its fence record into every
+        stream registered under it (see :meth:`append`); None when a newer
+        generation is already there.
 
         :raises ConfigError: for an empty ``member`` or a ``ttl`` not above 0.
         """
@@ -997,7 +1296,9 @@ class NatsLog(Log):
             lease = Lease(group, topic, partition, member, generation, now + float(ttl))
             value = _encode(_Lease(member, generation, lease.expires_at))
             if await self._put(subject, value, revision=revision):
-                return lease
+                # Before anything is read under it, the lease fences the streams
+                # its earlier holders wrote to (see append).
+                return lease if await self._fence_targets(lease) else None
         raise LogUnavailableError(
             f"NATS log {self.url}: the lease on {group}/{topic}/{partition} kept changing"
         )
@@ -1019,7 +1320,9 @@ class NatsLog(Log):
         """Purge records below the lowest committed offset of every group (per partition).
 
         A partition on which no group ever committed keeps everything.
-        Chunks of purged large records are purged too.
+        Chunks of purged large records are purged too. Fence records are
+        not purged with the records: each lease keeps its newest one (a
+        lease's fence must outlive the records below it, see :meth:`append`).
 
         :returns: how many records were purged.
         :raises UnknownTopicError: when the topic does not exist.
@@ -1027,24 +1330,32 @@ class NatsLog(Log):
         offsets = await self.group_offsets(topic)
         bounds = await self._bounds(topic)
         removed = 0
-        for partition, (first, last) in bounds.items():
+        for partition, (start, end) in bounds.items():
             marks = [parts[partition] for parts in offsets.values() if partition in parts]
             if not marks:
                 continue
-            keep = min(min(marks), last) + 1  # the first sequence kept
-            if keep <= first:
+            keep = min(min(marks), end) + 1  # the first sequence kept
+            if keep <= start + 1:
                 continue
             stream = self.stream_name(topic, partition)
-            await self._purge_chunks(topic, partition, first, keep)
-            answer = await self._api(f"$JS.API.STREAM.PURGE.{stream}", {"seq": keep})
-            err = self._error(answer)
-            if err is not None:
-                raise LogError(f"NATS log {self.url}: purging {stream} failed: {err[1]}")
-            removed += int(answer.get("purged", 0))
+            await self._purge_chunks(topic, partition, keep)
+            removed += await self._purge(stream, {"filter": stream, "seq": keep})
             self._readers.pop((topic, partition), None)
+            _, _, fences = await self._stream_state(topic, partition)
+            for subject, count in fences.items():
+                if count > 1:
+                    await self._purge(stream, {"filter": subject, "keep": 1})
         return removed
 
-    async def _purge_chunks(self, topic: str, partition: int, first: int, keep: int) -> None:
+    async def _purge(self, stream: str, request: Mapping[str, Any]) -> int:
+        """Purge messages of ``stream`` as ``request`` says; returns how many went."""
+        answer = await self._api(f"$JS.API.STREAM.PURGE.{stream}", request)
+        err = self._error(answer)
+        if err is not None:
+            raise LogError(f"NATS log {self.url}: purging {stream} failed: {err[1]}")
+        return int(answer.get("purged", 0))
+
+    async def _purge_chunks(self, topic: str, partition: int, keep: int) -> None:
         """Purge the chunk stream below the lowest chunk a kept record names."""
         blob = self.stream_name(topic, partition) + _BLOB_SUFFIX
         answer = await self._api(f"$JS.API.STREAM.INFO.{blob}")
@@ -1061,6 +1372,7 @@ class NatsLog(Log):
             "ack_policy": "none",
             "deliver_policy": "by_start_sequence",
             "opt_start_seq": keep,
+            "filter_subject": stream,
             "inactive_threshold": 60_000_000_000,
             "mem_storage": True,
             "num_replicas": 1,
