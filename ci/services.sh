@@ -4,7 +4,11 @@
 # Redis (6379), NATS with JetStream (4222) and a single-node Apache Kafka
 # broker (9092 for clients, 9093 for its KRaft controller).
 #
-#   bash ci/services.sh [postgres|redis|nats|kafka ...]   (default: all four)
+#   bash ci/services.sh [postgres|redis|nats|kafka|chromium ...]   (default: all)
+#
+# `chromium` is no server: Debian's headless browser (with a font) that the
+# dashboard's browser tests drive through Playwright (tests marked
+# `browser`); it is installed when missing, nothing is started.
 #
 # For each service: if its port answers, nothing is done. Otherwise the
 # server is installed when missing (Debian packages: postgresql,
@@ -172,6 +176,13 @@ start_kafka() {
   WAIT=$((WAIT > 120 ? WAIT : 120)) wait_for kafka 9092 "$log"
 }
 
+# Debian's chromium for the browser tests (no server: installed when missing).
+start_chromium() {
+  command -v chromium >/dev/null && installed fonts-dejavu-core && return 0
+  apt_install chromium fonts-dejavu-core || return 1
+  command -v chromium >/dev/null || fail "chromium: installed but not on PATH (log: $STATE/apt.log)"
+}
+
 case ${1:-} in
   -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 esac
@@ -179,12 +190,12 @@ services=()
 for name in "$@"; do  # each service once, in the order given
   [[ " ${services[*]} " == *" $name "* ]] || services+=("$name")
 done
-[ ${#services[@]} -eq 0 ] && services=(postgres redis nats kafka)
+[ ${#services[@]} -eq 0 ] && services=(postgres redis nats kafka chromium)
 status=0
 for name in "${services[@]}"; do
   case $name in
-    postgres | redis | nats | kafka) "start_$name" || status=1 ;;
-    *) fail "unknown service '$name' (postgres, redis, nats, kafka)"; status=2 ;;
+    postgres | redis | nats | kafka | chromium) "start_$name" || status=1 ;;
+    *) fail "unknown service '$name' (postgres, redis, nats, kafka, chromium)"; status=2 ;;
   esac
 done
 [ $status = 0 ] && say "up: ${services[*]}"

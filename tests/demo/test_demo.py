@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from wakuwaku.demo.data import expected_totals, read_planes
+
+from ..conftest import NATS_URL, REDIS_URL
+from ..logs.test_redis import purge
+from ..nats_support import drop_prefix, fresh_prefix
+
+
+def demo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "wakuwaku", "demo", "flights", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_verified(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.rstrip().endswith("\nVERIFIED"), out
+    assert "[FAILED]" not in out
+    assert "every row accounted for exactly once" in out
 
 
 def test_the_data_is_as_messy_as_the_issue_says() -> None:
@@ -23,8 +47,12 @@ def test_the_data_is_as_messy_as_the_issue_says() -> None:
 
 
 @pytest.mark.slow
-def test_the_demo_verifies_itself_on_a_slice_with_chaos_and_replay(tmp_path: Path) -> None:
-    result = subprocess.run(
+def test_the_demo_verifies_itself_on_a_slice_and_shows_progress_while_it_runs(
+    tmp_path: Path,
+) -> None:
+    """Not a terminal: plain progress lines, read while the demo still runs."""
+    workdir = tmp_path / "demo"
+    with subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -36,38 +64,125 @@ def test_the_demo_verifies_itself_on_a_slice_with_chaos_and_replay(tmp_path: Pat
             "--chaos",
             "--replay-dead-letters",
             "--workdir",
-            str(tmp_path / "demo"),
+            str(workdir),
             "--lock-seconds",
             "1",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        lines: list[str] = []
+        replay_started_at_first_progress: bool | None = None
+        for line in proc.stdout:
+            lines.append(line)
+            if replay_started_at_first_progress is None and "] consume: " in line:
+                # The replay's consumer run writes consumer-stats-3.json: had the
+                # lines been held back to the end, the replay would be over.
+                replay_started_at_first_progress = (workdir / "consumer-stats-3.json").exists()
+        stderr = proc.stderr.read()
+        assert proc.wait(timeout=300) == 0, "".join(lines) + stderr
+    out = "".join(lines)
+    assert replay_started_at_first_progress is False, out
+    assert "chaos: projection locked" in out
+    assert "chaos: consumer SIGKILLed" in out
+    assert "replay done:" in out
+    report = out[out.index("wakuwaku demo flights: report") :]
+    assert report.rstrip().endswith("\nVERIFIED")
+    assert "[FAILED]" not in report
+    assert "every flight with a tail number applied exactly once" in report
+
+
+@pytest.mark.slow
+def test_a_consumer_killed_early_still_verifies(tmp_path: Path) -> None:
+    """Issue 18: killed at 0.6 s, the planes partitions redo their batch while
+    flights wait; the dead letters must still be exactly the unlisted planes'."""
+    result = demo(
+        "--limit",
+        "1000",
+        "--chaos",
+        "--kill-at",
+        "0.6",
+        "--replay-dead-letters",
+        "--workdir",
+        str(tmp_path / "demo"),
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert out.rstrip().endswith("VERIFIED") and "NOT VERIFIED" not in out
-    assert "every row accounted for exactly once" in out
-    assert "every flight with a tail number applied exactly once" in out
-    assert "[FAILED]" not in out
+    assert_verified(result)
+    assert "SIGKILL at" in result.stdout
+
+
+@contextlib.asynccontextmanager
+async def sqlite_url(tmp_path: Path) -> AsyncIterator[str]:
+    yield f"sqlite:///{tmp_path / 'log.db'}"
+
+
+@contextlib.asynccontextmanager
+async def redis_url(tmp_path: Path) -> AsyncIterator[str]:
+    prefix = f"wktest-{uuid.uuid4().hex}"
+    try:
+        yield f"{REDIS_URL}?prefix={prefix}"
+    finally:
+        await purge(REDIS_URL, prefix)
+
+
+@contextlib.asynccontextmanager
+async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
+    prefix = fresh_prefix()
+    try:
+        yield f"{NATS_URL}?prefix={prefix}"
+    finally:
+        await drop_prefix(NATS_URL, prefix)
+
+
+# One entry per engine: a fresh URL (unique prefix on the shared servers) and
+# its cleanup. The demo itself only uses the Log interface.
+ENGINES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[str]]] = {
+    "sqlite": sqlite_url,
+    "redis": redis_url,
+    "nats": nats_url,
+}
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("nats", marks=pytest.mark.nats),
+    ]
+)
+async def log_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh log URL of each engine; server-side names are removed afterwards."""
+    async with ENGINES[request.param](tmp_path) as url:
+        yield url
+
+
+@pytest.mark.slow
+async def test_the_demo_verifies_on_every_engine_and_refuses_a_used_log(
+    log_url: str, tmp_path: Path
+) -> None:
+    args = ("--log", log_url, "--workdir", str(tmp_path / "demo"), "--progress", "none")
+    # Killed at 0.8 s: the consumer is still starting or consuming 10 000 rows then.
+    chaos = ("--chaos", "--lock-seconds", "1", "--kill-at", "0.8", "--replay-dead-letters")
+    first = demo(*args, "--limit", "10000", *chaos)
+    assert_verified(first)
+    assert "SIGKILL at" in first.stdout
+    assert "every flight with a tail number applied exactly once" in first.stdout
+
+    again = demo(*args, "--limit", "1000")
+    assert again.returncode == 3, again.stdout + again.stderr
+    error = again.stderr.strip()
+    assert len(error.splitlines()) == 1, error
+    assert "already holds the flights demo's topics" in error and "--reset" in error
+    assert "wakuwaku demo flights: report" not in again.stdout
+
+    reset = demo(*args, "--limit", "1000", "--reset")
+    assert_verified(reset)
+    assert "every row accounted for exactly once: " in reset.stdout
+    assert "of 1,000" in reset.stdout
 
 
 def test_a_memory_log_is_refused_with_a_clear_error(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "wakuwaku",
-            "demo",
-            "flights",
-            "--log",
-            "memory://",
-            "--workdir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = demo("--log", "memory://", "--workdir", str(tmp_path), timeout=120)
     assert result.returncode == 3
     assert "another process" in result.stderr

@@ -625,6 +625,29 @@ async def test_drain_consumes_what_a_handler_publishes_to_a_partition_that_had_c
     assert await log.committed("g", "t", 0) == 1
 
 
+async def test_at_end_sees_records_appended_after_the_last_poll_that_idle_does_not(
+    log: Log, clock: FakeClock
+) -> None:
+    """Issue 18: the demo stopped its consumer on ``idle()`` right after
+    replaying dead letters; the partitions' caught-up flags dated from polls
+    before the replay, so some replayed flights were never consumed."""
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    script = Script(clock)
+    c = consumer(log, clock, [Handler(Item, script)], poll_interval=3600.0)
+    async with Running(c):
+        await wait_until(clock, lambda: c.idle() and script.handled_ns() == [1])
+        assert await c.at_end()
+        await producer.publish(Item("a", 2))
+        assert c.idle()  # the flag is from the poll before the append
+        assert not await c.at_end()
+        while script.handled_ns() != [1, 2]:  # on to the next poll
+            clock.advance(60.0)
+            await clock.sleep(0.01)
+        await wait_until(clock, c.idle)
+        assert await c.at_end()
+
+
 async def test_a_consumer_runs_once_and_says_so_when_run_again(
     memory_log: Log, clock: FakeClock
 ) -> None:

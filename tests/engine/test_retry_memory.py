@@ -115,3 +115,60 @@ async def test_bodies_are_read_from_the_retry_log_when_the_attempt_runs_also_aft
     for key in ("a", "b"):
         assert script.handled_ns(key) == [e.n for e in events if e.key == key]
     assert second.stats.attempts == 2 and second.stats.attempts_failed == 0
+
+
+async def test_an_attempt_reads_its_own_pending_records_not_the_stretches_between(
+    log: Log, clock: FakeClock
+) -> None:
+    """Issue 18: a due key whose pending records lie far apart in the retry
+    partition (another key's routed records in between) reads those records,
+    not every record from its first to its last (a page per pending record)."""
+    producer = await setup_topic(log)
+    script = Script(clock)
+    script.fail[0] = [wk.Retryable("not yet")]  # a0: a quarantined first
+    script.fail[1] = [wk.Retryable("not yet")] * 5  # b0: b quarantined 30 s later
+    retry_reads: list[int] = []
+    read = log.read
+
+    async def counting_read(
+        topic: str, partition: int, offset: int, limit: int = 500, wait: float = 0.0
+    ) -> list[wk.Record]:
+        records = await read(topic, partition, offset, limit, wait)
+        if topic.startswith("wk-retry."):
+            retry_reads.extend(r.offset for r in records)
+        return records
+
+    log.read = counting_read  # type: ignore[method-assign,assignment]
+    c = consumer(log, clock, [Handler(Item, script)], retry_delays=[3600.0])
+    async with Running(c):
+        await producer.publish(Item("a", 0))
+        await wait_until(clock, lambda: bool(c.workers))
+        [worker] = c.workers.values()
+        await wait_until(clock, lambda: worker.retry.quarantined("a"))
+        clock.advance(30.0)
+        n = 1
+        await producer.publish(Item("b", n))
+        pending = 2
+
+        async def routed() -> None:
+            # One poll per step, so the retry partition interleaves a and b.
+            await wait_until(
+                clock, lambda: worker.retry.pending_count == pending and worker.caught_up
+            )
+
+        await routed()
+        for _ in range(3):
+            await producer.publish_many([Item("b", n + i) for i in range(1, 41)])
+            n, pending = n + 40, pending + 40
+            await routed()
+            n, pending = n + 1, pending + 1
+            await producer.publish(Item("a", n))
+            await routed()
+        retry_reads.clear()
+        clock.advance(T0 + 3600.0 - clock.now())  # a is due, b (due 30 s later) is not
+        await wait_until(clock, lambda: not worker.retry.quarantined("a"))
+        assert worker.retry.quarantined("b")  # not due yet: a's attempt ran alone
+        read_for_a = list(retry_reads)
+    assert script.handled_ns("a") == [0, 42, 83, 124]
+    # a's four records and the few markers near them, never b's 120.
+    assert len(read_for_a) <= 8, read_for_a

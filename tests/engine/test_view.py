@@ -39,7 +39,8 @@ async def test_the_view_shows_position_lag_and_a_quarantined_key(
         assert isinstance(view, PartitionView)
         assert view.started and view.retry_pending == 2
         [key] = view.quarantined
-        assert key == QuarantinedKey(p, "a", 2, 1, key.next_attempt_at, T0)
+        [first_work] = await log.read("wk-retry.g.t", p, 0, 1)  # the key's first pending record
+        assert key == QuarantinedKey(p, "a", 2, 1, key.next_attempt_at, T0, first_work.offset)
         assert key.next_attempt_at >= T0 + 5.0
         assert view.next_attempt_at == key.next_attempt_at
         assert await c.lag() == {("t", 0): 0, ("t", 1): 0}

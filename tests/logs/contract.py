@@ -443,6 +443,25 @@ class LogContract:
         await log.release_partition(lease)
         assert await log.acquire_partition("g", "orders", 0, "c", ttl=60.0) is None
 
+    async def test_partition_owners_show_current_leases_of_one_group(self, log: Log) -> None:
+        await log.create_topic("orders", 3)
+        owners = getattr(log, "partition_owners", None)
+        assert owners is not None, "every adapter of this project shows owners"
+        assert await owners("g", "orders") == {}
+        a = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        b = await log.acquire_partition("g", "orders", 2, "b", ttl=60.0)
+        other = await log.acquire_partition("other", "orders", 1, "c", ttl=60.0)
+        assert a is not None and b is not None and other is not None
+        found = await owners("g", "orders")
+        assert sorted(found) == [0, 2]
+        assert (found[0].member, found[0].generation) == ("a", a.generation)
+        assert (found[2].member, found[2].generation) == ("b", b.generation)
+        assert abs(found[0].expires_at - a.expires_at) < 1.0
+        await log.release_partition(a)
+        assert sorted(await owners("g", "orders")) == [2]
+        with pytest.raises(UnknownTopicError):
+            await owners("g", "nope")
+
     # -- fenced writes (SPEC 15) ------------------------------------------
 
     async def _taken_over(self, log: Log) -> tuple[Lease, Lease]:

@@ -146,6 +146,7 @@ class Status:
                     "failures": q.failures,
                     "next_attempt_at": q.next_attempt_at,
                     "first_failed_at": q.first_failed_at,
+                    "retry_offset": q.retry_offset,
                 }
                 for q in self.quarantined
             ],

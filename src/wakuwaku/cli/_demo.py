@@ -69,6 +69,33 @@ def register(group: click.Group) -> None:
         show_default=True,
         help="How long --chaos locks the projection.",
     )
+    @click.option(
+        "--kill-at",
+        type=click.FloatRange(0.0, 3600),
+        default=None,
+        help="With --chaos, SIGKILL the consumer this many seconds after the start "
+        "(default: at ~35 % of the flights applied).",
+    )
+    @click.option(
+        "--reset",
+        is_flag=True,
+        help="Delete the demo's topics and group offsets from --log first "
+        "(a log holding them is refused otherwise).",
+    )
+    @click.option(
+        "--progress",
+        type=click.Choice(["auto", "live", "plain", "none"]),
+        default="auto",
+        show_default=True,
+        help="Live status block (a terminal), plain periodic lines (CI logs), or none.",
+    )
+    @click.option(
+        "--plot",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Draw the run into this PNG file (events/s per phase, quarantined keys, "
+        "the lock and the kill).",
+    )
     def flights(
         log_url: str | None,
         workdir: Path,
@@ -78,6 +105,10 @@ def register(group: click.Group) -> None:
         limit: int | None,
         retry_delays: tuple[float, ...],
         lock_seconds: float,
+        kill_at: float | None,
+        reset: bool,
+        progress: str,
+        plot: Path | None,
     ) -> int:
         """Project the 2013 New York flights and aircraft register, then verify the result."""
         from ..demo.run import run_demo
@@ -91,5 +122,9 @@ def register(group: click.Group) -> None:
             limit=limit,
             retry_delays=retry_delays,
             lock_seconds=lock_seconds,
+            kill_at=kill_at,
+            reset=reset,
+            progress=progress,
+            plot=plot,
         )
         return asyncio.run(run_demo(options, click.echo))

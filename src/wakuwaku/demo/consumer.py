@@ -1,9 +1,13 @@
 """The flights demo's consumer process: ``python -m wakuwaku.demo.consumer ...``.
 
 It runs in its own process so the demo's chaos can kill it with SIGKILL and
-start it again. It consumes ``planes`` and ``flights`` into the projection;
-once the file named by ``--done`` exists (the producers finished), it stops
-as soon as it is idle. Every half second, and at exit, it writes its
+start it again. It consumes ``planes`` and ``flights`` into the projection.
+The demo drives it with the file named by ``--done``: once it exists and the
+consumer is idle (every partition read to the log's end offsets, checked
+after reading the file, and no key quarantined), the
+consumer writes the file's text to ``<done>.ack``; when that text is
+``stop`` it then stops, otherwise it goes on consuming (the replay phase
+reuses it). Every 0.1 s, and before each ack and at exit, it writes its
 counters to ``--stats`` as JSON (a killed run keeps its last snapshot).
 """
 
@@ -23,7 +27,7 @@ from ..engine.classifiers import classify_sqlite
 from ..logs import open_log
 from .flights import FLIGHTS_TOPIC, GROUP, PLANES_TOPIC, Projection
 
-STATS_EVERY = 0.5
+STATS_EVERY = 0.1
 
 
 def build(
@@ -44,9 +48,19 @@ def build(
 
 
 def _dump(consumer: Consumer, path: Path) -> None:
+    stats = consumer.stats.as_dict()
+    # The keys quarantined now (the metrics' wakuwaku_quarantined_keys gauge).
+    stats["quarantined_now"] = sum(len(w.retry.keys) for w in list(consumer.workers.values()))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(consumer.stats.as_dict()))
+    tmp.write_text(json.dumps(stats))
     os.replace(tmp, path)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
 
 
 async def run(
@@ -59,14 +73,25 @@ async def run(
         if handler.inbox is not None:
             await handler.inbox.ensure_schema()
     runner = asyncio.create_task(consumer.run())
+    ack = done.with_name(done.name + ".ack")
+    acked = ""
     try:
         while not runner.done():
-            await asyncio.sleep(STATS_EVERY / 5)
+            await asyncio.sleep(STATS_EVERY)
             _dump(consumer, stats)
-            # idle() trusts each partition's last empty poll; a log whose reads
-            # lag its writes (Kafka) may have records past it: ask the log too.
-            if consumer.idle() and await asyncio.to_thread(done.exists) and await consumer.at_end():
-                consumer.stop()
+            if not consumer.idle():
+                continue
+            token = await asyncio.to_thread(_read_text, done)
+            # The token is written after the records it is about: checking the
+            # log's end offsets after reading it covers them (a partition's
+            # caught-up flag may date from a poll before they arrived).
+            if token is not None and token != acked and await consumer.at_end():
+                acked = token
+                tmp = ack.with_suffix(".tmp")
+                tmp.write_text(token)
+                os.replace(tmp, ack)
+                if token == "stop":
+                    consumer.stop()
         await runner
     finally:
         _dump(consumer, stats)

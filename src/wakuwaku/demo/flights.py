@@ -9,10 +9,22 @@ Two topics keyed by tail number: ``planes`` (the aircraft register) and
   arrival-delay sums, fed by :class:`FlightFlown` (associative: ``combine``
   sums the figures) and :class:`FlightCancelled` (plain).
 
-A flight whose plane is not registered yet raises ``Retryable``: the row may
-come later (the planes are published concurrently with the flights). The
-totals accumulate, so their handlers claim each message id in the inbox inside
-the same transaction as the update, and stay exact under redelivery (SPEC 9).
+The register's producer ends with :class:`RegisterPublished` ("the register
+lists N planes"). What happens to a flight whose plane is not in the
+projection is decided by the data, never by how fast the planes arrived:
+
+- while the register is not complete (no ``RegisterPublished`` stored yet, or
+  fewer planes stored than it lists) the plane may still come: the handler
+  raises ``Transient`` and the partition waits, in place, for the register;
+- once it is complete, a plane missing from it will not come by itself: the
+  handler raises ``Retryable`` (an operator may amend the register), and after
+  the schedule the flights are dead-lettered ``gave_up_retry``.
+
+So exactly the flights of unregistered tail numbers are dead-lettered, under
+any load and across a SIGKILL (the planes table and the register markers are
+durable; registering is idempotent). The totals accumulate, so their handlers
+claim each message id in the inbox inside the same transaction as the update,
+and stay exact under redelivery (SPEC 9).
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from .._errors import Retryable, Unrecoverable
+from .._errors import Retryable, Transient, Unrecoverable
 from .._events import event
 from ..engine import Handler, current_chunk
 from ..inbox import SQLiteInbox
@@ -48,6 +60,18 @@ class PlaneRegistered(msgspec.Struct, frozen=True):
     manufacturer: str
     model: str
     seats: int | None
+
+
+@event("demo.register-published", key="register")
+class RegisterPublished(msgspec.Struct, frozen=True):
+    """The register's producer is done: the register lists ``planes`` tail numbers.
+
+    :param register: the register's name (the key).
+    :param planes: distinct tail numbers the register lists, amendments included.
+    """
+
+    register: str
+    planes: int
 
 
 @event("demo.flight-flown", key="tailnum", algebra="associative")
@@ -91,6 +115,10 @@ CREATE TABLE IF NOT EXISTS planes (
     model TEXT NOT NULL,
     seats INTEGER
 );
+CREATE TABLE IF NOT EXISTS registers (
+    register TEXT PRIMARY KEY,
+    planes INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS totals (
     tailnum TEXT PRIMARY KEY,
     flights INTEGER NOT NULL DEFAULT 0,
@@ -103,7 +131,11 @@ CREATE TABLE IF NOT EXISTS totals (
 
 
 class PlaneNotRegistered(LookupError):
-    """A flight refers to a plane the projection does not know yet."""
+    """A flight refers to a plane the complete register does not list."""
+
+
+class RegisterLoading(LookupError):
+    """A flight refers to a plane not stored while the register is still loading."""
 
 
 class Projection:
@@ -123,6 +155,7 @@ class Projection:
         self._conn: sqlite3.Connection | None = None
         self._readers = threading.local()
         self._known: set[str] = set()
+        self._complete = False
         conn = self._open()
         try:
             conn.executescript(SCHEMA)
@@ -164,6 +197,38 @@ class Projection:
                 [(p.tailnum, p.year, p.manufacturer, p.model, p.seats) for p in run],
             )
 
+    def publish_register(self, run: Sequence[RegisterPublished]) -> None:
+        """Store how many planes a register lists (the largest count wins)."""
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO registers VALUES (?, ?) ON CONFLICT (register) DO UPDATE SET "
+                "planes = max(planes, excluded.planes)",
+                [(r.register, r.planes) for r in run],
+            )
+        self._complete = False  # an amendment may list planes not stored yet
+
+    def register_size(self) -> int:
+        """How many planes the projection holds while its register is complete, else 0."""
+        conn = sqlite3.connect(self.path)
+        try:
+            if not self.register_complete(conn):
+                return 0
+            return int(conn.execute("SELECT count(*) FROM planes").fetchone()[0])
+        finally:
+            conn.close()
+
+    def register_complete(self, conn: sqlite3.Connection | None = None) -> bool:
+        """Whether a register was published and all the planes it lists are stored."""
+        own = conn is None
+        conn = conn or sqlite3.connect(self.path)
+        try:
+            listed = conn.execute("SELECT max(planes) FROM registers").fetchone()[0]
+            stored = conn.execute("SELECT count(*) FROM planes").fetchone()[0]
+        finally:
+            if own:
+                conn.close()
+        return listed is not None and stored >= listed
+
     def _new_events(self, conn: sqlite3.Connection, count: int) -> list[bool]:
         """Claim the chunk's message ids; per event, whether it is new.
 
@@ -192,14 +257,36 @@ class Projection:
         return flags
 
     def _require_plane(self, tailnum: str) -> None:
-        """Raise Retryable unless the plane is registered (read outside the write lock)."""
+        """Return when the plane is stored (read outside the write lock), else raise.
+
+        :raises Transient: the register is still loading (the plane may come).
+        :raises Retryable: the register is complete and does not list the plane.
+        """
         if tailnum in self._known:
             return
         reader = getattr(self._readers, "conn", None)
         if reader is None:
             reader = self._readers.conn = self._open()
         if reader.execute("SELECT 1 FROM planes WHERE tailnum = ?", (tailnum,)).fetchone() is None:
-            raise Retryable(PlaneNotRegistered(f"plane {tailnum} is not registered yet"))
+            if not self._complete:
+                # Read in one snapshot, so a plane stored in between cannot be missed.
+                reader.execute("BEGIN")
+                try:
+                    stored = reader.execute(
+                        "SELECT 1 FROM planes WHERE tailnum = ?", (tailnum,)
+                    ).fetchone()
+                    complete = self.register_complete(reader)
+                finally:
+                    reader.execute("COMMIT")
+                if stored is not None:
+                    self._known.add(tailnum)
+                    return
+                if not complete:
+                    raise Transient(
+                        RegisterLoading(f"plane {tailnum} is not stored; the register is loading")
+                    )
+                self._complete = True
+            raise Retryable(PlaneNotRegistered(f"plane {tailnum} is not in the register"))
         self._known.add(tailnum)  # registrations are never removed
 
     def fly(self, run: Sequence[FlightFlown]) -> None:
@@ -268,6 +355,7 @@ class Projection:
         """The consumer's handlers (sync: they run in worker threads)."""
         return [
             Handler(PlaneRegistered, self.register, max_batch=500),
+            Handler(RegisterPublished, self.publish_register),
             Handler(FlightFlown, self.fly, max_batch=100, inbox=self.inbox),
             Handler(FlightCancelled, self.cancel, max_batch=100, inbox=self.inbox),
         ]

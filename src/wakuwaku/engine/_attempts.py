@@ -40,6 +40,10 @@ from ._shared import Abandon, PartitionServices, logger
 ROUND_RECORDS = 10_000
 #: Records one read of the retry partition returns at most.
 READ_PAGE = 1000
+#: Unwanted records between two pending ones that a read of the retry
+#: partition reads through rather than starting a new read (one read call
+#: costs about as much as decoding a few dozen records).
+READ_GAP = 32
 
 #: A retry-topic marker and the (wall, monotonic) time its times were taken at.
 Marker = tuple[Outgoing, tuple[float, float]]
@@ -173,9 +177,10 @@ class Attempts:
         :param snapshots: per key, the retry offsets of its pending records
             (increasing).
         :returns: per key, its records in offset order. Reads page through the
-            partition with at most :data:`READ_PAGE` records a call, from one
-            wanted offset to the next (offsets nobody waits for between two
-            pages are not read); a record is kept when its offset is pending
+            partition with at most :data:`READ_PAGE` records a call, each from
+            a wanted offset through the last wanted one that follows it with
+            gaps of at most :data:`READ_GAP` (longer stretches nobody waits
+            for are not read); a record is kept when its offset is pending
             and its ``wk-key`` is the key it is pending for (SPEC 6, issue 12
             item 3). A pending record the log no longer holds (deleted by
             retention) is logged and missing from the attempt.
@@ -188,7 +193,18 @@ class Attempts:
         index = 0
         while index < len(wanted):
             start = wanted[index]
-            count = min(READ_PAGE, wanted[-1] - start + 1)
+            # Read through the pending records close to each other, never far
+            # past the last one: a lone pending record far from the next costs
+            # one record read, not a page (issue 18: a retry round read and
+            # decoded up to READ_PAGE unrelated records per pending record).
+            last = index
+            while (
+                last + 1 < len(wanted)
+                and wanted[last + 1] - wanted[last] <= READ_GAP + 1
+                and wanted[last + 1] - start < READ_PAGE
+            ):
+                last += 1
+            count = wanted[last] - start + 1
             page = await services.log_call(
                 "read retry topic", partial(log.read, retry_topic, partition, start, count)
             )

@@ -210,8 +210,14 @@ class Consumer:
                 await runner
 
     async def at_end(self) -> bool:
-        """True when every partition's position is its log's end offset (a
-        failed check says False): what :meth:`drain` asks besides :meth:`idle`."""
+        """True when every owned partition's position is its log's end offset now.
+
+        :meth:`idle` trusts each partition's last poll; records appended since
+        that poll are not behind it. A caller that appended records (or was
+        told someone did) and wants them consumed checks ``idle() and await
+        at_end()``, as :meth:`drain` does. A log that cannot answer counts as
+        not at the end.
+        """
         return await self._at_end()
 
     async def _at_end(self) -> bool:

@@ -29,6 +29,7 @@ from .._errors import ErrorClass, HandleError
 from .._events import Algebra
 from .._records import ReasonCode
 from .._sanitize import sanitize
+from ..tracing import chunk_span
 from ._context import ChunkContext, _current
 from ._handler import Handler
 from ._outbox import Outbox
@@ -191,21 +192,23 @@ class ChunkExecutor:
                         ):
                             await services.through_gate()
                         # The handler call, as _call makes it, inline.
+                        span = chunk_span(topic, partition, key, tag, chunk, attempt)
                         token = set_context(
                             ChunkContext(topic, partition, key, tag, chunk, attempt)
                         )
                         started = perf_counter()
+                        failure = None
                         try:
                             called = invoke(chunk.events.copy())
                             if called is not None:
                                 await called
                             calls += 1
-                            failure = None
                         except BaseException as exc:  # noqa: BLE001 - see _failure
                             failure = self._failure(exc, handler, key, chunk)
                         finally:
                             seconds += perf_counter() - started
                             reset_context(token)
+                            span.end(failure)
                         if failure is None:
                             handled.append(chunk)
                             records += len(chunk.events) if single else sum(map(_count, chunk))
@@ -326,22 +329,23 @@ class ChunkExecutor:
         inline (a coroutine less per chunk); this is the call of a retry in place.
         """
         services = self.services
-        token = _current.set(
-            ChunkContext(
-                services.topic, services.partition, key, handler.event_type.tag, chunk, attempt
-            )
-        )
+        topic, partition, tag = services.topic, services.partition, handler.event_type.tag
+        span = chunk_span(topic, partition, key, tag, chunk, attempt)
+        token = _current.set(ChunkContext(topic, partition, key, tag, chunk, attempt))
         started = time.perf_counter()
+        failure = None
         try:
             invoke = handler.handle if handler.is_async else self._sync_call(handler)
             called = invoke(chunk.events.copy())
             if called is not None:
                 await called
         except BaseException as exc:  # noqa: BLE001 - _failure lets through what is no failure
-            return self._failure(exc, handler, key, chunk)
+            failure = self._failure(exc, handler, key, chunk)
+            return failure
         finally:
             services.stats.handler_seconds += time.perf_counter() - started
             _current.reset(token)
+            span.end(failure)
         services.stats.handler_calls += 1
         return None
 

@@ -32,6 +32,9 @@ class QuarantinedKey:
     :param next_attempt_at: when the next attempt may run (seconds since the
         epoch, on the consumer's clock).
     :param first_failed_at: the cycle's first failure (seconds since the epoch).
+    :param retry_offset: the offset of its first pending work record in the
+        retry partition (its ``wk-error`` holds the failure's sanitized
+        text: ``wakuwaku dashboard`` shows it); None without a pending record.
     """
 
     partition: int
@@ -40,12 +43,21 @@ class QuarantinedKey:
     failures: int
     next_attempt_at: float
     first_failed_at: float
+    retry_offset: int | None = None
 
 
 def quarantined_keys(state: RetryState, partition: int) -> list[QuarantinedKey]:
     """The quarantined keys of one retry partition's state, in the state's order."""
     return [
-        QuarantinedKey(partition, key, len(s.offsets), s.failures, s.due_wall, s.first_failed_at)
+        QuarantinedKey(
+            partition,
+            key,
+            len(s.offsets),
+            s.failures,
+            s.due_wall,
+            s.first_failed_at,
+            s.offsets[0] if s.offsets else None,
+        )
         for key, s in list(state.keys.items())
     ]
 

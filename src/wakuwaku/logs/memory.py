@@ -203,6 +203,24 @@ class MemoryLog(Log):
             self._leases[(group, topic, partition)] = lease
             return lease
 
+    async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
+        """The current lease of each partition of ``topic`` held by a member of
+        ``group``: partition -> :class:`Lease` (a released lease is left out;
+        an expired one is included, its ``expires_at`` in the past).
+
+        Read-only, for showing owners (``wakuwaku dashboard``); not part of
+        the :class:`Log` contract (like ``group_offsets``).
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        partitions = await self.describe_topic(topic)
+        found: dict[int, Lease] = {}
+        for p in range(partitions.partitions):
+            lease = self._leases.get((group, topic, p))
+            if lease is not None and lease.member:
+                found[p] = lease
+        return found
+
     async def release_partition(self, lease: Lease) -> None:
         with self._lock:
             key = (lease.group, lease.topic, lease.partition)

@@ -1303,6 +1303,24 @@ class NatsLog(Log):
             f"NATS log {self.url}: the lease on {group}/{topic}/{partition} kept changing"
         )
 
+    async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
+        """The current lease of each partition of ``topic`` held by a member of
+        ``group``: partition -> :class:`Lease` (a released lease is left out;
+        an expired one is included, its ``expires_at`` in the past).
+
+        Read-only, for showing owners (``wakuwaku dashboard``); not part of
+        the :class:`Log` contract (like ``group_offsets``).
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        found: dict[int, Lease] = {}
+        for p in range(await self._partitions(topic)):
+            held = await self._lease(group, topic, p)
+            if held is not None and held[0].member:
+                lease = held[0]
+                found[p] = Lease(group, topic, p, lease.member, lease.generation, lease.expires_at)
+        return found
+
     async def release_partition(self, lease: Lease) -> None:
         """Give up ``lease`` when it is still the current one; see :meth:`Log.release_partition`."""
         subject = self._key("l", lease.group, lease.topic, lease.partition)

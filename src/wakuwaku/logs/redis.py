@@ -517,6 +517,31 @@ class RedisLog(Log):
         generation, expires_ms = (int(value) for value in reply)
         return Lease(group, topic, partition, member, generation, expires_ms / 1000)
 
+    async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
+        """The current lease of each partition of ``topic`` held by a member of
+        ``group``: partition -> :class:`Lease` (a released lease is left out;
+        an expired one is included, its ``expires_at`` in the past).
+
+        Read-only, for showing owners (``wakuwaku dashboard``); not part of
+        the :class:`Log` contract (like ``group_offsets``).
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        partitions = await self._partitions(topic)
+        found: dict[int, Lease] = {}
+        async with self._calls("partition owners"):
+            for p in range(partitions):
+                held = await self._redis.hget(f"{self._tag(topic, p)}:lease", group)
+                if held is None:
+                    continue
+                text = held.decode() if isinstance(held, bytes) else str(held)
+                generation, expires_ms, member = text.split(":", 2)
+                if member:
+                    found[p] = Lease(
+                        group, topic, p, member, int(generation), int(expires_ms) / 1000
+                    )
+        return found
+
     async def release_partition(self, lease: Lease) -> None:
         key = f"{self._tag(lease.topic, lease.partition)}:lease"
         await self._call(

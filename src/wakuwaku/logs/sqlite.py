@@ -685,6 +685,31 @@ class SQLiteLog(Log):
             found.setdefault(group, {})[int(part)] = int(off)
         return found
 
+    async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
+        """The current lease of each partition of ``topic`` held by a member of
+        ``group``: partition -> :class:`Lease` (a released lease is left out;
+        an expired one is included, its ``expires_at`` in the past).
+
+        Read-only, for showing owners (``wakuwaku dashboard``); not part of
+        the :class:`Log` contract (like ``group_offsets``).
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        return await self._run(self._owners, group, topic)
+
+    def _owners(self, group: str, topic: str) -> dict[int, Lease]:
+        db = self._db()
+        self._topic(db, topic)
+        rows = db.execute(
+            "SELECT part, member, generation, expires_at FROM wk_leases"
+            " WHERE grp = ? AND topic = ? AND member != '' ORDER BY part",
+            (group, topic),
+        )
+        return {
+            int(part): Lease(group, topic, int(part), member, int(gen), float(exp))
+            for part, member, gen, exp in rows
+        }
+
     async def acquire_partition(
         self, group: str, topic: str, partition: int, member: str, ttl: float
     ) -> Lease | None:

@@ -1,0 +1,543 @@
+"""The dashboard's Starlette application: routes, security and rendering.
+
+Security model (docs/dashboard.md):
+
+- read-only unless started with ``allow_replay``; the only write is
+  ``POST /replay`` and it is refused with 403 otherwise;
+- every POST carries a CSRF token (asgi-csrf's signed double-submit cookie:
+  the form field must match the cookie, both signed with a secret of this
+  process); ``/replay`` is checked even when the request has no cookie;
+- with a token (``WAKUWAKU_DASHBOARD_TOKEN``) every request needs it, as
+  HTTP Basic password (any user name) or ``Authorization: Bearer``;
+  :func:`check_exposure` refuses a non-loopback address without one;
+- templates autoescape everything; a Content-Security-Policy with a nonce per
+  response allows only the dashboard's own inline script and style, so markup
+  from a record could not run even if it were ever rendered raw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import datetime
+import hmac
+import ipaddress
+import json
+import secrets
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import jinja2
+import msgspec
+from asgi_csrf import asgi_csrf
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp
+
+from .. import ConfigError, WakuwakuError, sanitize
+from ..admin import parse_dead_letter, replay_dead_letters
+from ..logs import Log, open_log
+from ._charts import bar_chart, clock, line_chart
+from ._sampler import LetterEntry, Sampler, Target, View
+
+TOKEN_ENV = "WAKUWAKU_DASHBOARD_TOKEN"
+"""The environment variable the dashboard reads its access token from."""
+PAGE_SIZE = 100
+"""Dead letters per page of the list."""
+PARTIAL_HEADER = "x-wakuwaku-partial"
+"""A request with this header gets only the page's live part (the polling script)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardSettings:
+    """How ``wakuwaku dashboard`` runs.
+
+    :param log_url: the log to show.
+    :param group: only this consumer group (None: every group found).
+    :param namespace: the consumers' namespace prefix, if any.
+    :param host: / :param port: where to listen.
+    :param allow_replay: allow replaying dead letters (the only write).
+    :param token: the access token every request must carry (None: none).
+    :param interval: seconds between two reads of the log (and page updates).
+    :param metrics_url: a consumer's Prometheus endpoint to link and show
+        (``wakuwaku run --metrics-port``).
+    """
+
+    log_url: str
+    group: str | None = None
+    namespace: str = ""
+    host: str = "127.0.0.1"
+    port: int = 8765
+    allow_replay: bool = False
+    token: str | None = None
+    interval: float = 5.0
+    metrics_url: str | None = None
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str | None) -> None:
+    """Refuse to listen beyond this machine without an access token.
+
+    :raises ConfigError: when ``host`` is not a loopback address and no token
+        is set (the message names the variable).
+    """
+    if not is_loopback(host) and not token:
+        raise ConfigError(
+            f"refusing to listen on {host!r} without a token: set {TOKEN_ENV} "
+            "(every request must then carry it) or listen on 127.0.0.1"
+        )
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def shown_url(url: str) -> str:
+    """``url`` without its password (``redis://:secret@host`` shows ``redis://:***@host``)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def when(seconds: float | None) -> str:
+    """A UTC time to the second (``-`` for None or an impossible time)."""
+    if seconds is None:
+        return "-"
+    try:
+        moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    except (ValueError, OverflowError, OSError):
+        return f"{seconds:.0f} s since the epoch"
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def relative(seconds: float, now: float) -> str:
+    """``in 3.2 s`` / ``due now`` / ``12 s ago`` style distance to ``seconds``."""
+    delta = seconds - now
+    if abs(delta) < 0.05:
+        return "now"
+    if delta > 0:
+        return f"in {delta:.1f} s"
+    return f"{-delta:.1f} s ago"
+
+
+def printable(text: str | None, limit: int | None = 200) -> str:
+    """``text`` with non-printable characters as ``\\uXXXX`` (the template still
+    escapes it), cut after ``limit`` characters with the count cut."""
+    if text is None:
+        return "-"
+    cut = ""
+    if limit is not None and len(text) > limit:
+        cut = f"...({len(text) - limit} more characters)"
+        text = text[:limit]
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text) + cut
+
+
+def decoded_body(body: bytes) -> tuple[str, str]:
+    """``(kind, text)`` of a record body: pretty JSON, UTF-8 text or hex."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return "hex", body.hex(" ", 2)
+    try:
+        value = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return "text", text
+    return "json", json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _templates() -> Jinja2Templates:
+    folder = resources.files(__package__) / "templates"
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(folder)),
+        autoescape=True,  # every template, whatever its name
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(when=when, printable=printable, clock=clock, shown_url=shown_url)
+    return Jinja2Templates(env=env)
+
+
+# ------------------------------------------------------------------ security
+
+
+class SecurityHeaders(BaseHTTPMiddleware):
+    """A CSP nonce per request (``request.state.nonce``) and defensive headers."""
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        request.state.nonce = secrets.token_urlsafe(16)
+        response = await call_next(request)
+        nonce = request.state.nonce
+        response.headers["Content-Security-Policy"] = (
+            f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
+            "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
+            "frame-ancestors 'none'; base-uri 'none'"
+        )
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+
+class TokenAuth:
+    """Every request must carry ``token``: Basic (as the password) or Bearer."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    def _allowed(self, header: str) -> bool:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer":
+            return hmac.compare_digest(value.strip().encode(), self.token)
+        if scheme.lower() == "basic":
+            try:
+                decoded = base64.b64decode(value.strip(), validate=True)
+            except (binascii.Error, ValueError):
+                return False
+            return hmac.compare_digest(decoded.partition(b":")[2], self.token)
+        return False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        if self._allowed(headers.get(b"authorization", b"").decode("latin-1")):
+            await self.app(scope, receive, send)
+            return
+        response = PlainTextResponse(
+            "this dashboard needs its token (the password; any user name)",
+            status_code=401,
+            headers={"WWW-Authenticate": 'Basic realm="wakuwaku dashboard", charset="UTF-8"'},
+        )
+        await response(scope, receive, send)
+
+
+# ------------------------------------------------------------------- filters
+
+
+@dataclass(frozen=True, slots=True)
+class LetterFilter:
+    """The dead-letter list's search: key (exact), reason, time range (UTC)."""
+
+    key: str | None = None
+    reason: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> LetterFilter:
+        """Read ``key``, ``reason``, ``since``, ``until`` (``YYYY-MM-DDTHH:MM[:SS]``, UTC).
+
+        :raises ValueError: for a time that does not parse (the message names it).
+        """
+        return cls(
+            query.get("key") or None,
+            query.get("reason") or None,
+            _time(query.get("since"), "since"),
+            _time(query.get("until"), "until"),
+        )
+
+    def matches(self, entry: LetterEntry) -> bool:
+        return (
+            (self.key is None or (entry.key == self.key and not entry.key_cut))
+            and (self.reason is None or entry.reason == self.reason)
+            and (self.since is None or entry.timestamp >= self.since)
+            and (self.until is None or entry.timestamp < self.until)
+        )
+
+    @property
+    def by_time(self) -> bool:
+        return self.since is not None or self.until is not None
+
+
+def _time(raw: str | None, name: str) -> float | None:
+    if not raw:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValueError(f"{name}: {raw!r} is not a time like 2026-12-01T02:30 (UTC)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
+
+
+# --------------------------------------------------------------------- pages
+
+
+class Dashboard:
+    """The routes, over one open log and its :class:`Sampler`."""
+
+    def __init__(self, settings: DashboardSettings, opener: Callable[[], Log]) -> None:
+        self.settings = settings
+        self.opener = opener
+        self.templates = _templates()
+        self.log: Log | None = None
+        self.sampler: Sampler | None = None
+
+    # -- lifetime
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.log = self.opener()
+        self.sampler = Sampler(
+            self.log,
+            group=self.settings.group,
+            namespace=self.settings.namespace,
+            interval=self.settings.interval,
+        )
+        self.sampler.start()
+        try:
+            yield
+        finally:
+            await self.sampler.stop()
+            await self.log.close()
+
+    def _ready(self) -> tuple[Log, Sampler]:
+        assert self.log is not None and self.sampler is not None, "used outside its lifespan"
+        return self.log, self.sampler
+
+    def render(
+        self, request: Request, name: str, status_code: int = 200, **context: Any
+    ) -> Response:
+        _, sampler = self._ready()
+        csrf = request.scope.get("csrftoken")
+        context.update(
+            settings=self.settings,
+            nonce=request.state.nonce,
+            csrftoken=csrf() if csrf is not None else "",
+            now=datetime.datetime.now(datetime.UTC).timestamp(),
+            sampler_error=sampler.error,
+            relative=relative,
+        )
+        return self.templates.TemplateResponse(request, name, context, status_code=status_code)
+
+    def error(self, request: Request, status_code: int, message: str) -> Response:
+        return self.render(request, "error.html", status_code, message=message)
+
+    async def _view(self, request: Request) -> View | None:
+        _, sampler = self._ready()
+        await sampler.ready()
+        target = Target(request.path_params["topic"], request.path_params["group"])
+        return sampler.views.get(target)
+
+    # -- routes
+
+    async def index(self, request: Request) -> Response:
+        _, sampler = self._ready()
+        await sampler.ready()
+        views = sorted(sampler.views.values(), key=lambda v: (v.target.topic, v.target.group))
+        name = "_index_live.html" if PARTIAL_HEADER in request.headers else "index.html"
+        return self.render(request, name, views=views, live=True)
+
+    async def topic(self, request: Request) -> Response:
+        view = await self._view(request)
+        if view is None:
+            return self._unknown(request)
+        chart = line_chart(view.rates())
+        dead = bar_chart((e.timestamp, e.reason) for e in view.letters)
+        name = "_topic_live.html" if PARTIAL_HEADER in request.headers else "topic.html"
+        return self.render(request, name, view=view, chart=chart, dead=dead, live=True)
+
+    def _unknown(self, request: Request) -> Response:
+        topic, group = request.path_params["topic"], request.path_params["group"]
+        return self.error(
+            request,
+            404,
+            f"no topic {printable(topic)!r} with group {printable(group)!r} in this log "
+            "(or the dashboard was started with another --group)",
+        )
+
+    async def dead_letters(self, request: Request) -> Response:
+        view = await self._view(request)
+        if view is None:
+            return self._unknown(request)
+        try:
+            search = LetterFilter.from_query(request.query_params)
+        except ValueError as exc:
+            return self.error(request, 400, str(exc))
+        try:
+            page = max(1, int(request.query_params.get("page", "1")))
+        except ValueError:
+            page = 1
+        found = [e for e in view.letters if search.matches(e)]
+        shown = found[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+        reasons = sorted({e.reason for e in view.letters})
+        return self.render(
+            request,
+            "dead_letters.html",
+            view=view,
+            search=search,
+            found=len(found),
+            shown=shown,
+            page=page,
+            pages=max(1, -(-len(found) // PAGE_SIZE)),
+            reasons=reasons,
+            query=request.query_params,
+        )
+
+    async def dead_letter(self, request: Request) -> Response:
+        view = await self._view(request)
+        if view is None:
+            return self._unknown(request)
+        log, sampler = self._ready()
+        partition, offset = request.path_params["partition"], request.path_params["offset"]
+        dlq = sampler.dead_letter_topic(view.target)
+        try:
+            records = await log.read(dlq, partition, offset, 1)
+        except WakuwakuError as exc:
+            return self.error(request, 404, sanitize(exc, 300))
+        if not records or records[0].offset != offset:
+            return self.error(request, 404, f"no dead letter at {dlq}/{partition}@{offset}")
+        letter = parse_dead_letter(partition, records[0])
+        kind, body = decoded_body(letter.body)
+        headers = [
+            (name, bytes(value).decode("utf-8", "replace"))
+            for name, value in sorted(letter.headers.items())
+        ]
+        return self.render(
+            request,
+            "dead_letter.html",
+            view=view,
+            letter=letter,
+            dlq=dlq,
+            headers=headers,
+            body_kind=kind,
+            body=body,
+        )
+
+    async def replay(self, request: Request) -> Response:
+        if not self.settings.allow_replay:
+            return self.error(
+                request,
+                403,
+                "this dashboard is read-only: start it with --allow-replay to replay dead letters",
+            )
+        form = await request.form()
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        target = Target(fields.get("topic", ""), fields.get("group", ""))
+        log, sampler = self._ready()
+        await sampler.ready()
+        view = sampler.views.get(target)
+        if view is None:
+            return self.error(request, 404, "unknown topic or group")
+        key = fields.get("key") or None
+        reason = fields.get("reason") or None
+        confirmed = fields.get("confirm") == "yes"
+        expected = fields.get("expected")
+        try:
+            report = await replay_dead_letters(
+                log,
+                target.topic,
+                group=target.group,
+                key=key,
+                reason=reason,
+                dry_run=not confirmed,
+                namespace=self.settings.namespace,
+            )
+        except WakuwakuError as exc:
+            return self.error(request, 400, sanitize(exc, 500))
+        if confirmed:
+            await sampler.refresh()
+        return self.render(
+            request,
+            "replay.html",
+            view=view,
+            report=report,
+            key=key,
+            reason=reason,
+            confirmed=confirmed,
+            expected=expected,
+        )
+
+    async def metrics(self, request: Request) -> Response:
+        url = self.settings.metrics_url
+        samples: list[tuple[str, str]] = []
+        problem = None
+        if url is not None:
+            try:
+                text = await asyncio.to_thread(_fetch, url)
+                for line in text.splitlines():
+                    if line.startswith("wakuwaku_") and " " in line:
+                        name, value = line.rsplit(" ", 1)
+                        samples.append((name, value))
+            except OSError as exc:
+                problem = sanitize(f"{type(exc).__name__}: {exc}", 300)
+        return self.render(request, "metrics.html", samples=samples, problem=problem)
+
+    def app(self) -> Starlette:
+        """The ASGI application (CSRF, token and security headers wrapped around it)."""
+        routes = [
+            Route("/", self.index),
+            Route("/topic/{topic}/group/{group}", self.topic),
+            Route("/topic/{topic}/group/{group}/dead-letters", self.dead_letters),
+            Route(
+                "/topic/{topic}/group/{group}/dead-letters/{partition:int}/{offset:int}",
+                self.dead_letter,
+            ),
+            Route("/replay", self.replay, methods=["POST"]),
+            Route("/consumer-metrics", self.metrics),
+            Route("/favicon.ico", lambda request: Response(status_code=204)),
+        ]
+        return Starlette(
+            routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=self.lifespan
+        )
+
+
+def _fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5.0) as response:
+        body: bytes = response.read(4 * 1024 * 1024)
+    return body.decode("utf-8", "replace")
+
+
+def create_app(
+    settings: DashboardSettings, opener: Callable[[], Log] | None = None
+) -> Callable[[Any, Any, Any], Awaitable[None]]:
+    """The dashboard as an ASGI application (run it with uvicorn).
+
+    :param settings: what to show and how.
+    :param opener: opens the log at start-up (default: ``open_log(settings.log_url)``);
+        the log is closed at shutdown.
+    :raises ConfigError: from :func:`check_exposure`.
+    """
+    check_exposure(settings.host, settings.token)
+    dashboard = Dashboard(settings, opener or (lambda: open_log(settings.log_url)))
+    inner = dashboard.app()
+    protected: ASGIApp = asgi_csrf(
+        inner,
+        signing_secret=secrets.token_hex(32),
+        always_protect={"/replay"},
+        cookie_samesite="Strict",
+    )
+    if settings.token:
+        protected = TokenAuth(protected, settings.token)
+
+    # The lifespan events reach Starlette through the wrappers (asgi-csrf and
+    # the middleware pass non-http scopes on).
+    async def application(scope: Any, receive: Any, send: Any) -> None:
+        await protected(scope, receive, send)
+
+    return application
