@@ -27,6 +27,7 @@ class TestKafkaLog(LogContract):
     multiprocess = True
     lease_expiry = False
     nul_in_header_names = False
+    chosen_partitions = False
 
     @pytest.fixture
     async def log(self) -> AsyncIterator[Log]:
@@ -72,6 +73,22 @@ def test_url_options_and_secrets_never_shown(monkeypatch: pytest.MonkeyPatch) ->
 async def test_topic_names_kafka_cannot_hold_are_refused(log: KafkaLog) -> None:
     with pytest.raises(ConfigError, match=r"\[A-Za-z0-9._-\]"):
         await log.create_topic("orders:eu", 1)
+
+
+async def test_partition_owners_come_from_the_group_coordinator(log: KafkaLog) -> None:
+    await log.create_topic("orders", 3)
+    assert await log.partition_owners("g", "orders") == {}
+    leases = [await log.acquire_partition("g", "orders", p, "a", ttl=60.0) for p in range(3)]
+    assert all(lease is not None for lease in leases)
+    found = await log.partition_owners("g", "orders")
+    assert sorted(found) == [0, 1, 2]
+    assert {(o.member, o.generation) for o in found.values()} == {
+        ("a", lease.generation) for lease in leases if lease is not None
+    }
+    for lease in leases:
+        assert lease is not None
+        await log.release_partition(lease)
+    assert await log.partition_owners("g", "orders") == {}
 
 
 async def test_a_header_name_with_nul_is_refused_naming_it(log: KafkaLog) -> None:

@@ -1195,6 +1195,40 @@ class KafkaLog(Log):
                 with contextlib.suppress(LogError):  # the first store tries again
                     await self._run("init transactions", lambda: self._transactional(member))
 
+    async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
+        """Who owns each partition of ``topic`` in ``group`` now, from the group
+        coordinator (members of every process: ``DescribeGroups``).
+
+        A member of this process has its lease generation; another process's
+        has generation 0 (its numbers are its own). ``expires_at`` is now
+        plus the session timeout.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        await self._partitions(topic, fresh=True)
+        name, full = self._name(group), self._name(topic)
+
+        def describe() -> Any:
+            futures = self._admin_client().describe_consumer_groups([name])
+            return self._future("describe group", futures[name])
+
+        found = await self._run("describe group", describe)
+        until = time.time() + self.session_timeout
+        local = {(m.group, m.member): m for m in self._members.values() if m.group == group}
+        out: dict[int, Lease] = {}
+        for member in found.members or ():
+            assigned = member.assignment.topic_partitions if member.assignment else []
+            client = member.client_id or ""
+            who = client.removeprefix("wakuwaku-") or member.member_id
+            mine = local.get((group, who))
+            for tp in assigned:
+                if tp.topic != full:
+                    continue
+                owned = mine.current(topic, tp.partition) if mine is not None else None
+                generation = owned.generation if owned is not None else 0
+                out[tp.partition] = Lease(group, topic, tp.partition, who, generation, until)
+        return dict(sorted(out.items()))
+
     async def ownership_changed(self, group: str, member: str, within: float) -> None:
         """Return when ``member``'s assignment changes, or after ``within`` seconds
         (:class:`~wakuwaku.engine._ownership.AssignmentLog`)."""
