@@ -1,4 +1,4 @@
-"""Declaring event types: classes, keys, algebras, codecs, the registry (SPEC 2-4)."""
+"""Declaring event types: classes, keys, algebras, codecs, the registry (design §2-4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kafka's default partitioner: murmur2 and partition_for agree with the Java client (SPEC 2)."""
+"""Kafka's default partitioner: murmur2 and partition_for agree with the Java client (design §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The producer: headers stamped, murmur2 partitions, atomic refusal, a sync wrapper (SPEC 2, 3)."""
+"""The producer: stamped headers, murmur2 partitions, atomic refusal, sync wrapper (design §2-3)."""
 
 from __future__ import annotations
 

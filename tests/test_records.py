@@ -1,4 +1,4 @@
-"""Wire format version 1: headers the producer stamps and the consumer checks (SPEC 3, 4, 8, 9)."""
+"""Wire format 1: headers the producer stamps and the consumer checks (design §3-4, §8-9)."""
 
 from __future__ import annotations
 

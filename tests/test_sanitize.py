@@ -1,4 +1,4 @@
-"""The error-text sanitizer (SPEC 13, seed 000: normalize and redact, then truncate)."""
+"""The error-text sanitizer (design §13, seed 000: normalize and redact, then truncate)."""
 
 from __future__ import annotations
 

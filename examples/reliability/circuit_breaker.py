@@ -1,4 +1,4 @@
-"""Protect calls to a remote service with a circuit breaker (docs/reliability.md, SPEC 12).
+"""Protect calls to a remote service with a circuit breaker (docs/reliability.md, design §12).
 
 Run::
 

@@ -1,4 +1,4 @@
-"""Count attempts per enqueued job and step, and stop in time (docs/reliability.md, SPEC 11).
+"""Count attempts per enqueued job and step, and stop in time (docs/reliability.md, design §11).
 
 Run::
 

@@ -1,4 +1,4 @@
-"""Make untrusted error text safe to store (docs/reliability.md, SPEC 13).
+"""Make untrusted error text safe to store (docs/reliability.md, design §13).
 
 Run::
 

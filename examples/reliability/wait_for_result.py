@@ -1,4 +1,4 @@
-"""Wait for out-of-band job results in Redis (docs/reliability.md, SPEC 10).
+"""Wait for out-of-band job results in Redis (docs/reliability.md, design §10).
 
 A compute worker (here a task in the same process) finishes jobs and
 publishes their results; the consumer waits for each one and reacts to the

@@ -10,16 +10,16 @@
     ├── LogError                                the log (broker) failed or refused
     │   ├── UnknownTopicError
     │   ├── UnknownPartitionError
-    │   ├── PartitionCountMismatch              (SPEC 6, issue "foundation")
+    │   ├── PartitionCountMismatch              (design §6, issue "foundation")
     │   ├── CorruptLogError                     a damaged or foreign log file
-    │   ├── FencedError                         a stale partition owner (SPEC 15)
+    │   ├── FencedError                         a stale partition owner (design §15)
     │   └── LogUnavailableError                 the log cannot be reached now
     ├── HandleError                             a handler's classified failure
-    │   ├── Transient                           (SPEC 1, 5.6)
-    │   │   └── CircuitOpenError                an open circuit breaker (SPEC 12)
-    │   ├── Retryable                           (SPEC 1, 5.5, 6)
-    │   └── Unrecoverable                       (SPEC 1, 5.7)
-    └── ResultError                             an out-of-band job result (SPEC 10)
+    │   ├── Transient                           (design §1, §5.6)
+    │   │   └── CircuitOpenError                an open circuit breaker (design §12)
+    │   ├── Retryable                           (design §1, §5.5, §6)
+    │   └── Unrecoverable                       (design §1, §5.7)
+    └── ResultError                             an out-of-band job result (design §10)
         ├── StepError                           the job said it failed
         └── ProtocolError                       the result cannot be understood
 
@@ -37,14 +37,14 @@ class ErrorClass(enum.StrEnum):
 
     TRANSIENT = "transient"
     """Nothing can succeed right now: retry the same chunk in place, pause the
-    partition (SPEC 5.6)."""
+    partition (design §5.6)."""
 
     RETRYABLE = "retryable"
     """This key failed, others are fine: quarantine the key and retry it from
-    the retry topic on the schedule (SPEC 5.5, 6)."""
+    the retry topic on the schedule (design §5.5, §6)."""
 
     UNRECOVERABLE = "unrecoverable"
-    """Retrying will never help: dead-letter the chunk and go on (SPEC 5.7)."""
+    """Retrying will never help: dead-letter the chunk and go on (design §5.7)."""
 
 
 class WakuwakuError(Exception):
@@ -118,7 +118,7 @@ class UnknownPartitionError(LogError):
 
 
 class PartitionCountMismatch(LogError):
-    """A topic exists with another partition count than the one asked for (SPEC 6)."""
+    """A topic exists with another partition count than the one asked for (design §6)."""
 
     def __init__(self, topic: str, existing: int, requested: int) -> None:
         self.topic = topic
@@ -134,7 +134,7 @@ class CorruptLogError(LogError):
 
 
 class FencedError(LogError):
-    """A partition owner whose lease was taken over tried to write (SPEC 15)."""
+    """A partition owner whose lease was taken over tried to write (design §15)."""
 
     def __init__(self, group: str, topic: str, partition: int, generation: int) -> None:
         self.group = group
@@ -176,7 +176,7 @@ class HandleError(WakuwakuError):
 
 
 class Transient(HandleError):
-    """Nothing can succeed right now; retry the same chunk in place (SPEC 5.6)."""
+    """Nothing can succeed right now; retry the same chunk in place (design §5.6)."""
 
     error_class = ErrorClass.TRANSIENT  # also when a subclass's __init__ skips ours
 
@@ -185,7 +185,7 @@ class Transient(HandleError):
 
 
 class Retryable(HandleError):
-    """This key failed but may succeed later; quarantine and retry it (SPEC 6)."""
+    """This key failed but may succeed later; quarantine and retry it (design §6)."""
 
     error_class = ErrorClass.RETRYABLE  # also when a subclass's __init__ skips ours
 
@@ -194,7 +194,7 @@ class Retryable(HandleError):
 
 
 class Unrecoverable(HandleError):
-    """Retrying will never help; dead-letter the chunk and go on (SPEC 5.7)."""
+    """Retrying will never help; dead-letter the chunk and go on (design §5.7)."""
 
     error_class = ErrorClass.UNRECOVERABLE  # also when a subclass's __init__ skips ours
 
@@ -203,7 +203,7 @@ class Unrecoverable(HandleError):
 
 
 class CircuitOpenError(Transient):
-    """A circuit breaker is open; the consumer pauses instead of burning retries (SPEC 12)."""
+    """A circuit breaker is open; the consumer pauses instead of burning retries (design §12)."""
 
     def __init__(self, name: str, retry_in: float) -> None:
         self.name = name
@@ -212,11 +212,11 @@ class CircuitOpenError(Transient):
 
 
 class ResultError(WakuwakuError):
-    """An out-of-band job result is a failure or cannot be understood (SPEC 10)."""
+    """An out-of-band job result is a failure or cannot be understood (design §10)."""
 
 
 class StepError(ResultError):
-    """The job reported that its step failed; ``message`` is sanitized (SPEC 10, 13)."""
+    """The job reported that its step failed; ``message`` is sanitized (design §10, §13)."""
 
     def __init__(self, job_id: str, step: str, message: str, retryable: bool | None = None) -> None:
         self.job_id = job_id

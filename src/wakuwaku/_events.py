@@ -1,4 +1,4 @@
-"""Typed events: type tags, keys, algebras, codecs and the registry (SPEC 2-4).
+"""Typed events: type tags, keys, algebras, codecs and the registry (design §2-4).
 
 An event type is any class whose instances msgspec can encode (msgspec
 ``Struct``, ``dataclass``, ``attrs``) or a pydantic model, declared with
@@ -29,7 +29,7 @@ C = TypeVar("C", bound=type)
 
 
 class Algebra(enum.StrEnum):
-    """How a run of one event type may be reduced before handling (SPEC 4)."""
+    """How a run of one event type may be reduced before handling (design §4)."""
 
     PLAIN = "plain"
     """Every event is handled, in order."""
@@ -97,7 +97,7 @@ class EventType(Generic[T]):
     :param codec: the body codec.
     :param combine_fn: ``combine(a, b) -> T | None`` for associative types.
     :param id_name: the field or method giving the event's own id, if any; it
-        becomes the message identity of SPEC 9 instead of the record's offset.
+        becomes the message identity of design §9 instead of the record's offset.
     """
 
     tag: str
@@ -126,7 +126,7 @@ class EventType(Generic[T]):
         return raw
 
     def id_of(self, value: T) -> str | None:
-        """The event's own id (SPEC 9), or None when the type declares none."""
+        """The event's own id (design §9), or None when the type declares none."""
         if self.id_name is None:
             return None
         raw = _read(value, self.id_name)

@@ -1,7 +1,7 @@
 """A log formatter that shows the structured fields the engine logs.
 
 The engine logs stable messages with their context (topic, partition, key,
-type, offsets, error class) in ``extra`` fields (SPEC 12); a plain
+type, offsets, error class) in ``extra`` fields (design §12); a plain
 ``logging.Formatter`` drops them. :class:`StructuredFormatter` appends them.
 """
 

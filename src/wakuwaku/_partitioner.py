@@ -1,4 +1,4 @@
-"""Kafka's default partitioner: murmur2 of the key bytes, made positive, mod N (SPEC 2).
+"""Kafka's default partitioner: murmur2 of the key bytes, made positive, mod N (design §2).
 
 Other producers that use Kafka's Java client agree with ours on where a key
 lives, so a topic can be fed from both.

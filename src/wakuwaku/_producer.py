@@ -1,4 +1,4 @@
-"""The producer: typed events in, records with every ``wk-*`` header out (SPEC 2, 3).
+"""The producer: typed events in, records with every ``wk-*`` header out (design §2, §3).
 
 Partition = Kafka's murmur2 of the key bytes mod the topic's partition count.
 An event without a usable key is refused before anything is written.

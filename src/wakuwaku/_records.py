@@ -1,4 +1,4 @@
-"""Records, the wire format version 1 headers, and their validation (SPEC 3, 8, 9).
+"""Records, the wire format version 1 headers, and their validation (design §3, §8, §9).
 
 A record is headers (``str -> bytes``) plus body bytes plus an offset. The
 producer stamps every ``wk-*`` header; the consumer checks them all with
@@ -36,7 +36,7 @@ H_MARKER = "wk-marker"
 RETRY_ONLY_HEADERS = frozenset(
     {H_FAILED_AT, "wk-marker", "wk-through", "wk-reset", "wk-failures", "wk-at"}
 )
-"""Headers the engine writes on its retry topic only (SPEC 8): on a main-topic
+"""Headers the engine writes on its retry topic only (design §8): on a main-topic
 record they make it ``malformed_header``, so that nobody can forge a marker or
 a failure time through the main topic."""
 
@@ -46,7 +46,7 @@ MAX_GROUP_LENGTH = 100
 
 def valid_group_name(name: object) -> bool:
     """True for a consumer group name: 1 to 100 characters of ``A-Z a-z 0-9 _ -``
-    (it is part of the group's retry and dead-letter topic names, SPEC 6)."""
+    (it is part of the group's retry and dead-letter topic names, design §6)."""
     return (
         isinstance(name, str)
         and 0 < len(name) <= MAX_GROUP_LENGTH
@@ -79,7 +79,7 @@ class Record(msgspec.Struct, frozen=True, gc=False):
 
 
 class ReasonCode(enum.StrEnum):
-    """Why a record was dead-lettered (``wk-reason``, SPEC 8)."""
+    """Why a record was dead-lettered (``wk-reason``, design §8)."""
 
     MALFORMED_HEADER = "malformed_header"
     """Type tag, key or props missing or broken; unknown header version."""
@@ -100,13 +100,13 @@ class ReasonCode(enum.StrEnum):
 
 
 class Source(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """Where a retry or dead-letter record came from (``wk-src``, SPEC 3, 9).
+    """Where a retry or dead-letter record came from (``wk-src``, design §3, §9).
 
     :param topic: the main topic.
     :param partition: the main topic's partition.
     :param offsets: the main-topic offsets the record stands for (a reduced
         event stands for several).
-    :param ids: message identities (SPEC 9) of those records, in order.
+    :param ids: message identities (design §9) of those records, in order.
     """
 
     topic: str
@@ -136,7 +136,7 @@ def decode_source(raw: bytes) -> Source:
 def message_id(
     topic: str, partition: int, offset: int, own_id: str | None = None, type_tag: str = ""
 ) -> str:
-    """The message identity of one main-topic record (SPEC 9).
+    """The message identity of one main-topic record (design §9).
 
     The one function every identity comes from: the inbox's claim, lookup,
     failure path and index, and the ``wk-src`` of retry and dead-letter copies.
@@ -163,7 +163,7 @@ class ValidHeaders:
     source: Source | None = None
     for_group: str | None = None
     """``wk-for-group``: only this consumer group handles the record (a
-    replayed dead letter, SPEC 8); None for every group."""
+    replayed dead letter, design §8); None for every group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +186,7 @@ def _text(headers: Headers, name: str) -> str | None:
 def validate_headers(
     headers: Headers, types: Mapping[str, EventType[Any]]
 ) -> ValidHeaders | InvalidHeaders:
-    """Check every header of wire format version 1 (SPEC 3, 8).
+    """Check every header of wire format version 1 (design §3, §8).
 
     One check per header, in a fixed order (the first problem found is the
     reason given): ``wk-v``, ``wk-type``, ``wk-key``, ``wk-props``,

@@ -1,4 +1,4 @@
-"""Prometheus metrics of a consumer (SPEC 14), an optional extra.
+"""Prometheus metrics of a consumer (design §14), an optional extra.
 
 Install with ``pip install 'wakuwaku[prometheus]'``; the root package never
 imports this module. A custom collector reads the consumer's always-on
@@ -145,7 +145,7 @@ def _stable(read: Callable[[], T]) -> T:
 
 
 class ConsumerCollector(Collector):
-    """A Prometheus collector for one or more :class:`~wakuwaku.engine.Consumer` (SPEC 14).
+    """A Prometheus collector for one or more :class:`~wakuwaku.engine.Consumer` (design §14).
 
     :param consumer: the consumer; its stats and workers are read at scrape
         time (from any thread).

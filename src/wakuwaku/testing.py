@@ -9,7 +9,7 @@ exact.
 Wall time (:meth:`FakeClock.now`) and monotonic time
 (:meth:`FakeClock.monotonic`) move together, except that
 :meth:`FakeClock.step_wall` steps the wall clock alone, as NTP or an operator
-does to a real one: the library waits on monotonic time only (SPEC 6), so a
+does to a real one: the library waits on monotonic time only (design §6), so a
 test can show that a step neither hurries nor stalls a retry.
 """
 

@@ -1,4 +1,4 @@
-"""Dead letters: ``wakuwaku.admin`` list/replay and ``wakuwaku dlq`` (SPEC 8, 9)."""
+"""Dead letters: ``wakuwaku.admin`` list/replay and ``wakuwaku dlq`` (design §8, §9)."""
 
 from __future__ import annotations
 

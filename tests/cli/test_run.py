@@ -1,4 +1,4 @@
-"""``wakuwaku run module:attr`` (SPEC 14): finding the consumer, draining, graceful
+"""``wakuwaku run module:attr`` (design §14): finding the consumer, draining, graceful
 shutdown on SIGINT/SIGTERM in a real process, metrics, and clear errors."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``consumer_status`` and ``wakuwaku status``: lag, quarantined keys, backlog, dead
-letters (SPEC 6, 14). The retry state is the one a restarting consumer rebuilds."""
+letters (design §6, §14). The retry state is the one a restarting consumer rebuilds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``wakuwaku topic``, ``produce`` and ``tail`` on SQLite files in tmp_path (SPEC 3, 14)."""
+"""``wakuwaku topic``, ``produce`` and ``tail`` on SQLite files in tmp_path (design §3, §14)."""
 
 from __future__ import annotations
 

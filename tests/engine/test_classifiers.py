@@ -1,4 +1,4 @@
-"""SPEC 5.8: the ready-made classifiers for database drivers, by the data they carry."""
+"""design §5.8: the ready-made classifiers for database drivers, by the data they carry."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC 6 and issue 12 items 4 and 13: waits run on monotonic time, stored times
+"""design §6 and issue 12 items 4 and 13: waits run on monotonic time, stored times
 round up, delays are bounded, jitter only adds delay, sync handlers get a
 pool as large as ``max_concurrency``. Every schedule is measured on the fake
 clock; nothing sleeps for real."""

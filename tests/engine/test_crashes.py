@@ -1,5 +1,5 @@
 """Crashes and stray exceptions: a partition never dies in silence, and a crash
-never gives one message two outcomes (issue 12, items 9 and 12; SPEC 6, 7)."""
+never gives one message two outcomes (issue 12, items 9 and 12; design §6, §7)."""
 
 from __future__ import annotations
 

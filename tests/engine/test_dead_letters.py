@@ -1,4 +1,4 @@
-"""SPEC 8: every record that never reaches a handler is dead-lettered, one test per reason."""
+"""design §8: every record that never reaches a handler is dead-lettered, one test per reason."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ async def test_8_undecodable_body(log: Log, clock: FakeClock) -> None:
 async def test_6_a_combined_event_goes_to_the_retry_topic_as_its_raw_records(
     log: Log, clock: FakeClock
 ) -> None:
-    """SPEC 6: retry work keeps the original records. A combined event whose
+    """design §6: retry work keeps the original records. A combined event whose
     codec cannot encode it (Fragile) was dead-lettered as
     ``unserializable_retry_record``; its records now wait in the retry topic as
     they were read, and are combined again at the attempt."""

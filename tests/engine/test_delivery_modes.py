@@ -1,4 +1,4 @@
-"""Delivery modes under a crash (SPEC 5.9, 7, 14): a real ``wakuwaku run`` process on
+"""Delivery modes under a crash (design §5.9, §7, §14): a real ``wakuwaku run`` process on
 the SQLite log is SIGKILLed inside a batch, then restarted without the kill.
 
 - ``NO_EVENT_LOSE`` stores a batch's offset after the batch: every event is

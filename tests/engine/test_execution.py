@@ -1,4 +1,4 @@
-"""SPEC 5: planning and execution of a batch, one test per rule, on memory and SQLite."""
+"""design §5: planning and execution of a batch, one test per rule, on memory and SQLite."""
 
 from __future__ import annotations
 

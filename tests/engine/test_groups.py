@@ -1,4 +1,4 @@
-"""SPEC 6 and 8: retry and dead-letter topics belong to one consumer group.
+"""design §6 and 8: retry and dead-letter topics belong to one consumer group.
 
 Issue 12, item 1: two groups reading one topic shared ``retry_<topic>``; a
 group that ran while another was quarantining a key handled that group's

@@ -1,4 +1,4 @@
-"""SPEC 9 in the engine: claimed records are dropped before reduction, and counted."""
+"""design §9 in the engine: claimed records are dropped before reduction, and counted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Prometheus exporter (SPEC 14) on a real CollectorRegistry."""
+"""The Prometheus exporter (design §14) on a real CollectorRegistry."""
 
 from __future__ import annotations
 

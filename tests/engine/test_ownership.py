@@ -1,4 +1,4 @@
-"""SPEC 15: a partition that changes owner, seen through the engine, on every log.
+"""design §15: a partition that changes owner, seen through the engine, on every log.
 
 A new owner restores the retry work and finds the dead letters the old owner
 wrote, and what a log keeps beside the records to fence the old owner (the

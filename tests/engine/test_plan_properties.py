@@ -1,4 +1,4 @@
-"""Property tests of the planner (SPEC 2, 4, 5.1-5.3) and of execution (SPEC 5-7).
+"""Property tests of the planner (design §2, §4, §5.1-5.3) and of execution (design §5-7).
 
 The first half drives the pure functions of ``engine/_plan.py`` with random
 batches: several keys, a plain, an idempotent and an associative type (whose

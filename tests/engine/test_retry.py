@@ -1,4 +1,4 @@
-"""SPEC 6: retry topic, quarantine and schedule, one test per rule, on memory and SQLite."""
+"""design §6: retry topic, quarantine and schedule, one test per rule, on memory and SQLite."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ async def test_6_events_routed_into_the_failed_run_are_given_up_with_it(
         await producer.publish(Item("a", 2))  # same type: planned into the failed run
         await wait_until(clock, lambda: c.stats.gave_up_keys == 1)
     # The attempt plans all pending work as one batch: [1, 2] is one run, and
-    # the failed run's remaining records are dead-lettered (SPEC 6).
+    # the failed run's remaining records are dead-lettered (design §6).
     assert [event_n(r) for r in await dead_letters(log)] == [1, 2]
     assert script.handled_ns() == []
 
@@ -306,7 +306,7 @@ async def test_6_retry_records_are_the_raw_records_reduced_again_in_the_first_pl
     c = consumer(log, clock, [Handler(Add, adds), Handler(Item, items)])
     await c.drain()
     # The first plan: Add(3) fails; it, Item 5 and Add(7) go to the retry topic
-    # as the records they stand for (SPEC 6), and the attempt reduces them again.
+    # as the records they stand for (design §6), and the attempt reduces them again.
     assert [[e.amount for e in run] for _, _, run in adds.calls] == [[3], [3], [7]]
     retry = [r for r in await read_all(log, "wk-retry.g.t") if "wk-marker" not in r.headers]
     assert [r.headers["wk-type"] for r in retry] == [

@@ -1,4 +1,4 @@
-"""SPEC 6 / issue 12 item 3: in-process state per pending key is small and
+"""design §6 / issue 12 item 3: in-process state per pending key is small and
 bounded; record bodies stay in the retry log and are read when an attempt
 runs, also after a restart."""
 

@@ -1,4 +1,4 @@
-"""SPEC 15: consumers of one group share partitions; a partition has one owner; fencing."""
+"""design §15: consumers of one group share partitions; a partition has one owner; fencing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The inbox contract suite: written once, subclassed per backend (SPEC 9, seed 004).
+"""The inbox contract suite: written once, subclassed per backend (design §9, seed 004).
 
 A *harness* wraps one backend: an inbox plus an "effects" table in the same
 database whose counter per key is a non-idempotent effect (``n = n + 1``).
@@ -105,7 +105,7 @@ async def entry_of(h: Harness, key: str) -> InboxEntry:
 
 
 async def check_claim_then_lookup(h: Harness, key_fn: KeyFunction = record_keys) -> None:
-    """A claim followed by a lookup with the same inputs finds the row (SPEC 9)."""
+    """A claim followed by a lookup with the same inputs finds the row (design §9)."""
     keys = key_fn("charges", 2, charged_record(41, tenant="acme"))
     claim = await h.apply(keys)
     text = [k.message_key for k in keys]

@@ -1,4 +1,4 @@
-"""A standalone consumer that test_crash.py SIGKILLs at chosen points (SPEC 7, 9).
+"""A standalone consumer that test_crash.py SIGKILLs at chosen points (design §7, §9).
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""The contract's checks fail on deliberately broken inboxes (SPEC 9, seed 004).
+"""The contract's checks fail on deliberately broken inboxes (design §9, seed 004).
 
 A test that cannot fail proves nothing. Each variant below reintroduces one
 way seed 004's inbox was broken (or a close cousin), and the table says which

@@ -1,4 +1,4 @@
-"""SIGKILL between the effects and the offset commit, restart: the sum is exact (SPEC 7, 9).
+"""SIGKILL between the effects and the offset commit, restart: the sum is exact (design §7, §9).
 
 ``crash_consumer.py`` runs as a subprocess, without the consumer engine. It
 is killed at seeded random points, either right after a projection commit

@@ -383,7 +383,7 @@ class LogContract:
         assert await log.append("orders", 0, [rec(b"next")]) == [5]
         assert [r.body for r in await log.read("orders", 0, 0)] == [b"next"]
 
-    # -- leases (SPEC 15) -------------------------------------------------
+    # -- leases (design §15) -------------------------------------------------
 
     async def test_lease_refuses_a_second_member_while_it_lives(self, log: Log) -> None:
         await log.create_topic("orders", 1)
@@ -467,7 +467,7 @@ class LogContract:
         with pytest.raises(UnknownTopicError):
             await owners("g", "nope")
 
-    # -- fenced writes (SPEC 15) ------------------------------------------
+    # -- fenced writes (design §15) ------------------------------------------
 
     async def _taken_over(self, log: Log) -> tuple[Lease, Lease]:
         """Member a's lease on orders/0, then member b's after a released it."""

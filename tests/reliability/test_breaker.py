@@ -1,4 +1,4 @@
-"""The circuit breaker (SPEC 12, seed 000), on a fake clock that moves only when told."""
+"""The circuit breaker (design §12, seed 000), on a fake clock that moves only when told."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ async def test_consecutive_transport_failures_open_it(
         async with breaker.call():
             pytest.fail("an open breaker must not run the call")
     assert info.value.retry_in == pytest.approx(6.0)
-    assert isinstance(info.value, Transient)  # so a consumer pauses (SPEC 1, 5.6)
+    assert isinstance(info.value, Transient)  # so a consumer pauses (design §1, §5.6)
     assert info.value.error_class is ErrorClass.TRANSIENT
 
 

@@ -1,4 +1,4 @@
-"""Retry budgets (SPEC 11, seed 000): one contract, run on Redis and on SQLite."""
+"""Retry budgets (design §11, seed 000): one contract, run on Redis and on SQLite."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Operations on a consumer group's dead letters and state: what ``wakuwaku dlq``
-and ``wakuwaku status`` run (SPEC 6, 8, 14).
+and ``wakuwaku status`` run (design §6, §8, §14).
 
 Two modules, one per task (dead letters, status); every name is importable from ``wakuwaku.admin``:
 

@@ -1,4 +1,4 @@
-"""A consumer group's dead letters: list, replay, and the replay ledger (SPEC 8).
+"""A consumer group's dead letters: list, replay, and the replay ledger (design §8).
 
 What ``wakuwaku dlq list`` and ``wakuwaku dlq replay`` run. Every function is
 async, takes an open :class:`~wakuwaku.logs.Log`, the *main* topic's name
@@ -14,7 +14,7 @@ of the consumer that wrote them.
 - :func:`replay_dead_letters` writes dead letters back into the main topic,
   addressed to their group only (``wk-for-group``: other groups skip the
   copy). The copy keeps ``wk-src``, so the consumer handles it under the message
-  identity of the record it was (SPEC 9) and an inbox skips a replay of
+  identity of the record it was (design §9) and an inbox skips a replay of
   something that was applied after all. Replay remembers what it replayed
   in a ledger topic ``wk-replayed.<group>.<topic>`` (one ledger record per replayed
   dead letter), so a second run does not replay it again; ``everything=True``
@@ -83,7 +83,7 @@ MARKER_REPLAYED = b"replayed"
 MISSING_REASON = "<missing>"
 """How :class:`Status` counts dead letters without a ``wk-reason`` header."""
 
-# The wk-* headers a replayed copy keeps: the event's own (SPEC 3) and its identity.
+# The wk-* headers a replayed copy keeps: the event's own (design §3) and its identity.
 # Every other wk-* header describes the failure (wk-reason, wk-error, wk-failed-at)
 # or the retry topic's bookkeeping (a dead letter of a retry record carries it).
 _KEPT_ON_REPLAY = frozenset({H_VERSION, H_TYPE, H_KEY, H_PROPS, H_ALG, H_SRC})
@@ -91,7 +91,7 @@ _KEPT_ON_REPLAY = frozenset({H_VERSION, H_TYPE, H_KEY, H_PROPS, H_ALG, H_SRC})
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """One record of ``wk-dlq.<group>.<topic>``, parsed (SPEC 8).
+    """One record of ``wk-dlq.<group>.<topic>``, parsed (design §8).
 
     :param partition: its partition in ``wk-dlq.<group>.<topic>`` (the main record's partition).
     :param offset: its offset there.
@@ -101,7 +101,7 @@ class DeadLetter:
     :param key: ``wk-key``, None when missing or not valid UTF-8.
     :param type_tag: ``wk-type``, None when missing.
     :param source: ``wk-src``: the main-topic partition, offsets and message
-        ids (SPEC 9) it stands for; None when missing or broken.
+        ids (design §9) it stands for; None when missing or broken.
     :param headers: every header, raw.
     :param body: the body, raw.
     :param timestamp: when the log stored it (seconds since the epoch).
@@ -230,7 +230,7 @@ def derived_topic_owner(topic: str, namespace: str = "") -> tuple[str, str, str]
 
     The one place that recognises a derived topic's name given where a main
     topic is expected (``wakuwaku dlq list wk-dlq.billing.orders``). Derived
-    names are a function of (topic, group) (SPEC 6), so the name alone tells.
+    names are a function of (topic, group) (design §6), so the name alone tells.
 
     :param namespace: the consumer's namespace prefix, if it had one.
     """
@@ -331,7 +331,7 @@ async def list_dead_letters(
     limit: int | None = None,
     namespace: str = "",
 ) -> list[DeadLetter]:
-    """The dead letters of ``topic``, by dead-letter partition then offset (SPEC 8).
+    """The dead letters of ``topic``, by dead-letter partition then offset (design §8).
 
     :param log: the log.
     :param topic: the main topic.
@@ -500,7 +500,7 @@ async def replay_dead_letters(
     everything: bool = False,
     namespace: str = "",
 ) -> ReplayReport:
-    """Write matching dead letters of ``topic`` back into ``topic`` (SPEC 8, 9).
+    """Write matching dead letters of ``topic`` back into ``topic`` (design §8, §9).
 
     Each copy carries the dead letter's body and headers unchanged, except
     that of the ``wk-*`` headers only the event's own (``wk-v``, ``wk-type``,
@@ -522,7 +522,7 @@ async def replay_dead_letters(
     :param log: the log.
     :param topic: the main topic.
     :param group: the consumer group whose dead letters are replayed; only
-        that group handles the copies (SPEC 8).
+        that group handles the copies (design §8).
     :param reason: / :param key: only dead letters with this reason / key.
     :param limit: replay at most this many (matched dead letters, in dead-letter
         partition then offset order; the ledger's are not counted).

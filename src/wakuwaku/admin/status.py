@@ -1,4 +1,4 @@
-"""A consumer group's state on a topic, read from the log: ``wakuwaku status`` (SPEC 6, 14).
+"""A consumer group's state on a topic, read from the log: ``wakuwaku status`` (design §6, §14).
 
 :func:`consumer_status` reports a group's lag per partition, its quarantined
 keys with their next attempt time, the retry backlog and the dead letters
@@ -63,7 +63,7 @@ class PartitionStatus:
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """A group's position on a topic: lag, retry state and dead letters (SPEC 14).
+    """A group's position on a topic: lag, retry state and dead letters (design §14).
 
     :param topic: the (qualified) main topic.
     :param group: the consumer group.
@@ -172,7 +172,7 @@ async def consumer_status(
     The retry state is rebuilt by reading ``wk-retry.<group>.<topic>`` from the group's
     committed retry offset with the consumer's own loader
     (:func:`~wakuwaku.engine.read_retry_partition`),
-    exactly as a restarting consumer does (SPEC 6); the next attempt times
+    exactly as a restarting consumer does (design §6); the next attempt times
     are the ones the consumer stored with each failure (``wk-due-at``), so
     they do not depend on ``retry_delays``, which only serves records
     written before the due time was stored.

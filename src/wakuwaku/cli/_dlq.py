@@ -1,6 +1,6 @@
-"""``wakuwaku dlq list`` and ``wakuwaku dlq replay``: a topic's dead letters (SPEC 8).
+"""``wakuwaku dlq list`` and ``wakuwaku dlq replay``: a topic's dead letters (design §8).
 
-Dead letters belong to one consumer group (``--group``, SPEC 6). ``list``
+Dead letters belong to one consumer group (``--group``, design §6). ``list``
 only reads the group's dead-letter topic ``wk-dlq.<group>.<topic>``.
 ``replay`` writes matching dead letters back into the main topic (keeping
 ``wk-src``, the message identity), addressed to that group only

@@ -1,4 +1,4 @@
-"""``wakuwaku inbox stats`` and ``wakuwaku inbox dead``: look into an inbox (SPEC 9, 14).
+"""``wakuwaku inbox stats`` and ``wakuwaku inbox dead``: look into an inbox (design §9, §14).
 
 ``--db`` is a SQLite file path (or ``sqlite:///path``) or a ``postgresql://``
 DSN. Both commands only read: a SQLite file is opened read-only, and a
@@ -117,7 +117,7 @@ def _unknown_group(inbox: Inbox, group: str) -> int:
 
 @click.group("inbox")
 def inbox_group() -> None:
-    """Look into an inbox (deduplication store, SPEC 9)."""
+    """Look into an inbox (deduplication store, design §9)."""
 
 
 @inbox_group.command("stats")

@@ -1,4 +1,4 @@
-"""``wakuwaku run module:attr``: run a consumer until SIGINT/SIGTERM (SPEC 14).
+"""``wakuwaku run module:attr``: run a consumer until SIGINT/SIGTERM (design §14).
 
 ``attr`` names a :class:`wakuwaku.engine.Consumer`, or a callable (sync or
 async) returning one: with no parameter, or with one, which receives the

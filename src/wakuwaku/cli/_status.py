@@ -1,5 +1,5 @@
 """``wakuwaku status TOPIC --group G``: lag, quarantined keys, retry backlog and
-dead letters of one consumer group (SPEC 14).
+dead letters of one consumer group (design §14).
 
 Also home of what the operations commands share (``dlq``, ``status``,
 ``run``): the ``--log`` option (env ``WAKUWAKU_LOG``, default

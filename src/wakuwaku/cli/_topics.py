@@ -1,13 +1,13 @@
 """``wakuwaku topic create|describe|list|delete``, ``group delete``, ``produce``, ``tail``.
 
-SPEC 14.
+design §14.
 
 Every command takes ``--log URL`` (env ``WAKUWAKU_LOG``, default
 ``sqlite:///wakuwaku.db``). Only ``topic create`` may create a new SQLite
 file; the others refuse a path that does not exist, so a typo is reported
 instead of showing an empty log.
 
-``produce`` writes raw records with every ``wk-*`` header (SPEC 3) without
+``produce`` writes raw records with every ``wk-*`` header (design §3) without
 the Python event class: one JSON document per line, either an envelope
 ``{"type": T, "key": K, "body": {...}, "props": {...}, "alg": A}`` or, with
 ``--type T --key-field F``, the body object itself. ``tail`` prints one JSON
@@ -255,7 +255,7 @@ class _Refused(Exception):
 
 
 class _LineParser:
-    """Turns input lines into ``(key, record)`` with the headers of SPEC 3."""
+    """Turns input lines into ``(key, record)`` with the headers of design §3."""
 
     def __init__(self, type_tag: str | None, key_field: str | None, algebra: str) -> None:
         self.type_tag = type_tag

@@ -37,7 +37,7 @@ from ..logs import Lease, Log
 logger = logging.getLogger("wakuwaku.dashboard")
 
 ERROR_HEADER = "wk-error"
-"""The wire format's header with a failure's sanitized text (SPEC 3)."""
+"""The wire format's header with a failure's sanitized text (design §3)."""
 QUARANTINE_ERRORS = 200
 """First-failure texts read per round, for the earliest quarantined keys."""
 KEY_LIMIT = 1000

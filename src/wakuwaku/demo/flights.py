@@ -24,7 +24,7 @@ So exactly the flights of unregistered tail numbers are dead-lettered, under
 any load and across a SIGKILL (the planes table and the register markers are
 durable; registering is idempotent). The totals accumulate, so their handlers
 claim each message id in the inbox inside the same transaction as the update,
-and stay exact under redelivery (SPEC 9).
+and stay exact under redelivery (design §9).
 """
 
 from __future__ import annotations

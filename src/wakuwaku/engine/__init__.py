@@ -1,5 +1,5 @@
 """The consumer engine: the consumer and partition ownership, planning, handler execution,
-the retry topic and quarantine, dead letters, the partition view (SPEC 5-8, 14, 15)."""
+the retry topic and quarantine, dead letters, the partition view (design §5-8, 14, 15)."""
 
 from ._config import DEFAULT_RETRY_DELAYS as DEFAULT_RETRY_DELAYS
 from ._config import ConsumerConfig as ConsumerConfig

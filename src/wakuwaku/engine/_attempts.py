@@ -1,4 +1,4 @@
-"""Retry attempt rounds: one attempt for each due quarantined key (SPEC 6).
+"""Retry attempt rounds: one attempt for each due quarantined key (design §6).
 
 Owns the rounds: which due keys one round takes (at most
 :data:`ROUND_RECORDS` pending records), reading their pending work records
@@ -36,7 +36,7 @@ from ._retry import Outgoing, attempt_failed_marker, resolved_marker
 from ._shared import Abandon, PartitionServices, logger
 
 #: Pending retry records one attempt round reads and runs at most (a key with
-#: more is a round alone): bounds the record bodies held in memory (SPEC 6).
+#: more is a round alone): bounds the record bodies held in memory (design §6).
 ROUND_RECORDS = 10_000
 #: Records one read of the retry partition returns at most.
 READ_PAGE = 1000
@@ -87,7 +87,7 @@ class Attempts:
         one batch). A round reads its keys' pending records from the retry
         partition (:meth:`_read_pending`) and runs them; the caller stores
         its markers before asking for the next round, so the bodies in memory
-        at any time are those of one round (SPEC 6, issue 12 item 3).
+        at any time are those of one round (design §6, issue 12 item 3).
         """
         services = self.services
         retry = services.retry
@@ -181,7 +181,7 @@ class Attempts:
             a wanted offset through the last wanted one that follows it with
             gaps of at most :data:`READ_GAP` (longer stretches nobody waits
             for are not read); a record is kept when its offset is pending
-            and its ``wk-key`` is the key it is pending for (SPEC 6, issue 12
+            and its ``wk-key`` is the key it is pending for (design §6, issue 12
             item 3). A pending record the log no longer holds (deleted by
             retention) is logged and missing from the attempt.
         """
@@ -265,7 +265,7 @@ class Attempts:
         error = sanitize(outcome.error, config.error_text_limit)
         first_undone = min(r.offset for i in outcome.rest for r in i.sources)
         done_before = pending[: bisect_left(pending, first_undone)]
-        # The counter belongs to the head of the key's pending work (SPEC 6): an
+        # The counter belongs to the head of the key's pending work (design §6): an
         # attempt that got past the head starts the new head at its first
         # failure, so progress is never punished (issue 12 item 5).
         failures = 1 if done_before else state.failures + 1

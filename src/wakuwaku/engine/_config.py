@@ -1,4 +1,4 @@
-"""Consumer configuration: delivery modes, the retry schedule, classification (SPEC 5-7).
+"""Consumer configuration: delivery modes, the retry schedule, classification (design §5-7).
 
 All durations are float seconds.
 """
@@ -22,16 +22,16 @@ from .._records import MAX_GROUP_LENGTH, valid_group_name
 logger = logging.getLogger("wakuwaku.consumer")
 
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0)
-"""The default schedule: a Retryable key gets four attempts (SPEC 6)."""
+"""The default schedule: a Retryable key gets four attempts (design §6)."""
 
 MAX_RETRY_DELAY = 30 * 24 * 3600.0
 """The longest accepted retry delay: 30 days (seconds). A due time must stay
-a printable date (issue 12 item 4: ``retry_delays=[1e12]`` was accepted and
-``wakuwaku status`` died on ``year 33715 is out of range``)."""
+a printable date: with ``retry_delays=[1e12]`` the due time would fall in
+the year 33715, which ``wakuwaku status`` cannot print."""
 
 
 class DeliveryMode(enum.Enum):
-    """When the consumer stores a batch's offset (SPEC 5.9, 7)."""
+    """When the consumer stores a batch's offset (design §5.9, §7)."""
 
     NO_EVENT_LOSE = "no_event_lose"
     """Store the offset after the batch completed: at-least-once; a crash
@@ -43,7 +43,7 @@ class DeliveryMode(enum.Enum):
 
 
 def default_error_class(exc: BaseException) -> ErrorClass:
-    """Classify an exception that is not a ``HandleError``: always Unrecoverable (SPEC 5.8).
+    """Classify an exception that is not a ``HandleError``: always Unrecoverable (design §5.8).
 
     The consumer logs that it classified the exception this way. Ready-made
     classifiers for database drivers are in :mod:`wakuwaku.engine.classifiers`.
@@ -59,7 +59,7 @@ REPLAY_LEDGER_PREFIX = "wk-replayed."
 def check_group_name(group: str) -> None:
     """Refuse a consumer group name that cannot be part of a topic name.
 
-    A group names its own retry and dead-letter topics (SPEC 6), so it takes
+    A group names its own retry and dead-letter topics (design §6), so it takes
     the characters every engine allows in a topic name (Kafka's, the
     narrowest), without ``.``, which separates the group from the topic.
 
@@ -75,7 +75,7 @@ def check_group_name(group: str) -> None:
 
 
 def retry_topic_name(topic: str, group: str) -> str:
-    """``wk-retry.<group>.<topic>``: where one group's Retryable work of a topic waits (SPEC 6).
+    """``wk-retry.<group>.<topic>``: where one group's Retryable work of a topic waits (design §6).
 
     The retry topic belongs to one consumer group: two groups reading one
     topic never see each other's retry work. The name is unambiguous because
@@ -87,7 +87,7 @@ def retry_topic_name(topic: str, group: str) -> str:
 
 def dead_letter_topic_name(topic: str, group: str) -> str:
     """``wk-dlq.<group>.<topic>``: where one group's records of a topic that
-    cannot be handled go (SPEC 6, 8)."""
+    cannot be handled go (design §6, §8)."""
     return f"{DEAD_LETTER_PREFIX}{group}.{topic}"
 
 
@@ -122,7 +122,7 @@ class ConsumerConfig:
     """Everything a :class:`~wakuwaku.Consumer` needs besides handlers and a log.
 
     :param topic: the main topic, or several (each (topic, partition) gets its
-        own task; ordering domains are per (topic, key), SPEC 2).
+        own task; ordering domains are per (topic, key), design §2).
     :param group: the consumer group; committed offsets, leases, the retry
         topic and the dead-letter topic are per group. 1 to 100 characters of
         ``A-Z a-z 0-9 _ -`` (:func:`check_group_name`).
@@ -134,11 +134,11 @@ class ConsumerConfig:
         (one attempt per delay, then give up). Default 2, 4, 8, 16. Each
         delay is at most :data:`MAX_RETRY_DELAY` (30 days). Waits run on the
         clock's monotonic time; only due times are stored, as wall time
-        rounded up to the millisecond (SPEC 6).
+        rounded up to the millisecond (design §6).
     :param retry_jitter: opt-in jitter, a fraction of each delay in
         ``[0, 1]`` (default 0: none). A wait of ``d`` becomes ``d * (1 +
         retry_jitter * u)`` with ``u`` in ``[0, 1)`` from ``jitter_source``:
-        jitter only adds delay, never schedules earlier (SPEC 6), and spreads
+        jitter only adds delay, never schedules earlier (design §6), and spreads
         keys that failed together (issue 12 item 13). It applies to every
         wait on the schedule (Retryable attempts, Transient retries in
         place, retried log calls); the stored due time includes it, so a
@@ -148,7 +148,7 @@ class ConsumerConfig:
         reproducible schedule. A value outside ``[0, 1]`` is clamped.
     :param max_pending_retry: bound on pending work records per retry
         partition; a newly failing key beyond it is dead-lettered with
-        ``retry_backlog_full`` (SPEC 6).
+        ``retry_backlog_full`` (design §6).
     :param delivery_mode: :class:`DeliveryMode` (default ``NO_EVENT_LOSE``).
     :param max_poll_records: the most records one poll of a partition returns.
     :param max_concurrency: how many keys of one partition run at once.
@@ -156,12 +156,12 @@ class ConsumerConfig:
         ``max_concurrency`` threads, so this bound, not asyncio's default
         pool, limits them (issue 12 item 13).
     :param classify: maps an exception that is not a ``HandleError`` to an
-        :class:`ErrorClass` (SPEC 5.8); default :func:`default_error_class`.
+        :class:`ErrorClass` (design §5.8); default :func:`default_error_class`.
     :param clock: where time comes from (a :class:`~wakuwaku.testing.FakeClock` in tests).
     :param poll_interval: how long an idle partition waits before polling again.
     :param shutdown_timeout: how long running chunks may take to finish after
         a stop was requested, before they are cancelled.
-    :param lease_ttl: how long a partition lease lasts without renewal (SPEC 15).
+    :param lease_ttl: how long a partition lease lasts without renewal (design §15).
     :param member_id: this process's name in the group (default host-pid-random).
     :param error_text_limit: the longest sanitized error text stored in headers.
     :raises ConfigError: for an empty topic, a retry or dead-letter topic
@@ -317,14 +317,14 @@ class ConsumerConfig:
 
     def delay(self, failures: int) -> float:
         """The wait (seconds) after the ``failures``-th failure in a row (1-based);
-        the last delay repeats (SPEC 5.6, 6)."""
+        the last delay repeats (design §5.6, §6)."""
         delays = tuple(self.retry_delays)
         return delays[min(max(failures, 1), len(delays)) - 1]
 
     def retry_delay(self, failures: int) -> float:
         """The wait (seconds) to schedule after the ``failures``-th failure in a
         row: :meth:`delay` plus the jitter, ``delay * retry_jitter * u``, which
-        only adds (SPEC 6, issue 12 item 13). Without jitter, :meth:`delay`."""
+        only adds (design §6, issue 12 item 13). Without jitter, :meth:`delay`."""
         delay = self.delay(failures)
         if not self.retry_jitter or not delay:
             return delay

@@ -1,4 +1,4 @@
-"""The consumer: topics, partition leases, one worker per partition, shutdown (SPEC 5, 6, 14, 15).
+"""The consumer: topics, ownership, a worker per partition, shutdown (design §5-6, §14-15).
 
 Takes each partition's lease (renewed every ``lease_ttl / 3``; the worker
 stops once it is lost), runs one partition worker (:mod:`._partition`) per
@@ -87,7 +87,7 @@ class Consumer:
     # ------------------------------------------------------------------ setup
 
     async def start(self) -> list[tuple[str, int]]:
-        """Check the topics and create the retry and dead-letter topics (SPEC 6).
+        """Check the topics and create the retry and dead-letter topics (design §6).
 
         :returns: the (topic, partition) pairs this consumer will consume.
         :raises UnknownTopicError: when a main topic does not exist.
@@ -116,7 +116,7 @@ class Consumer:
     # -------------------------------------------------------------------- run
 
     def stop(self) -> None:
-        """Ask for a graceful stop: no new chunks, running chunks finish (SPEC 14)."""
+        """Ask for a graceful stop: no new chunks, running chunks finish (design §14)."""
         self._stop.set()
         for worker in self.workers.values():
             worker.stop()
@@ -129,8 +129,8 @@ class Consumer:
 
         :param install_signal_handlers: install SIGINT/SIGTERM handlers that
             call :meth:`stop` (only possible in the main thread).
-        :raises WakuwakuError: when this consumer has already run (a second
-            :meth:`run` or :meth:`drain` used to return at once, consuming nothing).
+        :raises WakuwakuError: when this consumer has already run (its
+            workers are spent: a second run would consume nothing).
         :raises: what :meth:`start` raises.
         """
         if self._ran:
@@ -317,7 +317,7 @@ class Consumer:
     # -------------------------------------------------------------- ownership
 
     async def _supervise(self, topic: str, partition: int) -> None:
-        """Own the partition while alive: take it, run a worker while it is ours (SPEC 15)."""
+        """Own the partition while alive: take it, run a worker while it is ours (design §15)."""
         clock = self.config.clock
         ttl = self.config.lease_ttl
         waiting = False

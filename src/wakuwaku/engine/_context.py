@@ -1,6 +1,6 @@
 """What a handler can learn about the chunk it is handling (a context variable).
 
-The inbox (SPEC 9) needs the message ids of the chunk's events to claim them
+The inbox (design §9) needs the message ids of the chunk's events to claim them
 inside the handler's own transaction; logs need topic, partition and key.
 Sync handlers see the same context: worker threads get a copy of it.
 """
@@ -40,7 +40,7 @@ class ChunkContext(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def message_ids(self) -> tuple[tuple[str, ...], ...]:
-        """Per event, the message ids (SPEC 9) of the records it stands for
+        """Per event, the message ids (design §9) of the records it stands for
         (several for a reduced event)."""
         return tuple(item.ids for item in self.items)
 

@@ -1,4 +1,4 @@
-"""The executor: runs planned segments through their handlers, the hot path (SPEC 5.4-5.8).
+"""The executor: runs planned segments through their handlers, the hot path (design §5.4-5.8).
 
 Owns the handlers of one partition and everything about calling them: keys
 run concurrently (up to ``max_concurrency`` *lanes* sharing one queue of
@@ -6,7 +6,7 @@ segments), each key's chunks strictly in order; the classification of what
 a handler raised; a Transient failure retried in place with the partition's
 gate closed; an Unrecoverable chunk dead-lettered; a Retryable failure
 stopping its key (the caller's ``after`` decides what becomes of the rest).
-Also the inbox lookup (:meth:`ChunkExecutor.inbox_filter`, SPEC 9) that the
+Also the inbox lookup (:meth:`ChunkExecutor.inbox_filter`, design §9) that the
 loop and the attempts call on decoded records, to drop those a handler's
 inbox already holds before they are planned into runs.
 
@@ -95,7 +95,7 @@ class ChunkExecutor:
         attempts: Mapping[str, int] | None = None,
     ) -> None:
         """Run segments, keys concurrently (up to ``max_concurrency`` lanes
-        sharing one queue) and each key's chunks in order (SPEC 5.4).
+        sharing one queue) and each key's chunks in order (design §5.4).
 
         ``after`` sees each outcome of a retry attempt (``attempts`` given),
         and each main-batch outcome that stopped on a Retryable failure.
@@ -243,7 +243,7 @@ class ChunkExecutor:
         handled: list[Run],
     ) -> bool:
         """Apply the class of a failed chunk, the one at ``start`` in ``run``
-        (SPEC 5.5, 5.6); True when the segment stops.
+        (design §5.5, §5.6); True when the segment stops.
 
         A Transient failure is retried in place first; a chunk that then
         succeeds goes to ``handled`` and the segment goes on.
@@ -289,7 +289,7 @@ class ChunkExecutor:
         failure: tuple[ErrorClass, BaseException],
     ) -> tuple[ErrorClass, BaseException] | None:
         """After a Transient failure, call the handler again on the schedule,
-        forever, with the partition's gate closed (SPEC 5.6)."""
+        forever, with the partition's gate closed (design §5.6)."""
         services = self.services
         services.gate.close()
         try:
@@ -356,7 +356,7 @@ class ChunkExecutor:
     def _failure(
         self, exc: BaseException, handler: Handler[Any], key: str, chunk: Iterable[Item]
     ) -> tuple[ErrorClass, BaseException]:
-        """The class of what a handler raised (SPEC 5.8).
+        """The class of what a handler raised (design §5.8).
 
         :raises: ``exc`` itself when it is not a failure of the chunk: a
             cancellation of the running task (shutdown deadline), or
@@ -430,7 +430,7 @@ class ChunkExecutor:
 
     async def inbox_filter(self, items: list[Item]) -> list[Item]:
         """Drop items whose every message id the handler's inbox already holds,
-        or an earlier item of this batch already stands for (SPEC 9).
+        or an earlier item of this batch already stands for (design §9).
 
         Runs before reduction, so a combined event never mixes applied and
         unapplied records, nor stands for one message twice (a dead letter

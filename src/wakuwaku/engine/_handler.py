@@ -1,4 +1,4 @@
-"""Handlers: one per event type, each with a ``max_batch`` (SPEC 2, 5).
+"""Handlers: one per event type, each with a ``max_batch`` (design §2, §5).
 
 Either subclass :class:`Handler` or decorate a function with :func:`handler`.
 ``handle`` receives one chunk: at most ``max_batch`` events of one run (one
@@ -34,7 +34,7 @@ class Handler(Generic[T]):
         override :meth:`handle` instead.
     :param max_batch: the most events one call gets (default 1).
     :param inbox: an optional :class:`wakuwaku.inbox.Inbox`; records whose
-        message id it already holds are dropped before reduction (SPEC 9).
+        message id it already holds are dropped before reduction (design §9).
     :raises ConfigError: when ``event`` is not an event type or
         ``max_batch`` < 1.
     """

@@ -1,7 +1,7 @@
 """The outbox: buffered dead-letter and retry writes of one partition, and their fenced store.
 
 Owns the records a main batch or an attempt round produces for the
-dead-letter topic (SPEC 8) and the retry topic (SPEC 5.5, 6), the offsets of
+dead-letter topic (design §8) and the retry topic (design §5.5, §6), the offsets of
 the current main batch that are done without a handler (dead-lettered,
 routed, skipped), and the store that writes all of it, with the partition's
 offsets, under the partition's lease: one transaction where the log has an
@@ -36,7 +36,7 @@ class Outbox:
 
     :ivar done: offsets of the current main batch that are done without a
         handler call (None between batches): a graceful stop stores the
-        offset of the first record that is not done (SPEC 14).
+        offset of the first record that is not done (design §14).
     :ivar unflushed_work: buffered retry *work* records (markers excluded):
         they count against ``max_pending_retry`` before they are stored.
     """
@@ -52,7 +52,7 @@ class Outbox:
         self._retry_out: list[Outgoing] = []
         # Per buffered retry record, the (wall, monotonic) time its times were
         # taken at: applied with it, its due time becomes a monotonic deadline
-        # however the wall clock steps meanwhile (SPEC 6).
+        # however the wall clock steps meanwhile (design §6).
         self._retry_at: list[tuple[float, float]] = []
         # The retry partition's offset as last stored (or found at a restart).
         self.retry_committed: int | None = None
@@ -65,7 +65,7 @@ class Outbox:
     # ------------------------------------------------------------ dead letters
 
     def dead_letter_items(self, items: Iterable[Item], reason: ReasonCode, error: str) -> None:
-        """Buffer the dead-letter copies of every record ``items`` stand for (SPEC 8)."""
+        """Buffer the dead-letter copies of every record ``items`` stand for (design §8)."""
         items = list(items)
         self._dead_out.extend(
             dead_letter_record(record, reason, error, origin)
@@ -76,7 +76,7 @@ class Outbox:
         self.mark(items)
 
     def dead_letter_rejects(self, rejects: list[Reject]) -> None:
-        """Buffer the dead-letter copies of records that cannot reach a handler (SPEC 8)."""
+        """Buffer the dead-letter copies of records that cannot reach a handler (design §8)."""
         services = self.services
         for reject in rejects:
             if reject.reason is None:  # a replayed dead letter of another group
@@ -109,7 +109,7 @@ class Outbox:
     # ------------------------------------------------------------- retry topic
 
     def write_retry(self, items: list[Item], failed_at: float | None, error: str) -> None:
-        """Buffer main-topic items for the retry topic, in order (SPEC 5.5).
+        """Buffer main-topic items for the retry topic, in order (design §5.5).
 
         :param failed_at: the key's first failure (seconds since the epoch)
             for items routed to a quarantined key; None for the failure that
@@ -151,7 +151,7 @@ class Outbox:
         routed to the retry topic and delivered again, and no dead letter is
         written twice (issue 12, items 2 and 12). Elsewhere each write is its
         own fenced call, in that order, so an offset is never stored before
-        what it covers. Every call is retried forever on failure (SPEC 5.6).
+        what it covers. Every call is retried forever on failure (design §5.6).
 
         The retry offset stored is the low watermark *before* this flush's
         records are applied: never above the truth (at worst a restart reads

@@ -1,4 +1,4 @@
-"""Partition ownership for the consumer: leases of ours, or assignments a log pushes (SPEC 15).
+"""Partition ownership for the consumer: leases of ours, or assignments a log pushes (design §15).
 
 The consumer runs one supervisor per partition (``_consumer.py``); it asks
 an :class:`Ownership` three things:

@@ -1,4 +1,4 @@
-"""The partition worker: one (topic, partition) task, the poll/commit loop (SPEC 5, 6, 8, 14).
+"""The partition worker: one (topic, partition) task, the poll/commit loop (design §5, §6, §8, §14).
 
 Owns the loop of one partition under one lease: restore the retry state and
 the start position, then, until stopped, run the due retry attempts
@@ -129,7 +129,7 @@ class PartitionWorker:
 
     @property
     def retry(self) -> RetryState:
-        """The retry partition's pending work (SPEC 6)."""
+        """The retry partition's pending work (design §6)."""
         return self.services.retry
 
     @property
@@ -209,7 +209,7 @@ class PartitionWorker:
 
     def _idle_wait(self) -> float:
         """Seconds until the next poll: ``poll_interval``, or less when a retry
-        key is due sooner (on monotonic time, SPEC 6)."""
+        key is due sooner (on monotonic time, design §6)."""
         wait = self.config.poll_interval
         next_due = self.retry.next_due()
         if next_due is not None:
@@ -217,7 +217,7 @@ class PartitionWorker:
         return wait
 
     async def _run_due_attempts(self) -> None:
-        """One attempt for every due retry key, before the next poll (SPEC 6).
+        """One attempt for every due retry key, before the next poll (design §6).
 
         Each round's markers are stored before the next round is read, so the
         record bodies in memory at any time are those of one round.
@@ -365,7 +365,7 @@ class PartitionWorker:
         self.retry.forget_routed(following)
 
     async def _store_partial(self, records: list[Record]) -> None:
-        """At a stop in the middle of a batch, store what the delivery mode allows (SPEC 14).
+        """At a stop in the middle of a batch, store what the delivery mode allows (design §14).
 
         ``NO_EVENT_LOSE``: the offset of the first record that is not done, so
         nothing before it is delivered again (done records after it, of keys
@@ -406,11 +406,11 @@ class PartitionWorker:
         )
 
     async def _commit_retry(self) -> None:
-        """Store the retry partition's lowest pending offset (SPEC 6).
+        """Store the retry partition's lowest pending offset (design §6).
 
         The retry partition has no lease of its own: it belongs to the main
         partition's owner, so the commit carries the main lease as its fence
-        and is refused once another member owns the partition (SPEC 15).
+        and is refused once another member owns the partition (design §15).
         """
         await self.outbox.flush()
 
@@ -443,7 +443,7 @@ class PartitionWorker:
 
     def _route_quarantined(self, groups: Groups) -> None:
         """Take the items of quarantined keys out of ``groups`` and send them
-        to the retry topic, unreduced and in order (SPEC 6).
+        to the retry topic, unreduced and in order (design §6).
 
         Items already in the retry topic (redelivered after a crash, at or
         below the key's routed main offset) are done: routed once, they are

@@ -1,6 +1,6 @@
 """The planner: batch -> decoded items -> segments per key -> reduction -> runs -> chunks.
 
-Pure functions, no I/O (SPEC 2, 4, 5.1-5.3). Every input record ends up in
+Pure functions, no I/O (design §2, §4, §5.1-5.3). Every input record ends up in
 exactly one place: an item's ``sources`` (to be handled, routed or retried)
 or a :class:`Reject` (to be dead-lettered). Reduction merges only adjacent
 items of one key and one type, and a merged item remembers every offset and
@@ -43,7 +43,7 @@ class Where(msgspec.Struct, frozen=True, gc=False):
     """Where a batch's records were read: the main topic and partition.
 
     Shared by every item decoded from one poll, so that an item's message
-    identity (SPEC 9) is only built when something asks for it (the inbox,
+    identity (design §9) is only built when something asks for it (the inbox,
     a retry or dead-letter copy, a handler reading its chunk context).
     """
 
@@ -95,7 +95,7 @@ class Item(msgspec.Struct, gc=False):
     @property
     def origins(self) -> tuple[Source, ...]:
         """Per source record, where it comes from in the main topic (topic,
-        partition, main offsets, message ids of SPEC 9)."""
+        partition, main offsets, message ids of design §9)."""
         if self.parts is None:
             return (self._source(),)
         return tuple(part._source() for part in self.parts)
@@ -115,7 +115,7 @@ class Item(msgspec.Struct, gc=False):
 
     @property
     def ids(self) -> tuple[str, ...]:
-        """The message ids (SPEC 9) of every main-topic record it stands for."""
+        """The message ids (design §9) of every main-topic record it stands for."""
         return tuple(i for o in self.origins for i in o.ids)
 
     @property
@@ -130,7 +130,7 @@ class Item(msgspec.Struct, gc=False):
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """A record that cannot reach a handler, and why (SPEC 8)."""
+    """A record that cannot reach a handler, and why (design §8)."""
 
     record: Record
     reason: ReasonCode | None
@@ -141,7 +141,7 @@ class Reject:
 
 
 class Run(msgspec.Struct, gc=False):
-    """A maximal sequence of one key's items of one type (SPEC 2), read as a
+    """A maximal sequence of one key's items of one type (design §2), read as a
     sequence of :class:`Item` (``len``, indexing, slicing, iteration).
 
     Held as the events and, per event, its item or only its record: a record
@@ -205,7 +205,7 @@ class Segment(msgspec.Struct, gc=False):
     """One key's runs within one batch or one retry attempt, in order.
 
     Each run is non-empty and reduced by its type's algebra; consecutive
-    runs have different types (SPEC 2).
+    runs have different types (design §2).
     """
 
     key: str
@@ -237,7 +237,7 @@ def decode_records(
     from_retry: bool = False,
     group: str | None = None,
 ) -> tuple[list[Item], list[Reject]]:
-    """Validate headers and decode bodies (SPEC 3, 5.1, 8).
+    """Validate headers and decode bodies (design §3, §5.1, §8).
 
     :param topic: / :param partition: where the records were read (the main
         topic; for retry records the main topic they belong to).
@@ -360,7 +360,7 @@ def _decode_one(
 ) -> Item | None:
     """Decode one record the careful way: every header checked, every problem named.
 
-    Any exception while parsing dead-letters the record (SPEC 8): a record
+    Any exception while parsing dead-letters the record (design §8): a record
     must never stop its partition.
     """
     try:
@@ -399,7 +399,7 @@ def _decode_one(
             return None
         origin = source
     elif source is not None:
-        # A replayed dead letter keeps the identity of the record it was (SPEC 9).
+        # A replayed dead letter keeps the identity of the record it was (design §9).
         origin = Source(where.topic, where.partition, (record.offset,), source.ids)
     elif etype.id_name is not None:
         own = _own_origin(record, where, etype, value, key, rejects)
@@ -435,7 +435,7 @@ def _checked_headers(
 def _own_origin(
     record: Record, where: Where, etype: EventType[Any], value: Any, key: str, rejects: list[Reject]
 ) -> Source | None:
-    """The origin of a main-topic record whose type declares its own id (SPEC 9);
+    """The origin of a main-topic record whose type declares its own id (design §9);
     None, with a reject, when the id cannot be read from the event."""
     try:
         own_id = etype.id_of(value)
@@ -493,7 +493,7 @@ def merge(first: Item, second: Item, event: Any) -> Item:
 
 
 def reduce_run(items: Sequence[Item]) -> list[Item]:
-    """Reduce one run by its type's algebra (SPEC 4).
+    """Reduce one run by its type's algebra (design §4).
 
     ``idempotent``: consecutive equal events collapse into one. ``associative``:
     fold left to right with ``combine``; ``None`` (or an exception from
@@ -551,7 +551,7 @@ def _combine(etype: EventType[Any], a: Item, b: Item) -> Any:
 
 
 def group(items: Iterable[Item]) -> Groups:
-    """Group items by key and cut each key's items into runs of one type (SPEC 5.3).
+    """Group items by key and cut each key's items into runs of one type (design §5.3).
 
     :func:`decode_batch` does the same inline, for the records it decodes.
     """
@@ -567,7 +567,7 @@ def group(items: Iterable[Item]) -> Groups:
 
 
 def plan_groups(groups: Groups, *, reduces: bool = True) -> list[Segment]:
-    """One segment per key, its runs reduced by their types' algebra (SPEC 4).
+    """One segment per key, its runs reduced by their types' algebra (design §4).
 
     A key whose runs are all plain keeps the very list ``groups`` holds
     (nothing is copied for it); ``groups`` itself is not changed.
@@ -592,7 +592,7 @@ def plan_groups(groups: Groups, *, reduces: bool = True) -> list[Segment]:
 
 
 def plan(items: Iterable[Item]) -> list[Segment]:
-    """Segments per key, each a list of reduced runs, in first-seen key order (SPEC 5.3)."""
+    """Segments per key, each a list of reduced runs, in first-seen key order (design §5.3)."""
     return plan_groups(group(items))
 
 

@@ -1,4 +1,4 @@
-"""Retry-topic state: quarantined keys, pending work, attempt counters, schedules (SPEC 6).
+"""Retry-topic state: quarantined keys, pending work, attempt counters, schedules (design §6).
 
 The retry topic is the durable truth. It holds *work records* (events waiting
 for a retry, already reduced, with ``wk-failed-at`` and ``wk-src``) and small
@@ -22,22 +22,22 @@ a record without ``wk-due-at`` (written by an older release) is read with
 the configured schedule.
 
 An attempt plans all of a key's pending work records as one new batch
-(SPEC 6), so records routed during a quarantine join the failed run when
+(design §6), so records routed during a quarantine join the failed run when
 they are of its type (and are given up with it), and form later runs when
 they are not (and are attempted at once after a give-up).
 
 Stored times are whole milliseconds since the epoch, rounded **up**
 (:func:`ms_text`), so a stored due time is never earlier than the one the
-consumer computed (SPEC 6: "stored times round up, never down").
+consumer computed (design §6: "stored times round up, never down").
 
 Wall time is only stored. In a process every due time is a deadline on the
 clock's monotonic time: :meth:`RetryState.apply` converts a stored wall time
 once, ``due_mono = mono + (due_wall - wall)`` with the two clocks read
 together when the record was written (live records) or when it is read (a
 restart), so a later step of the wall
-clock neither hurries nor stalls an attempt (SPEC 6, issue 12 item 4).
+clock neither hurries nor stalls an attempt (design §6, issue 12 item 4).
 
-State per pending key is small and bounded (SPEC 6, issue 12 item 3): the
+State per pending key is small and bounded (design §6, issue 12 item 3): the
 offsets of its pending work records (a compact ``array('q')``, 8 bytes
 each), counters, due times and the highest main offset. Record bodies stay
 in the retry log: :meth:`RetryState.apply` keeps none of a record's headers
@@ -105,7 +105,7 @@ def ms_text(seconds: float) -> bytes:
     Rounded to the microsecond first (float noise of today's epoch times is
     below it), so that ``1.7e9 + 0.1`` computed as ``…100.00000002 ms``
     does not gain a millisecond; any real fraction of a
-    millisecond rounds up, never down (SPEC 6; issue 12 item 4: a failure at
+    millisecond rounds up, never down (design §6; issue 12 item 4: a failure at
     ``…000.0004`` had its first attempt stored at ``…002.000``).
     """
     micros = round(seconds * 1_000_000)
@@ -144,7 +144,7 @@ def attempt_failed_marker(key: str, failures: int, at: float, due: float) -> Out
 
 
 def retry_work_records(item: Item, failed_at: float, error: str, due: float) -> list[Outgoing]:
-    """The retry-topic records of one (possibly reduced) main-topic item (SPEC 3, 5.5, 6).
+    """The retry-topic records of one (possibly reduced) main-topic item (design §3, §5.5, §6).
 
     One record per main record the item stands for, each with that record's
     headers and body bytes as they were read, plus ``wk-failed-at``,
@@ -173,7 +173,7 @@ def dead_letter_record(
     source: Source,
 ) -> Outgoing:
     """The dead-letter copy of one record: raw headers and body kept, plus
-    ``wk-reason``, ``wk-error`` (already sanitized) and ``wk-src`` (SPEC 8)."""
+    ``wk-reason``, ``wk-error`` (already sanitized) and ``wk-src`` (design §8)."""
     headers = dict(record.headers)
     headers.pop(H_MARKER, None)
     headers[H_REASON] = reason.value.encode()
@@ -204,11 +204,11 @@ def _offsets() -> array[int]:
 
 @dataclass(slots=True)
 class KeyState:
-    """One quarantined key (SPEC 6): offsets, counters and times, never a record body.
+    """One quarantined key (design §6): offsets, counters and times, never a record body.
 
     :param offsets: the retry-topic offsets of its pending work records, in
         increasing order; the records themselves (headers, body) are read
-        from the retry partition when an attempt runs (SPEC 6, issue 12
+        from the retry partition when an attempt runs (design §6, issue 12
         item 3: 40 000 pending 1 KiB records cost 8 bytes each here, not
         their bodies).
     :param failures: failures in a row in the current cycle (the failure that
@@ -240,7 +240,7 @@ class KeyState:
 
 
 class RetryState:
-    """Pending retry work of one retry partition, rebuilt by :meth:`apply` (SPEC 6).
+    """Pending retry work of one retry partition, rebuilt by :meth:`apply` (design §6).
 
     :param delay: ``delay(failures) -> seconds`` (the config's schedule),
         used only for records written without a stored due time.
@@ -285,7 +285,7 @@ class RetryState:
         return min((s.due_wall for s in self.keys.values()), default=None)
 
     def low_watermark(self) -> int:
-        """The retry partition's committed offset: its lowest pending offset (SPEC 6)."""
+        """The retry partition's committed offset: its lowest pending offset (design §6)."""
         lows = [s.offsets[0] for s in self.keys.values() if s.offsets]
         return min(lows) if lows else self.end_offset
 
@@ -434,7 +434,7 @@ async def load_retry_state(
     Reads ``retry_topic``/``partition`` from ``group``'s committed offset (the
     partition's start offset when the group never committed there) to its
     end and applies every record (:meth:`RetryState.apply`), exactly as a
-    restarting consumer does (SPEC 6). The partition worker and ``wakuwaku
+    restarting consumer does (design §6). The partition worker and ``wakuwaku
     status`` both load through it, so they never disagree about a record.
 
     A record whose own headers cannot be read (no usable ``wk-key``, a broken

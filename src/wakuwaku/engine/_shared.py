@@ -1,8 +1,8 @@
 """What every part of one partition's consumption uses: the bottom layer of the partition worker.
 
 Owns, for one (topic, partition) owned under one lease: the stop request, the
-pause *gate* (closed while a chunk or a log call retries in place, SPEC 5.6),
-the lease deadline and fence (SPEC 15), the retrying log call, the retry
+pause *gate* (closed while a chunk or a log call retries in place, design §5.6),
+the lease deadline and fence (design §15), the retrying log call, the retry
 partition's state (:class:`~wakuwaku.engine._retry.RetryState`) and the
 consumer's shared counters.
 
@@ -50,7 +50,7 @@ class Abandon(Exception):
 
 
 class Gate:
-    """Open unless some chunk or log call of the partition is retrying in place (SPEC 5.6).
+    """Open unless some chunk or log call of the partition is retrying in place (design §5.6).
 
     :ivar is_open: true while nothing holds the gate closed (a plain
         attribute: it is read before every chunk).
@@ -93,7 +93,7 @@ class PartitionServices:
     :ivar stopping: true once :meth:`stop` was called (a plain attribute:
         it is read before every chunk).
     :ivar lease_deadline: moved by the consumer's lease renewer.
-    :ivar retry: the retry partition's pending work (SPEC 6).
+    :ivar retry: the retry partition's pending work (design §6).
     """
 
     def __init__(
@@ -116,7 +116,7 @@ class PartitionServices:
         self.stats = stats
         self.generation = generation
         self.lease_deadline = lease_deadline
-        # Every write for this partition carries its lease (SPEC 15): the log
+        # Every write for this partition carries its lease (design §15): the log
         # refuses it once another member owns the partition.
         self.fence = (
             None
@@ -175,7 +175,7 @@ class PartitionServices:
             raise Abandon
         if self.clock.monotonic() >= self.lease_deadline:
             # A pause (SIGSTOP, a blocked event loop) outlived the lease: another
-            # member may own the partition now; start nothing more (SPEC 15).
+            # member may own the partition now; start nothing more (design §15).
             logger.warning(
                 "partition lease ran out before it was renewed; stopping", extra=self.fields
             )
@@ -195,7 +195,7 @@ class PartitionServices:
 
     async def log_call(self, operation: str, call: Callable[[], Awaitable[R]]) -> R:
         """Run one of the consumer's own log calls; on failure retry it on the
-        schedule, forever, with the gate closed (SPEC 5.6).
+        schedule, forever, with the gate closed (design §5.6).
 
         :raises Abandon: when the log refuses the lease (another member owns
             the partition), or at a stop while waiting to retry.

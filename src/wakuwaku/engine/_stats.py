@@ -1,4 +1,4 @@
-"""In-process counters of a consumer (SPEC 14), always on; Prometheus reads them.
+"""In-process counters of a consumer (design §14), always on; Prometheus reads them.
 
 Every count is of *records* unless its name says otherwise.
 """
@@ -29,7 +29,7 @@ class ConsumerStats:
     :param quarantined_keys: keys that entered quarantine.
     :param attempts: retry attempts run (one per due key).
     :param attempts_failed: retry attempts that failed Retryable.
-    :param gave_up_keys: give-ups (SPEC 6).
+    :param gave_up_keys: give-ups (design §6).
     :param transient_pauses: Transient failures that paused a partition (one
         per failed call, in-place retries included).
     :param log_call_retries: failed log calls of the consumer itself that were retried.

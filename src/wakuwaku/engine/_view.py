@@ -1,4 +1,4 @@
-"""Read-only views of a consumer's partitions and quarantined keys (SPEC 6, 14).
+"""Read-only views of a consumer's partitions and quarantined keys (design §6, §14).
 
 What :meth:`Consumer.partitions <wakuwaku.engine.Consumer.partitions>` and
 ``wakuwaku status`` (:func:`wakuwaku.admin.consumer_status`) return: frozen
@@ -20,7 +20,7 @@ from ._retry import RetryState, load_retry_state
 
 @dataclass(frozen=True, slots=True)
 class QuarantinedKey:
-    """A key waiting in the retry topic (SPEC 6).
+    """A key waiting in the retry topic (design §6).
 
     :param partition: its partition.
     :param key: the key.
@@ -127,7 +127,7 @@ async def read_retry_partition(
     partition: int,
     delay: Callable[[int], float],
 ) -> RetryPartitionState:
-    """Read one retry partition as a restarting consumer does (SPEC 6).
+    """Read one retry partition as a restarting consumer does (design §6).
 
     :param retry_topic: the retry topic (:meth:`ConsumerConfig.retry_topic`).
     :param delay: ``delay(failures) -> seconds`` (:meth:`ConsumerConfig.delay`),

@@ -1,4 +1,4 @@
-"""Ready-made ``classify`` functions for the usual database drivers (SPEC 5.8).
+"""Ready-made ``classify`` functions for the usual database drivers (design §5.8).
 
 They read the exception's data (SQLSTATE codes, driver error classes by
 name), so neither psycopg nor any other driver is imported here.

@@ -1,4 +1,4 @@
-"""The inbox: exactly-once effects for handlers that cannot be idempotent (SPEC 9).
+"""The inbox: exactly-once effects for handlers that cannot be idempotent (design §9).
 
 ==============================================  =====================================
 class                                           where the claims live

@@ -1,4 +1,4 @@
-"""The PostgreSQL inbox: claims in the caller's psycopg 3 transaction (SPEC 9).
+"""The PostgreSQL inbox: claims in the caller's psycopg 3 transaction (design §9).
 
 Needs the ``postgres`` extra (``pip install 'wakuwaku[postgres]'``)::
 

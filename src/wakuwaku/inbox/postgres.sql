@@ -1,4 +1,4 @@
--- Statements of wakuwaku.inbox.postgres.PostgresInbox (SPEC 9).
+-- Statements of wakuwaku.inbox.postgres.PostgresInbox (design §9).
 -- {table} and {dead_table} are replaced by checked identifiers.
 -- Every statement that reads or writes one key's row names exactly
 -- (consumer_group, message_key), the primary key (seed 004).

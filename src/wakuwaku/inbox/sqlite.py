@@ -1,4 +1,4 @@
-"""The SQLite inbox: claims in the caller's ``sqlite3`` transaction (SPEC 9).
+"""The SQLite inbox: claims in the caller's ``sqlite3`` transaction (design §9).
 
 The claims table must live in the same database file as the handler's
 effects, so that one transaction holds both::

@@ -6,7 +6,7 @@ is an ordered sequence of records with int offsets that grow monotonically
 *committed offset* per partition: the offset of the next record to read
 (Kafka's convention), so ``end_offset - committed`` is the lag.
 
-Partition ownership (SPEC 15): :meth:`Log.acquire_partition` grants a lease
+Partition ownership (design §15): :meth:`Log.acquire_partition` grants a lease
 with a *generation* number. Every write the engine makes for a partition it
 owns carries that lease as a *fence*: :meth:`Log.append`, :meth:`Log.commit`
 and :meth:`Log.store` with ``fence=lease`` are refused with
@@ -49,7 +49,7 @@ class TopicInfo:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """Ownership of one partition for one group member (SPEC 15).
+    """Ownership of one partition for one group member (design §15).
 
     :param generation: the fencing token; grows each time ownership moves.
     :param expires_at: when the lease lapses unless renewed (seconds since the epoch).
@@ -258,7 +258,7 @@ class Log(abc.ABC):
     async def acquire_partition(
         self, group: str, topic: str, partition: int, member: str, ttl: float
     ) -> Lease | None:
-        """Take or renew the lease on a partition for ``member`` (SPEC 15).
+        """Take or renew the lease on a partition for ``member`` (design §15).
 
         :param ttl: how long the lease lasts without renewal (seconds).
         :returns: the lease when ``member`` owns the partition now, None when
@@ -276,7 +276,7 @@ class Log(abc.ABC):
         Logs with :attr:`atomic_store` write all of it or nothing. This
         default makes one fenced call per append and per commit, in order: a
         crash between them leaves the appends without the offsets (the
-        engine tolerates that: at-least-once, SPEC 7).
+        engine tolerates that: at-least-once, design §7).
 
         :returns: the offsets given to each append's records, per append.
         :raises FencedError: when ``fence`` is stale; with an atomic store

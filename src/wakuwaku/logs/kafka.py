@@ -355,7 +355,7 @@ class _Reader:
 
 
 class KafkaLog(Log):
-    """A :class:`~wakuwaku.logs.Log` on Apache Kafka (URL ``kafka://host:port``; SPEC 1, 15).
+    """A :class:`~wakuwaku.logs.Log` on Apache Kafka (URL ``kafka://host:port``; design §1, §15).
 
     :param bootstrap: ``host:port`` pairs, comma-separated or as a list.
     :param prefix: begins every topic and group name (default none), so

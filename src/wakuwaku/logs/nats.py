@@ -165,7 +165,7 @@ class _Reader:
 
 
 class NatsLog(Log):
-    """A :class:`~wakuwaku.logs.Log` on NATS JetStream (URL ``nats://host:port``; SPEC 1, 15).
+    """A :class:`~wakuwaku.logs.Log` on NATS JetStream (URL ``nats://host:port``; design §1, §15).
 
     :param servers: server URLs (``nats://host:port``), tried in turn.
     :param prefix: begins every stream and bucket name, so several logs share

@@ -83,7 +83,7 @@ def _script(name: str) -> str:
 
 
 class RedisLog(Log):
-    """A :class:`~wakuwaku.logs.Log` on Redis Streams (URL ``redis://host:port/db``; SPEC 1, 15).
+    """A :class:`~wakuwaku.logs.Log` on Redis Streams (``redis://host:port/db``; design §1, §15).
 
     :param url: ``redis://[user[:password]@]host[:port][/db][?prefix=wk&timeout=5]``
         or ``rediss://`` (TLS). Without a password in the URL, the one in

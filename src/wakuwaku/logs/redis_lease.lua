@@ -1,4 +1,4 @@
--- Take, renew or release a partition lease of the Redis log (SPEC 15).
+-- Take, renew or release a partition lease of the Redis log (design §15).
 --
 -- KEYS[1]  the partition's lease hash ({tag}:lease); field = group, value
 --          '<generation>:<expires, ms since the epoch>:<member>'

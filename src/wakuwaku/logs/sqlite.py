@@ -1,6 +1,6 @@
 """The embedded SQLite log: one file, WAL mode, safe for several processes.
 
-The default log of wakuwaku (SPEC 1): no server, durable, one file. Several
+The default log of wakuwaku (design §1): no server, durable, one file. Several
 processes on one machine may append, read, commit and hold leases on one
 file at the same time:
 
@@ -86,7 +86,7 @@ _READ_SQL = (
 
 
 class SQLiteLog(Log):
-    """A :class:`~wakuwaku.logs.Log` in one SQLite file (URL ``sqlite:///path``; SPEC 1, 15).
+    """A :class:`~wakuwaku.logs.Log` in one SQLite file (URL ``sqlite:///path``; design §1, §15).
 
     :param path: the database file; missing parent directories are created.
         The file is opened (and created, when it does not exist) by the first

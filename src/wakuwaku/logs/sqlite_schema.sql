@@ -58,7 +58,7 @@ CREATE TABLE wk_commits (
 -- Retention and `topic describe` look commits up by topic.
 CREATE INDEX wk_commits_by_topic ON wk_commits (topic, part);
 
--- Partition leases (SPEC 15). A released lease keeps its row (member '',
+-- Partition leases (design §15). A released lease keeps its row (member '',
 -- expires_at 0) so the generation keeps growing: it is the fencing token.
 CREATE TABLE wk_leases (
     grp        TEXT    NOT NULL,

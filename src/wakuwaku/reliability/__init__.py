@@ -1,17 +1,17 @@
 """Reliability parts around event consumers: result waiter, retry budget, circuit breaker.
 
-* :mod:`wakuwaku.reliability.waiter` (SPEC 10): wait for an out-of-band job
+* :mod:`wakuwaku.reliability.waiter` (design §10): wait for an out-of-band job
   result in Redis, and publish one. Needs the ``redis`` extra, so its names
   are imported on first use: ``from wakuwaku.reliability import
   wait_for_result`` raises :class:`ImportError` with the ``pip install
   'wakuwaku[redis]'`` line when redis is missing, and importing this package
   never does.
-* :mod:`wakuwaku.reliability.budget` (SPEC 11): a monotonic attempt counter
+* :mod:`wakuwaku.reliability.budget` (design §11): a monotonic attempt counter
   per ``(job id, step)`` in Redis or SQLite, and :class:`AttemptLimit`.
-* :mod:`wakuwaku.reliability.breaker` (SPEC 12): a circuit breaker that
+* :mod:`wakuwaku.reliability.breaker` (design §12): a circuit breaker that
   does not count domain failures and cannot be flipped by stale calls.
 
-* :func:`sanitize` (SPEC 13), re-exported from :mod:`wakuwaku._sanitize`:
+* :func:`sanitize` (design §13), re-exported from :mod:`wakuwaku._sanitize`:
   make untrusted error text safe to store.
 
 See ``docs/reliability.md``.

@@ -1,4 +1,4 @@
-"""A circuit breaker that tells a sick endpoint from a failed job (SPEC 12, seed 000).
+"""A circuit breaker that tells a sick endpoint from a failed job (design §12, seed 000).
 
 States::
 
@@ -36,7 +36,7 @@ probe cannot keep the gate shut forever) and its late outcome is ignored.
 
 An open breaker raises :class:`~wakuwaku.CircuitOpenError`, a
 :class:`~wakuwaku.Transient`: a consumer pauses the partition and retries the
-same chunk later instead of burning a key's retries (SPEC 1, 5.6).
+same chunk later instead of burning a key's retries (design §1, §5.6).
 
 The breaker lives on one event loop; it is not thread-safe. All state changes
 are synchronous, so concurrent tasks never interleave inside one.
@@ -113,7 +113,7 @@ _FAILURE: tuple[type[BaseException], ...] = (
 
 
 def default_call_outcome(exc: BaseException) -> CallOutcome:
-    """Classify an exception that ended a protected call (SPEC 12).
+    """Classify an exception that ended a protected call (design §12).
 
     * :class:`asyncio.CancelledError`, :class:`KeyboardInterrupt`,
       :class:`SystemExit` (any ``BaseException`` that is not an
@@ -183,7 +183,7 @@ class Permit:
 
 
 class CircuitBreaker:
-    """Closed / open / half-open breaker with generations and bounded probes (SPEC 12).
+    """Closed / open / half-open breaker with generations and bounded probes (design §12).
 
     :param name: names the protected endpoint in errors and logs.
     :param config: thresholds and times (:class:`BreakerConfig`).
@@ -308,7 +308,7 @@ class CircuitBreaker:
         self.record(permit, CallOutcome.FAILURE)
 
     def release_probe_as_success(self, permit: Permit) -> None:
-        """The call failed in the domain, so the endpoint answered (SPEC 12, seed 000).
+        """The call failed in the domain, so the endpoint answered (design §12, seed 000).
 
         A half-open probe of the current period closes the breaker: the
         endpoint is reachable. A call started while the breaker was closed (or

@@ -1,4 +1,4 @@
-"""Retry budgets: a monotonic attempt counter per ``(job id, step)`` (SPEC 11, seed 000).
+"""Retry budgets: a monotonic attempt counter per ``(job id, step)`` (design §11, seed 000).
 
 The counter answers "how many attempts has this enqueued job's step used?".
 Its scope is the **enqueue id**, not the entity: two jobs a user triggered for
@@ -91,7 +91,7 @@ class AttemptLimit:
 
 
 class RetryBudget(abc.ABC):
-    """A monotonic attempt counter per ``(job_id, step)`` that expires (SPEC 11).
+    """A monotonic attempt counter per ``(job_id, step)`` that expires (design §11).
 
     :param max_gap: the longest possible gap between two attempts of one job
         and step (seconds, > 0); a counter lives ``2 * max_gap`` after its

@@ -1,4 +1,4 @@
--- Retry budget on SQLite (SPEC 11): the same contract as budget_spend.lua.
+-- Retry budget on SQLite (design §11): the same contract as budget_spend.lua.
 -- Statements are separated by "-- name: <name>" lines; budget.py runs each
 -- one on its own, and "spend" as one IMMEDIATE transaction.
 -- Times are seconds since the epoch (REAL); a row whose expires_at has

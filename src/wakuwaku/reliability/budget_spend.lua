@@ -1,4 +1,4 @@
--- Spend one attempt of a retry budget (SPEC 11, seed 000).
+-- Spend one attempt of a retry budget (design §11, seed 000).
 --
 -- INCR and PEXPIRE run in one script, so a counter can never exist without a
 -- time to live (INCR alone creates an immortal key if the process dies before

@@ -1,5 +1,5 @@
 -- Delete a job result only if it is still the payload the caller read
--- (SPEC 10, non-destructive mode). A result written again in the meantime
+-- (design §10, non-destructive mode). A result written again in the meantime
 -- (a re-run of the same job and step) is left for its own waiter.
 --
 -- KEYS[1]  result key

@@ -1,5 +1,5 @@
 -- Store a job result and nudge its waiters, atomically and in one round trip
--- (SPEC 10). Used by wakuwaku.reliability.waiter.publish_result.
+-- (design §10). Used by wakuwaku.reliability.waiter.publish_result.
 --
 -- KEYS[1]  result key      wk:result:<job_id>:<step>
 -- ARGV[1]  payload         JSON object {"status": "done"|"error", ...}

@@ -1,4 +1,4 @@
-"""Waiting for an out-of-band job result in Redis (SPEC 10, seed 000).
+"""Waiting for an out-of-band job result in Redis (design §10, seed 000).
 
 A job runs somewhere else; when it is done its producer writes a JSON result
 under a key and publishes a *nudge* on a channel (:func:`publish_result` does
@@ -251,7 +251,7 @@ class Result:
     _raw: bytes = field(repr=False)
 
     async def ack(self) -> bool:
-        """Delete the result after the caller committed its own state (SPEC 10).
+        """Delete the result after the caller committed its own state (design §10).
 
         In non-destructive mode it deletes the key only if it still holds the
         payload that was read (one Lua script), so a newer result of the same
@@ -301,7 +301,7 @@ def parse_result(raw: bytes | str, *, job_id: str, step: str) -> Any:
     :param raw: the payload exactly as read from the key.
     :returns: the ``content`` of a ``done`` result (``None`` when absent).
     :raises StepError: for ``{"status": "error"}``; ``message`` is sanitized
-        (SPEC 13) and ``retryable`` is the payload's flag (``None`` when absent).
+        (design §13) and ``retryable`` is the payload's flag (``None`` when absent).
     :raises ProtocolError: for anything else, with a :class:`ProtocolReason`
         code: ``not_json``, ``duplicate_key``, ``not_object``, ``no_status``,
         ``status_not_string``, ``unknown_status``, ``message_not_string``,
@@ -352,7 +352,7 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 
 
 def read_verdict(outcome: Result | BaseException | None) -> Verdict:
-    """The one predicate every read outcome goes through (SPEC 10, seed 000).
+    """The one predicate every read outcome goes through (design §10, seed 000).
 
     :param outcome: what a read produced: ``None`` (key absent), a
         :class:`Result`, or the exception it raised.
@@ -630,7 +630,7 @@ async def wait_for_result(
     clock: Clock = SYSTEM_CLOCK,
     observer: WaitObserver | None = None,
 ) -> Result:
-    """Wait until the result of ``(job_id, step)`` arrives and return it (SPEC 10).
+    """Wait until the result of ``(job_id, step)`` arrives and return it (design §10).
 
     Subscribes to the nudge channel, waits for the subscription to be
     confirmed, and only then reads the key, so a result written at any moment

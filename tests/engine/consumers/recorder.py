@@ -17,7 +17,7 @@ Settings come from the environment (a subprocess test sets them):
 
 The member id defaults to a fixed one (``recorder``), so a process restarted
 after a SIGKILL takes its partition lease back at once instead of waiting for
-the dead process's lease to expire (SPEC 15). Two processes of one group that
+the dead process's lease to expire (design §15). Two processes of one group that
 must compete for partitions get distinct ids through ``WK_TEST_MEMBER``.
 
 ``build(log)`` is the ``wakuwaku run`` target; the log is the one ``--log`` names.
