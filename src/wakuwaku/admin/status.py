@@ -233,8 +233,5 @@ async def consumer_status(
 async def committed_groups(log: Log, topic: str) -> tuple[str, ...] | None:
     """The groups with a committed offset on ``topic``, sorted; None when the
     log cannot list them (listing is not part of the :class:`Log` contract)."""
-    lister = getattr(log, "group_offsets", None)
-    if lister is None:
-        return None
-    offsets: Mapping[str, Any] = await lister(topic)
-    return tuple(sorted(offsets))
+    offsets = await log.group_offsets(topic)
+    return None if offsets is None else tuple(sorted(offsets))

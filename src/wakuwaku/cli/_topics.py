@@ -180,8 +180,7 @@ class _Description:
 async def _describe(log: Log, name: str) -> _Description:
     info = await log.describe_topic(name)
     start, end = await log.start_offsets(name), await log.end_offsets(name)
-    lister = getattr(log, "group_offsets", None)  # not part of the Log contract
-    groups = await lister(name) if lister is not None else None
+    groups = await log.group_offsets(name)
     return _Description(info.partitions, start, end, groups)
 
 

@@ -269,11 +269,7 @@ class Sampler:
         return found
 
     async def _owners(self, topic: str, group: str) -> dict[int, Lease] | None:
-        reader = getattr(self.log, "partition_owners", None)
-        if reader is None:
-            return None
-        owners: dict[int, Lease] = await reader(group, topic)
-        return owners
+        return await self.log.partition_owners(group, topic)
 
     async def _read_letters(self, view: View) -> None:
         dlq = self.dead_letter_topic(view.target)

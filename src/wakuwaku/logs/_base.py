@@ -318,6 +318,29 @@ class Log(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement delete_group")
 
+    async def group_offsets(self, topic: str) -> dict[str, dict[int, int]] | None:
+        """Every group's committed offsets on ``topic``: group -> partition -> offset.
+
+        Read-only, for the operations commands (``topic describe``,
+        ``status``, the dashboard). Optional: None (the default) means this
+        log cannot list them.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        return None
+
+    async def partition_owners(self, group: str, topic: str) -> dict[int, Lease] | None:
+        """The current owner of each partition of ``topic`` in ``group``:
+        partition -> :class:`Lease` (a released lease is left out; an expired
+        one is included, its ``expires_at`` in the past).
+
+        Read-only, for showing owners (``wakuwaku dashboard``): it takes no
+        lease. Optional: None (the default) means this log cannot tell.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        return None
+
     async def apply_retention(self, topic: str) -> int:
         """Delete records below every group's committed offset; returns how many.
 

@@ -204,15 +204,7 @@ class MemoryLog(Log):
             return lease
 
     async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
-        """The current lease of each partition of ``topic`` held by a member of
-        ``group``: partition -> :class:`Lease` (a released lease is left out;
-        an expired one is included, its ``expires_at`` in the past).
-
-        Read-only, for showing owners (``wakuwaku dashboard``); not part of
-        the :class:`Log` contract (like ``group_offsets``).
-
-        :raises UnknownTopicError: when the topic does not exist.
-        """
+        """See :meth:`Log.partition_owners <wakuwaku.logs.Log.partition_owners>`."""
         partitions = await self.describe_topic(topic)
         found: dict[int, Lease] = {}
         for p in range(partitions.partitions):

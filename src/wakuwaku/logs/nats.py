@@ -1251,12 +1251,7 @@ class NatsLog(Log):
         return None if found is None else msgspec.msgpack.decode(found[0], type=_Offset).offset
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
-        """Every group's committed offsets on ``topic``: group -> partition -> offset.
-
-        Not part of the :class:`Log` contract (``wakuwaku topic describe`` uses it).
-
-        :raises UnknownTopicError: when the topic does not exist.
-        """
+        """See :meth:`Log.group_offsets <wakuwaku.logs.Log.group_offsets>`."""
         await self._partitions(topic)
         entries = await self._scan(self._kv_stream, f"$KV.{self.bucket}.o.*.{escape(topic)}.*")
         found: dict[str, dict[int, int]] = {}
@@ -1304,15 +1299,7 @@ class NatsLog(Log):
         )
 
     async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
-        """The current lease of each partition of ``topic`` held by a member of
-        ``group``: partition -> :class:`Lease` (a released lease is left out;
-        an expired one is included, its ``expires_at`` in the past).
-
-        Read-only, for showing owners (``wakuwaku dashboard``); not part of
-        the :class:`Log` contract (like ``group_offsets``).
-
-        :raises UnknownTopicError: when the topic does not exist.
-        """
+        """See :meth:`Log.partition_owners <wakuwaku.logs.Log.partition_owners>`."""
         found: dict[int, Lease] = {}
         for p in range(await self._partitions(topic)):
             held = await self._lease(group, topic, p)

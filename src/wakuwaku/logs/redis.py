@@ -462,10 +462,7 @@ class RedisLog(Log):
         return None if raw is None else int(raw)
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
-        """Every group's committed offsets on ``topic``: group -> partition -> offset.
-
-        :raises UnknownTopicError: when the topic does not exist.
-        """
+        """See :meth:`Log.group_offsets <wakuwaku.logs.Log.group_offsets>`."""
         partitions = await self._partitions(topic)
         found: dict[str, dict[int, int]] = {}
         async with self._calls("group offsets"):
@@ -518,15 +515,7 @@ class RedisLog(Log):
         return Lease(group, topic, partition, member, generation, expires_ms / 1000)
 
     async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
-        """The current lease of each partition of ``topic`` held by a member of
-        ``group``: partition -> :class:`Lease` (a released lease is left out;
-        an expired one is included, its ``expires_at`` in the past).
-
-        Read-only, for showing owners (``wakuwaku dashboard``); not part of
-        the :class:`Log` contract (like ``group_offsets``).
-
-        :raises UnknownTopicError: when the topic does not exist.
-        """
+        """See :meth:`Log.partition_owners <wakuwaku.logs.Log.partition_owners>`."""
         partitions = await self._partitions(topic)
         found: dict[int, Lease] = {}
         async with self._calls("partition owners"):

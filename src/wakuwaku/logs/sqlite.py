@@ -665,13 +665,7 @@ class SQLiteLog(Log):
         return None if row is None else int(row[0])
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
-        """Every group's committed offsets on ``topic``: group -> partition -> offset.
-
-        Not part of the :class:`Log` contract (``wakuwaku topic describe`` uses
-        it when the adapter has it).
-
-        :raises UnknownTopicError: when the topic does not exist.
-        """
+        """See :meth:`Log.group_offsets <wakuwaku.logs.Log.group_offsets>`."""
         return await self._run(self._group_offsets, topic)
 
     def _group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
@@ -686,15 +680,7 @@ class SQLiteLog(Log):
         return found
 
     async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
-        """The current lease of each partition of ``topic`` held by a member of
-        ``group``: partition -> :class:`Lease` (a released lease is left out;
-        an expired one is included, its ``expires_at`` in the past).
-
-        Read-only, for showing owners (``wakuwaku dashboard``); not part of
-        the :class:`Log` contract (like ``group_offsets``).
-
-        :raises UnknownTopicError: when the topic does not exist.
-        """
+        """See :meth:`Log.partition_owners <wakuwaku.logs.Log.partition_owners>`."""
         return await self._run(self._owners, group, topic)
 
     def _owners(self, group: str, topic: str) -> dict[int, Lease]:
