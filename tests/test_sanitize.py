@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import wakuwaku
 from wakuwaku import ConfigError
 from wakuwaku._sanitize import (
     DEFAULT_LIMIT,
@@ -603,3 +604,62 @@ def test_no_piece_of_a_secret_survives_in_random_text_at_any_cut(
         assert len(out) <= limit
         leaked = [p for p in pieces if p in out]
         assert not leaked, (limit, text, out, leaked)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://u:S3cret@127.0.0.1:6379/0?x=1", "redis://***@127.0.0.1:6379/0?x=1"),
+        ("nats://tok@h:4222", "nats://***@h:4222"),
+        ("kafka://a:p@w@h1:9092,h2:9092", "kafka://***@h1:9092,h2:9092"),
+        ("postgresql://u:pw@db/x?a=b@c", "postgresql://***@db/x?a=b@c"),
+        ("sqlite:///dir@x/log.db", "sqlite:///dir@x/log.db"),
+        ("memory://u:S3cret@x", "memory://***@x"),
+        ("no scheme@all", "no scheme@all"),
+    ],
+)
+def test_redact_url_drops_the_user_information_only(url: str, shown: str) -> None:
+    assert wakuwaku.redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://u:S3cret@127.0.0.1:6379/0?bogus=1",
+        "redis://u:S3cret@127.0.0.1:6379/0?prefix=a&prefix=b",
+        "nats://u:S3cret@127.0.0.1:4222?bogus=1",
+        "kafka://u:S3cret@127.0.0.1:9092?bogus=1",
+        "kafka://u:S3cret@127.0.0.1:9092?transactions=maybe",
+        "memory://u:S3cret@x",
+        "amqp://u:S3cret@host",
+        "redis://u:S3cret@h?a&b#frag",
+    ],
+)
+def test_no_log_url_error_echoes_its_password(url: str) -> None:
+    # One parser for every scheme: each of its errors shows the URL redacted.
+    from wakuwaku.logs import open_log
+
+    with pytest.raises(ConfigError) as info:
+        open_log(url)
+    assert "S3cret" not in str(info.value) and "***@" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nats://127.0.0.1:99999",
+        "nats://127.0.0.1:0",
+        "nats://:4222",
+        "nats://h:4222,",
+        "nats://u:pw@",
+        "kafka://127.0.0.1:99999",
+        "kafka://u:pw@:9092",
+        "kafka://h1:9092,,h2:9092",
+        "kafka://host",
+    ],
+)
+def test_a_server_list_with_a_bad_host_or_port_is_one_clear_error(url: str) -> None:
+    from wakuwaku.logs import open_log
+
+    with pytest.raises(ConfigError, match=r"bad (NATS|Kafka) log URL"):
+        open_log(url)

@@ -49,6 +49,7 @@ from ._records import Source as Source
 from ._records import ValidHeaders as ValidHeaders
 from ._records import message_id as message_id
 from ._records import validate_headers as validate_headers
+from ._sanitize import redact_url as redact_url
 from ._sanitize import sanitize as sanitize
 from .engine import Consumer as Consumer
 from .engine import ConsumerConfig as ConsumerConfig
@@ -132,6 +133,7 @@ __all__ = (
     "murmur2",
     "open_log",
     "partition_for",
+    "redact_url",
     "sanitize",
     "validate_headers",
 )

@@ -59,6 +59,7 @@ __all__ = (
     "SECRET_MARKER",
     "TRUNCATION_MARKER",
     "URL_MARKER",
+    "redact_url",
     "sanitize",
 )
 
@@ -360,3 +361,21 @@ def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> s
         value = value.replace(hold, marker)
     value = value.strip()
     return _truncate(value, limit, cut)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the user information before ``@`` replaced by ``***``
+    (``redis://u:secret@host:6379/0`` gives ``redis://***@host:6379/0``).
+
+    For echoing a log or database URL in an error or a page: user name and
+    password go as a whole, whatever they hold; a URL without ``@`` in its
+    authority comes back unchanged. Never raises.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority = rest[:end]
+    if "@" not in authority:
+        return url
+    return f"{scheme}{sep}***@{authority.rsplit('@', 1)[1]}{rest[end:]}"

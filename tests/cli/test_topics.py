@@ -465,3 +465,21 @@ def test_topic_delete_asks_first(cli: CLI, monkeypatch: pytest.MonkeyPatch) -> N
     assert code == ExitCode.FAILURE and "group nosuchgroup has no committed offset" in err
     code, _, err = cli("group", "delete", "bad.name", "--yes")
     assert code == ExitCode.ERROR and "invalid consumer group name 'bad.name'" in err
+
+
+def test_deleting_a_dead_letter_topic_deletes_its_replay_ledger(cli: CLI) -> None:
+    # Kept, the ledger would mark the next dead letters at the same offsets as
+    # replayed already, and `dlq replay` would skip them.
+    async def create() -> None:
+        async with SQLiteLog(cli.path) as log:  # the engine's own topics: not by `topic create`
+            for name in ("wk-dlq.g.orders", "wk-replayed.g.orders", "wk-replayed.h.orders"):
+                await log.create_topic(name, 1)
+
+    asyncio.run(create())
+    code, out, _ = cli("topic", "delete", "wk-dlq.g.orders", "--yes")
+    assert (code, out) == (
+        0,
+        "topic wk-dlq.g.orders deleted, with its replay ledger wk-replayed.g.orders\n",
+    )
+    code, out, _ = cli("topic", "list", "--json")
+    assert [json.loads(line)["topic"] for line in out.splitlines()] == ["wk-replayed.h.orders"]

@@ -511,7 +511,7 @@ def test_open_log_parses_servers_credentials_and_options(monkeypatch: pytest.Mon
     assert isinstance(tokened, NatsLog) and tokened._token == "tok123"
     assert "tok123" not in tokened.url and "tok123" not in repr(tokened)
     for bad, problem in (
-        ("nats://", "no host"),
+        ("nats://", "names no server"),
         ("nats://h:1?retries=3", "unknown option"),
         ("nats://h:1?prefix=a.b", "prefix"),
         ("nats://h:1?timeout=x", "timeout"),

@@ -31,7 +31,7 @@ from .._events import Algebra, EventType, JsonCodec
 from .._json import DuplicateKeyError, decode_strict
 from .._partitioner import partition_for
 from .._records import Record, build_headers
-from ..engine import check_group_name, split_internal_topic
+from ..engine import check_group_name, replay_ledger_topic_name, split_internal_topic
 from ..logs import Log, OutgoingRecord
 from ._exit import ExitCode
 from ._status import LOG_ENV, log_option, with_log
@@ -110,7 +110,16 @@ def delete_command(name: str, yes: bool, log_url: str) -> int:
     if not run_on_log(log_url, lambda log: log.delete_topic(name)):
         click.echo(f"no topic {name}", err=True)
         return ExitCode.FAILURE
-    if split_internal_topic(name) is not None:  # itself a group's retry/dead-letter topic
+    internal = split_internal_topic(name)
+    if internal is not None and internal[0] == "dlq":
+        # The ledger of replayed dead letters goes with them: kept, it would
+        # mark the next dead letters at the same offsets as replayed already.
+        ledger = replay_ledger_topic_name(internal[2], internal[1])
+        if run_on_log(log_url, lambda log: log.delete_topic(ledger)):
+            click.echo(f"topic {name} deleted, with its replay ledger {ledger}")
+        else:
+            click.echo(f"topic {name} deleted")
+    elif internal is not None:  # itself a group's retry topic or replay ledger
         click.echo(f"topic {name} deleted")
     else:
         click.echo(

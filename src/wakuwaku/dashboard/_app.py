@@ -48,6 +48,7 @@ from starlette.types import ASGIApp
 from .. import ConfigError, WakuwakuError, sanitize
 from ..admin import parse_dead_letter, replay_dead_letters
 from ..logs import Log, open_log
+from ..reliability import redact_url
 from ._charts import bar_chart, clock, line_chart
 from ._sampler import LetterEntry, Sampler, Target, View
 
@@ -112,13 +113,8 @@ def check_exposure(host: str, token: str | None) -> None:
 
 
 def shown_url(url: str) -> str:
-    """``url`` without its password (``redis://:secret@host`` shows ``redis://:***@host``)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` without its user information (:func:`wakuwaku.redact_url`)."""
+    return redact_url(url)
 
 
 def when(seconds: float | None) -> str:

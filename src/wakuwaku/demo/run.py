@@ -39,7 +39,7 @@ from .._errors import ConfigError, MissingKeyError
 from .._events import event_type
 from .._producer import Producer
 from ..admin import DeadLetter, list_dead_letters, replay_dead_letters
-from ..engine import ConsumerConfig
+from ..engine import ConsumerConfig, replay_ledger_topic_name
 from ..logs import Log, open_log
 from .data import (
     Expected,
@@ -525,12 +525,19 @@ def _rate(count: int, seconds: float) -> str:
 
 
 def demo_topics() -> list[str]:
-    """Every topic the demo writes: main, and the group's retry and dead-letter topics."""
+    """Every topic the demo writes: main, and the group's retry, dead-letter and
+    replay-ledger topics (a ledger kept past a reset would mark the new run's
+    dead letters, at the same positions, as replayed already)."""
     config = ConsumerConfig(topic=(PLANES_TOPIC, FLIGHTS_TOPIC), group=GROUP)
     return [
         name
-        for topic in config.topics
-        for name in (topic, config.retry_topic(topic), config.dead_letter_topic(topic))
+        for topic, plain in zip(config.topics, (PLANES_TOPIC, FLIGHTS_TOPIC), strict=True)
+        for name in (
+            topic,
+            config.retry_topic(topic),
+            config.dead_letter_topic(topic),
+            config.qualify(replay_ledger_topic_name(plain, GROUP)),
+        )
     ]
 
 
@@ -541,8 +548,8 @@ class LogInUseError(ConfigError):
 async def prepare_log(log: Log, log_url: str, *, reset: bool) -> None:
     """Make sure the demo starts from an empty log.
 
-    :param reset: delete the demo's topics (main, retry, dead-letter) and its
-        group's offsets and leases first.
+    :param reset: delete the demo's topics (main, retry, dead-letter, replay
+        ledger) and its group's offsets and leases first.
     :raises LogInUseError: without ``reset``, when any demo topic exists
         (an earlier run's records would mix with this one's).
     """
@@ -845,7 +852,8 @@ async def replay_phase(
         "replay of the dead letters",
         f"registered               {len(missing):,} missing aircraft as unknown models",
         f"replayed                 {len(replayed.replayed):,} dead letters ({records:,} flights)"
-        f", skipped {len(replayed.skipped):,}, in {time.perf_counter() - started:.1f} s "
+        f", skipped {len(replayed.skipped):,}, replayed before {replayed.already_replayed:,}"
+        f", in {time.perf_counter() - started:.1f} s "
         "(by the running consumer)",
     ]
     checked = await verify(

@@ -33,6 +33,7 @@ URL options (a query; any other option name is refused by name):
 from __future__ import annotations
 
 from .._errors import ConfigError, UnsupportedLogURL
+from .._sanitize import redact_url
 from ._base import BatchWrite as BatchWrite
 from ._base import Lease as Lease
 from ._base import Log as Log
@@ -84,7 +85,9 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
     parsed = parse_log_url(url)
     if parsed.scheme == "memory":
         if parsed.rest:
-            raise ConfigError(f"bad memory log URL {url!r}: it takes nothing after memory://")
+            raise ConfigError(
+                f"bad memory log URL {redact_url(url)!r}: it takes nothing after memory://"
+            )
         return MemoryLog()
     if parsed.scheme == "sqlite":
         return _open_sqlite(parsed)
@@ -100,7 +103,7 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
         from .kafka import KafkaLog  # confluent-kafka is optional: imported only for this scheme
 
         return KafkaLog.from_url(url)
-    raise UnsupportedLogURL(url, SUPPORTED_SCHEMES)
+    raise UnsupportedLogURL(redact_url(url), SUPPORTED_SCHEMES)
 
 
 def sqlite_log_path(url: str) -> str | None:
@@ -116,7 +119,7 @@ def _sqlite_path(parsed: LogURL) -> str:
     # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them.
     if not parsed.rest.startswith("/") or parsed.rest == "/":
         raise ConfigError(
-            f"bad SQLite log URL {parsed.url!r}: use sqlite:///relative.db or "
+            f"bad SQLite log URL {redact_url(parsed.url)!r}: use sqlite:///relative.db or "
             "sqlite:////abs/path.db"
         )
     return parsed.rest[1:]

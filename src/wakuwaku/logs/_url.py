@@ -15,8 +15,16 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
 from .._errors import ConfigError, UnsupportedLogURL
+from .._sanitize import redact_url
 
-__all__ = ("LOG_URL_OPTIONS", "LogURL", "option_bool", "option_seconds", "parse_log_url")
+__all__ = (
+    "LOG_URL_OPTIONS",
+    "LogURL",
+    "check_servers",
+    "option_bool",
+    "option_seconds",
+    "parse_log_url",
+)
 
 LOG_URL_OPTIONS: dict[str, Collection[str]] = {
     "sqlite": ("fsync", "busy_timeout"),
@@ -68,18 +76,19 @@ def parse_log_url(url: str, allowed: Mapping[str, Collection[str]] | None = None
         does not take (named, with the ones it does).
     """
     table = LOG_URL_OPTIONS if allowed is None else allowed
+    shown = redact_url(url)  # every error below echoes the URL: never its password
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in table:
-        raise UnsupportedLogURL(url, tuple(table))
+        raise UnsupportedLogURL(shown, tuple(table))
     if "#" in rest:
-        raise ConfigError(f"bad log URL {url!r}: a URL fragment ('#...') means nothing here")
+        raise ConfigError(f"bad log URL {shown!r}: a URL fragment ('#...') means nothing here")
     rest, _, query = rest.partition("?")
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
         raise ConfigError(
-            f"bad log URL {url!r}: options must be name=value pairs joined by '&'"
+            f"bad log URL {shown!r}: options must be name=value pairs joined by '&'"
         ) from None
     options: dict[str, str] = {}
     takes = tuple(table[scheme])
@@ -87,10 +96,11 @@ def parse_log_url(url: str, allowed: Mapping[str, Collection[str]] | None = None
         if name not in takes:
             known = ", ".join(takes) if takes else "none"
             raise ConfigError(
-                f"bad log URL {url!r}: unknown option {name!r} for {scheme}:// (it takes: {known})"
+                f"bad log URL {shown!r}: unknown option {name!r} for {scheme}:// "
+                f"(it takes: {known})"
             )
         if name in options:
-            raise ConfigError(f"bad log URL {url!r}: option {name!r} is given twice")
+            raise ConfigError(f"bad log URL {shown!r}: option {name!r} is given twice")
         options[name] = value
     return LogURL(url, scheme, rest, options)
 
@@ -108,7 +118,8 @@ def option_bool(parsed: LogURL, name: str, default: bool) -> bool:
     if raw.lower() in _FALSE:
         return False
     raise ConfigError(
-        f"bad log URL {parsed.url!r}: {name} must be 1/0, true/false, yes/no or on/off, got {raw!r}"
+        f"bad log URL {redact_url(parsed.url)!r}: {name} must be 1/0, true/false, "
+        f"yes/no or on/off, got {raw!r}"
     )
 
 
@@ -125,5 +136,30 @@ def option_seconds(parsed: LogURL, name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"bad log URL {parsed.url!r}: {name} must be seconds >= 0, got {raw!r}")
+        raise ConfigError(
+            f"bad log URL {redact_url(parsed.url)!r}: {name} must be seconds >= 0, got {raw!r}"
+        )
     return value
+
+
+def check_servers(kind: str, hosts: str, example: str) -> list[str]:
+    """The ``host:port`` entries of a comma-separated server list, checked.
+
+    :param kind: the log's name for the error (``NATS``, ``Kafka``).
+    :param hosts: what lies between ``@`` (or ``://``) and ``?``.
+    :param example: the URL form the error shows (``nats://host:port``).
+    :raises ConfigError: for an empty list or entry, a missing host, or a
+        port that is not a number in 1..65535 (named, with the entry).
+    """
+    entries = [h.strip() for h in hosts.split(",")]
+    if not hosts or not all(entries):
+        raise ConfigError(f"bad {kind} log URL: it names no server; use {example}")
+    for entry in entries:
+        host, colon, port = entry.rpartition(":")
+        if not colon or not host.strip("[]"):
+            raise ConfigError(f"bad {kind} log URL: {entry[:80]!r} is not host:port; use {example}")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(
+                f"bad {kind} log URL: the port of {entry[:80]!r} is not a number in 1..65535"
+            )
+    return entries

@@ -75,7 +75,7 @@ from ._base import (
     check_record,
     check_topic_name,
 )
-from ._url import option_bool, option_seconds, parse_log_url
+from ._url import check_servers, option_bool, option_seconds, parse_log_url
 
 _kadmin: Any = _admin_module  # its stubs are partial: used untyped
 AdminClient = _kadmin.AdminClient
@@ -1507,10 +1507,7 @@ class KafkaLog(Log):
         """
         parsed = parse_log_url(url)
         credentials, at, hosts = parsed.rest.rstrip("/").rpartition("@")
-        if not hosts or any(":" not in h for h in hosts.split(",")):
-            raise ConfigError(
-                "bad Kafka log URL: name the brokers as kafka://host:port[,host:port]"
-            )
+        check_servers("Kafka", hosts, "kafka://host:port[,host:port]")
         security: dict[str, str] = {}
         user = password = None
         if at:

@@ -72,6 +72,7 @@ from ._base import (
     check_record,
     check_topic_name,
 )
+from ._url import check_servers
 
 __all__ = ("NatsLog", "escape")
 
@@ -1424,8 +1425,7 @@ class NatsLog(Log):
         rest, _, query = rest.partition("?")
         rest = rest.rstrip("/")
         credentials, at, hosts = rest.rpartition("@")
-        if not hosts:
-            raise ConfigError("bad NATS log URL: it names no host (nats://host:port)")
+        check_servers("NATS", hosts, "nats://host:port[,host:port]")
         options = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
         unknown = sorted(set(options) - {"prefix", "timeout"})
         if unknown:
@@ -1443,7 +1443,7 @@ class NatsLog(Log):
             timeout = float(options.get("timeout", 5.0))
         except ValueError:
             raise ConfigError("bad NATS log URL: timeout must be seconds") from None
-        servers = [f"nats://{host}" for host in hosts.split(",") if host]
+        servers = [f"nats://{host}" for host in hosts.split(",")]
         return cls(
             servers,
             prefix=options.get("prefix", "wk"),

@@ -43,6 +43,7 @@ from .._errors import (
     UnknownTopicError,
 )
 from .._records import Record
+from .._sanitize import redact_url
 from ._base import (
     BatchWrite,
     Lease,
@@ -626,17 +627,10 @@ def _timeout(raw: str, url: str) -> float:
         value = -1.0
     if not 0 < value < 3600:
         raise ConfigError(
-            f"bad Redis log URL {_redact(url)!r}: timeout must be seconds in (0, 3600), got {raw!r}"
+            f"bad Redis log URL {redact_url(url)!r}: "
+            f"timeout must be seconds in (0, 3600), got {raw!r}"
         )
     return value
-
-
-def _redact(url: str) -> str:
-    """``url`` without the password (user info is dropped as a whole)."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest.split("/", 1)[0]:
-        rest = "***@" + rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"
 
 
 def _parse_url(url: str) -> dict[str, Any]:
@@ -644,7 +638,7 @@ def _parse_url(url: str) -> dict[str, Any]:
 
     :raises ConfigError: as :class:`RedisLog` says.
     """
-    shown = _redact(url)
+    shown = redact_url(url)
     try:
         parts = urlsplit(url)
         port = parts.port or 6379

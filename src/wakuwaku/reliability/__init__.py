@@ -23,6 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._sanitize import DEFAULT_LIMIT as DEFAULT_LIMIT
+from .._sanitize import redact_url as redact_url
 from .._sanitize import sanitize as sanitize
 from .breaker import BreakerCall as BreakerCall
 from .breaker import BreakerConfig as BreakerConfig
@@ -98,6 +99,7 @@ __all__ = (
     "parse_result",
     "publish_result",
     "read_verdict",
+    "redact_url",
     "result_channel",
     "result_key",
     "sanitize",
