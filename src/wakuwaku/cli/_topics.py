@@ -511,7 +511,7 @@ async def _tail(
 @click.option("--from-beginning", is_flag=True, help="Start at the oldest stored record.")
 @click.option(
     "--offset",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=2**63 - 1),
     default=None,
     help="Start at this offset in each chosen partition.",
 )

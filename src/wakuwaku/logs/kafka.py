@@ -434,7 +434,10 @@ class KafkaLog(Log):
             "socket.connection.setup.timeout.ms": ms,
             "socket.timeout.ms": max(ms, 10),
             "reconnect.backoff.max.ms": 1000,
-            "log_level": 3,
+            # librdkafka's own connection errors (level 3) are not printed: an
+            # unreachable broker is one LogUnavailableError of ours, not a
+            # hundred raw lines on stderr while the client retries.
+            "log_level": 2,
             **dict(security or {}),
         }
         self._admin: Any = None
