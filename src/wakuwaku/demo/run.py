@@ -561,9 +561,12 @@ async def prepare_log(log: Log, log_url: str, *, reset: bool) -> None:
             "from an earlier run; add --reset to delete them and the group's offsets first"
         )
     if reset:
+        # The group first: on Kafka its committed offsets are only found
+        # while their topics exist, and offsets kept past a reset would
+        # skip the new topics' first records.
+        await log.delete_group(GROUP)
         for name in names:
             await log.delete_topic(name)
-        await log.delete_group(GROUP)
 
 
 def report(

@@ -1281,6 +1281,8 @@ class KafkaLog(Log):
         if topic is not None:
             found = {k: v for k, v in found.items() if k[0] == topic}
         if not found:
+            if topic is None:  # offsets on deleted topics may linger in the group
+                await self._run("delete group", lambda: self._drop_group(group))
             return 0
         name = self._name(group)
 
@@ -1306,6 +1308,15 @@ class KafkaLog(Log):
                 if time.monotonic() > deadline or "NON_EMPTY" not in str(exc).upper():
                     raise
                 await asyncio.sleep(0.1)
+
+    def _drop_group(self, group: str) -> None:
+        """Delete the Kafka consumer group itself; a group that is not there is fine."""
+        name = self._name(group)
+        try:
+            self._future("delete group", self._admin_client().delete_consumer_groups([name])[name])
+        except KafkaException as exc:
+            if "does not exist" not in str(exc).lower():  # GROUP_ID_NOT_FOUND
+                raise
 
     async def apply_retention(self, topic: str) -> int:
         """Delete records below every group's committed offset (``DeleteRecords``).
