@@ -286,8 +286,10 @@ def test_the_consumers_metrics_are_linked_and_shown(tmp_path: Path) -> None:
 
 
 def test_a_log_urls_password_is_never_shown() -> None:
+    # The user information goes as a whole: a NATS token stands where a user would.
     assert shown_url("redis://:s3cret@127.0.0.1:6379/0?prefix=x") == (
-        "redis://:***@127.0.0.1:6379/0?prefix=x"
+        "redis://***@127.0.0.1:6379/0?prefix=x"
     )
-    assert shown_url("nats://me:pw@host:4222") == "nats://me:***@host:4222"
+    assert shown_url("nats://me:pw@host:4222") == "nats://***@host:4222"
+    assert shown_url("nats://s3cret-token@host:4222") == "nats://***@host:4222"
     assert shown_url("sqlite:///demo-out/log.db") == "sqlite:///demo-out/log.db"
