@@ -146,13 +146,13 @@ start_nats() {
 }
 
 start_kafka() {
-  answers 9092 && return 0
   command -v java >/dev/null || apt_install openjdk-17-jre-headless || return 1
   command -v mvn >/dev/null || apt_install maven || return 1
   local dir=$STATE/kafka
   local lib=$dir/lib log=$dir/kafka.log
   mkdir -p "$dir"
-  # The jars: copied once, again when the pom changes.
+  # The jars: copied once, again when the pom changes. Also when a broker
+  # already answers: the fault tests start brokers of their own from them.
   if [ ! -f "$lib/.complete" ] || [ "$ROOT/ci/kafka/pom.xml" -nt "$lib/.complete" ]; then
     say "fetching Apache Kafka's jars from Maven Central (ci/kafka/pom.xml)"
     rm -rf "$lib"
@@ -161,6 +161,7 @@ start_kafka() {
       fail "kafka: mvn dependency:copy-dependencies failed (log: $dir/mvn.log)"; return 1; }
     touch "$lib/.complete"
   fi
+  answers 9092 && return 0
   sed "\$a log.dirs=$dir/data" "$ROOT/ci/kafka/server.properties" >"$dir/server.properties"
   local java=(java "-Xms128m" "-Xmx$KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true
     "-Dlog4j2.configurationFile=$ROOT/ci/kafka/log4j2.properties" -cp "$lib/*")
