@@ -575,6 +575,55 @@ class LogContract:
         assert await log.committed("g", "orders", 0) == 7
         assert await log.committed("g", "retry_orders", 0) == 1
 
+    async def test_what_a_store_wrote_is_read_and_committed_at_once(self, log: Log) -> None:
+        """Read-your-writes: once ``store`` returns, a read at the offsets it
+        gave returns those records and ``committed`` the offsets it stored,
+        with no wait (the engine reads its pending retry records back right
+        away). On Kafka, ``commit_transaction`` returns before the commit
+        markers are written: a log that returned then left the records and
+        offsets invisible to ``read_committed`` readers for a moment (issue
+        15: a retry round that read nothing resolved its keys, losing them).
+        Many stores, each checked at once, so a lag of a few milliseconds
+        cannot slip through."""
+        _, lease = await self._taken_over(log)
+        for n in range(60):
+            write = BatchWrite(
+                "g",
+                appends=[
+                    ("dlq_orders", 0, [rec(b"d%d" % n)]),
+                    ("retry_orders", 0, [rec(b"r%d" % n), rec(b"s%d" % n)]),
+                ],
+                commits=[("orders", 0, n + 1), ("retry_orders", 0, n)],
+            )
+            dead, retry = await log.store(write, fence=lease)
+            page = await log.read("retry_orders", 0, retry[0], 10)
+            assert [(r.offset, r.body) for r in page] == [
+                (retry[0], b"r%d" % n),
+                (retry[1], b"s%d" % n),
+            ], f"store {n}"
+            assert [r.body for r in await log.read("dlq_orders", 0, dead[0], 10)] == [b"d%d" % n]
+            assert await log.committed("g", "orders", 0) == n + 1, f"store {n}"
+            assert await log.committed("g", "retry_orders", 0) == n, f"store {n}"
+
+    async def test_a_read_back_from_an_earlier_offset_after_the_end_returns_the_records(
+        self, log: Log
+    ) -> None:
+        """Reading at the end, then again from the first record (a retry round
+        reading its pending records back; a dead-letter listing followed by a
+        replay) returns the records every time. On Kafka a reader that moved
+        back by re-assigning its partition could report the old position
+        (past the commit marker at the end) for a moment and read nothing
+        (issue 15: a replay skipped a whole dead-letter partition)."""
+        _, lease = await self._taken_over(log)
+        bodies = [b"r%d" % n for n in range(5)]
+        write = BatchWrite("g", appends=[("retry_orders", 0, [rec(b) for b in bodies])])
+        [offsets] = await log.store(write, fence=lease)
+        for n in range(60):
+            # Right after the last record: on Kafka the commit marker.
+            assert await log.read("retry_orders", 0, offsets[-1] + 1, 1) == []
+            page = await log.read("retry_orders", 0, offsets[0], 10)
+            assert [r.body for r in page] == bodies, f"read back {n}"
+
     async def test_store_under_a_stale_fence_writes_nothing(self, log: Log) -> None:
         old, _ = await self._taken_over(log)
         write = BatchWrite("g", appends=[("retry_orders", 0, [rec()])], commits=[("orders", 0, 7)])

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 import pytest
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 import wakuwaku as wk
-from wakuwaku import ConfigError, open_log, partition_for
+from wakuwaku import ConfigError, LogUnavailableError, open_log, partition_for
 from wakuwaku.engine import Consumer as WkConsumer
 from wakuwaku.engine import ConsumerConfig, Handler
 from wakuwaku.logs import BatchWrite, Log, OutgoingRecord
@@ -204,3 +204,33 @@ async def test_a_zombies_transaction_is_fenced_by_the_broker(log: KafkaLog) -> N
     finally:
         await other.close()
         zombie.close()
+
+
+async def test_an_offset_in_an_open_transaction_is_never_read_as_no_offset(
+    log: KafkaLog,
+) -> None:
+    """Offsets sent in a transaction are unstable (``UNSTABLE_OFFSET_COMMIT``)
+    until its commit markers are written. ``committed`` waits for them, never
+    answers "no offset" meanwhile (issue 15: a restarting worker would start
+    the partition from its first record), and names the group when a
+    transaction stays open past the log's timeout."""
+    await log.create_topic("orders", 1)
+    await log.commit("g", "orders", 0, 3)
+    producer = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "transactional.id": log.prefix})
+    group = Consumer({"bootstrap.servers": KAFKA_BOOTSTRAP, "group.id": log._name("g")})
+    try:
+        await asyncio.to_thread(producer.init_transactions, 10)
+        producer.begin_transaction()
+        offsets = [TopicPartition(log._name("orders"), 0, 9)]
+        metadata = group.consumer_group_metadata()
+        await asyncio.to_thread(producer.send_offsets_to_transaction, offsets, metadata, 10)
+        impatient = KafkaLog(KAFKA_BOOTSTRAP, prefix=log.prefix, timeout=1.0)
+        try:
+            with pytest.raises(LogUnavailableError, match=r"group 'g'.*UNSTABLE_OFFSET_COMMIT"):
+                await impatient.committed("g", "orders", 0)
+        finally:
+            await impatient.close()
+        await asyncio.to_thread(producer.commit_transaction, 10)
+        assert await log.committed("g", "orders", 0) == 9
+    finally:
+        group.close()

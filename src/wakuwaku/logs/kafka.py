@@ -899,23 +899,46 @@ class KafkaLog(Log):
         check_partition(topic, partition, await self._partitions(topic))
         reader = self._readers.get((topic, partition))
         if reader is None:
-            reader = _Reader(
+            created = _Reader(
                 await self._run("read", lambda: self._new_reader(topic, partition, offset)), offset
             )
-            self._readers[(topic, partition)] = reader
+            # Two first reads at once: one reader is kept, the other closed.
+            reader = self._readers.setdefault((topic, partition), created)
+            if reader is not created:
+                await self._run("close reader", created.consumer.close)
         async with reader.lock:
-            if reader.next_offset != offset:
-                tp = TopicPartition(self._name(topic), partition, offset)
-                await self._run("seek", lambda: reader.consumer.assign([tp]))
-                reader.next_offset = offset
-            messages = await self._run(
-                "read",
-                lambda: self._fetch(reader.consumer, topic, partition, offset, max_records, wait),
-            )
-            records = self._records(topic, partition, messages)
+            moved = reader.next_offset != offset
+
+            def fetch() -> list[Any]:
+                if moved:
+                    self._seek(reader, topic, partition, offset)
+                    reader.next_offset = offset
+                return self._fetch(reader.consumer, topic, partition, offset, max_records, wait)
+
+            records = self._records(topic, partition, await self._run("read", fetch))
             if records:
                 reader.next_offset = records[-1].offset + 1
             return records
+
+    def _seek(self, reader: _Reader, topic: str, partition: int, offset: int) -> None:
+        """Move ``reader`` to ``offset`` (in a thread, right before its fetch).
+
+        With ``seek``, not a new ``assign``: librdkafka purges what was
+        fetched for the old position, while after a re-``assign`` the first
+        ``consume`` could still apply it, and ``position`` then reported the
+        old position (past the end) with nothing read from the new one:
+        :meth:`_fetch` took that for the end of the partition and returned
+        nothing (issue 15: a replay skipped a whole dead-letter partition). A
+        reader that cannot seek (librdkafka refuses a partition not fetched
+        yet) is replaced by a new one at ``offset``.
+        """
+        tp = TopicPartition(self._name(topic), partition, offset)
+        try:
+            reader.consumer.seek(tp)
+        except KafkaException:
+            old, reader.consumer = reader.consumer, self._new_reader(topic, partition, offset)
+            with contextlib.suppress(KafkaException, RuntimeError):
+                old.close()
 
     def _fetch(
         self, consumer: Any, topic: str, partition: int, start: int, count: int, wait: float
@@ -1040,18 +1063,54 @@ class KafkaLog(Log):
             if partitions is None
             else [TopicPartition(self._name(t), p) for t, p in partitions]
         )
+        """The group's committed offsets (of ``partitions``, or all), stable ones only.
+
+        Asked with ``require_stable``: an offset sent in a transaction that
+        has not ended yet (or whose commit markers are not written yet, just
+        after ``commit_transaction``) comes back as ``UNSTABLE_OFFSET_COMMIT``,
+        which is not "no offset": it is asked again until it is stable.
+
+        :raises LogUnavailableError: when an offset stays unstable for
+            ``timeout`` seconds (a transaction left open, by a member that
+            died in it, until ``transaction.timeout.ms`` aborts it).
+        """
         request = [ConsumerGroupTopicPartitions(self._name(group), tps)]
 
         def ask() -> Any:
             futures = self._admin_client().list_consumer_group_offsets(request, require_stable=True)
             return self._future("committed offsets", futures[self._name(group)])
 
-        answer = await self._run("committed offsets", ask)
-        out: dict[tuple[str, int], int] = {}
-        for tp in answer.topic_partitions or ():
-            if tp.offset >= 0 and tp.error is None:
-                out[(self._plain(tp.topic), tp.partition)] = tp.offset
-        return out
+        deadline = time.monotonic() + self.timeout
+        pause = 0.001
+        while True:
+            unstable: list[str] = []
+            try:
+                answer = await self._run("committed offsets", ask)
+            except LogError as exc:
+                cause = exc.__cause__
+                if cause is None or _code(cause) != KafkaError.UNSTABLE_OFFSET_COMMIT:
+                    raise
+                unstable.append("the group")
+            else:
+                out: dict[tuple[str, int], int] = {}
+                for tp in answer.topic_partitions or ():
+                    if (
+                        tp.error is not None
+                        and tp.error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT
+                    ):
+                        unstable.append(f"{self._plain(tp.topic)}/{tp.partition}")
+                    elif tp.offset >= 0 and tp.error is None:
+                        out[(self._plain(tp.topic), tp.partition)] = tp.offset
+                if not unstable:
+                    return out
+            if time.monotonic() > deadline:
+                raise LogUnavailableError(
+                    f"Kafka log {self.url} is unavailable (committed offsets): group {group!r} "
+                    f"has offsets in a transaction that has not ended after {self.timeout} s "
+                    f"(UNSTABLE_OFFSET_COMMIT: {', '.join(unstable)})"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
         """Every group's committed offsets on ``topic`` (for ``wakuwaku status``)."""
@@ -1399,7 +1458,9 @@ class KafkaLog(Log):
         async with member.txn_lock:
             self._fence_owner(fence)
             try:
-                return await self._run("store", lambda: self._transaction(member, batches, offsets))
+                results = await self._run(
+                    "store", lambda: self._transaction(member, batches, offsets)
+                )
             except LogError as exc:
                 code = _code(exc.__cause__) if exc.__cause__ is not None else None
                 if code in _FENCED_CODES:
@@ -1407,6 +1468,67 @@ class KafkaLog(Log):
                         fence.group, fence.topic, fence.partition, fence.generation
                     ) from exc
                 raise
+        ends: dict[tuple[str, int], int] = {}
+        for (topic, partition, _), written in zip(batches, results, strict=True):
+            if written:
+                key = (topic, partition)
+                ends[key] = max(ends.get(key, 0), max(written) + 1)
+        await self._wait_visible(ends)
+        return results
+
+    async def _wait_visible(self, ends: Mapping[tuple[str, int], int]) -> None:
+        """Return once ``read_committed`` readers see every record below ``ends``
+        (per topic and partition: the offset after the last record written).
+
+        Kafka's ``commit_transaction`` returns once the transaction coordinator
+        has logged the commit, *before* the commit markers reach the data
+        partitions; until they do, the partitions' last stable offset stays
+        below the transaction's records, and a ``read_committed`` read (or
+        :meth:`end_offsets`) does not see them. Issue 15: the engine read its
+        pending retry records back right after the store, found nothing, and
+        resolved the keys: their events were lost. So :meth:`store` returns
+        only after the last stable offset (``ListOffsets``, ``read_committed``)
+        has passed what it wrote: one more round trip per transactional store,
+        usually answered at once.
+
+        :raises LogUnavailableError: when the records stay invisible for
+            ``timeout`` seconds (the transaction committed: a caller that
+            stores again writes its records twice, never loses them).
+        """
+        if not ends:
+            return
+        request = {TopicPartition(self._name(t), p): OffsetSpec.latest() for t, p in ends}
+
+        def ask() -> dict[tuple[str, int], int]:
+            futures = self._admin_client().list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED
+            )
+            return {
+                (self._plain(tp.topic), tp.partition): self._future("list offsets", f).offset
+                for tp, f in futures.items()
+            }
+
+        deadline = time.monotonic() + self.timeout
+        pause = 0.001
+        while True:
+            try:
+                stable = await self._run("wait for the commit markers", ask)
+                behind = {k: v for k, v in ends.items() if stable.get(k, -1) < v}
+            except LogUnavailableError:
+                behind = dict(ends)
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                where = ", ".join(
+                    f"{t}/{p} (through offset {o - 1})" for (t, p), o in behind.items()
+                )
+                raise LogUnavailableError(
+                    f"Kafka log {self.url} is unavailable (store): the transaction committed but "
+                    f"its records in {where} are not visible to read_committed readers after "
+                    f"{self.timeout} s (the commit markers are not written)"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _transactional(self, member: _Member) -> Any:
         if member.txn is None:
