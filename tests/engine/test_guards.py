@@ -104,9 +104,9 @@ def test_the_retry_offset_is_the_lowest_pending_one_over_several_keys() -> None:
     for offset, key in [(10, "b"), (11, "a"), (12, "b"), (13, "c")]:
         state.apply(_work(offset, key))
     assert state.low_watermark() == 10
-    state.apply(_record(14, *resolved_marker("b", 12, 1_700_000_000.0)))
+    state.apply(_record(14, *resolved_marker("b", 12, 1_700_000_000.0, group="g")))
     assert state.low_watermark() == 11
-    state.apply(_record(15, *resolved_marker("a", 11, 1_700_000_000.0)))
+    state.apply(_record(15, *resolved_marker("a", 11, 1_700_000_000.0, group="g")))
     assert state.low_watermark() == 13
 
 
@@ -114,7 +114,7 @@ def test_a_resolved_marker_applies_to_its_own_key_only() -> None:
     state = RetryState(lambda failures: 2.0)
     state.apply(_work(1, "a"))
     state.apply(_work(2, "b"))
-    headers, body = resolved_marker("a", 2, 1_700_000_000.0)
+    headers, body = resolved_marker("a", 2, 1_700_000_000.0, group="g")
     assert headers[H_MARKER] == MARKER_RESOLVED
     state.apply(_record(3, headers, body))
     assert sorted(state.keys) == ["b"]
