@@ -352,24 +352,24 @@ class ConsumerConfig:
                     )
                 check_configured_topic_name(name, f"{setting}[{main!r}]")
             object.__setattr__(self, setting, MappingProxyType(dict(value)))
+        # Main topics first, so a clash names the main topic before the other role.
         seen: dict[str, str] = {}
-        for topic in self.topics:
-            names = self.group_topics(topic)
-            for name, role in names.roles():
-                if len(name) > MAX_TOPIC_NAME:
-                    raise ConfigError(
-                        f"the {role} would be the {len(name)}-character topic name "
-                        f"{name[:40]!r}...: topic names may have at most {MAX_TOPIC_NAME} "
-                        "characters (a shorter group, topic or configured name)"
-                    )
-                if name in seen:
-                    raise ConfigError(
-                        f"topic {name!r} would be both the {seen[name]} and the {role}: "
-                        "every main, retry, dead-letter and replay-ledger topic of a "
-                        "consumer needs a name of its own (ConsumerConfig.retry_topics, "
-                        "dead_letter_topics)"
-                    )
-                seen[name] = role
+        roles = [self.group_topics(topic).roles() for topic in self.topics]
+        for name, role in [r[0] for r in roles] + [x for r in roles for x in r[1:]]:
+            if len(name) > MAX_TOPIC_NAME:
+                raise ConfigError(
+                    f"the {role} would be the {len(name)}-character topic name "
+                    f"{name[:40]!r}...: topic names may have at most {MAX_TOPIC_NAME} "
+                    "characters (a shorter group, topic or configured name)"
+                )
+            if name in seen:
+                raise ConfigError(
+                    f"topic {name!r} would be both the {seen[name]} and the {role}: "
+                    "every main, retry, dead-letter and replay-ledger topic of a "
+                    "consumer needs a name of its own (ConsumerConfig.retry_topics, "
+                    "dead_letter_topics)"
+                )
+            seen[name] = role
 
     def _check_schedule(self) -> None:
         try:
