@@ -565,13 +565,13 @@ class SQLiteLog(Log):
         return ahead[index:end]
 
     def _read(
-        self, topic: str, partition: int, offset: int, max_records: int, ahead: bool
+        self, topic: str, partition: int, offset: int, max_records: int, read_ahead: bool
     ) -> tuple[list[Record], list[Record]]:
         db = self._db()
         topic_id = self._partition(db, topic, partition)
         if max_records < 1:
             return [], []
-        extra = max(0, _READ_BATCH - max_records) if ahead else 0
+        extra = max(0, _READ_BATCH - max_records) if read_ahead else 0
         cursor = db.execute(_READ_SQL, (topic_id, partition, offset, max_records + extra))
         try:
             found = _fetch(cursor, max_records)
