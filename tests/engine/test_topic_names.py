@@ -257,7 +257,13 @@ async def test_6_consumers_note_their_names_and_a_change_is_warned_about(
     }
     # Back to derived names: noted too, so no tool keeps reading the old ones.
     await consumer(log, clock, [Handler(Item, script)], topic="orders", group="billing").start()
-    assert (await group_topics(log, "orders", "billing")).retry == "wk-retry.billing.orders"
+    assert await group_topics(log, "orders", "billing") == GroupTopics(
+        "orders",
+        "billing",
+        "wk-retry.billing.orders",
+        "wk-dlq.billing.orders",
+        "wk-replayed.billing.orders",
+    )
     assert len(await read_all(log, TOPIC_NAMES_TOPIC)) == 2
     await consumer(log, clock, [Handler(Item, script)], topic="orders", group="billing").start()
     assert len(await read_all(log, TOPIC_NAMES_TOPIC)) == 2  # unchanged: nothing noted
@@ -392,3 +398,23 @@ def test_6_a_configured_name_that_breaks_a_rule_is_a_config_error(
 def test_6_a_configured_name_of_200_characters_is_accepted() -> None:
     config = ConsumerConfig(topic="orders", group="billing", retry_topics={"orders": "r" * 200})
     assert config.retry_topic("orders") == "r" * 200
+
+
+async def test_6_another_groups_dead_letter_in_a_shared_topic_never_marks_a_record_done(
+    log: Log, clock: FakeClock
+) -> None:
+    """A log that stores call by call (NATS) reads the dead letters past the group's
+    offset at a restart to find records already done: another group's dead
+    letter of the same main record is not this group's outcome."""
+    producer = await setup_topic(log, topic="orders")
+    shared = {"topic": "orders", "dead_letter_topics": {"orders": "errors"}}
+    shipping = Script(clock)
+    await consumer(log, clock, [Handler(Item, shipping)], group="shipping", **shared).drain()
+    await producer.publish(Item("K", 1))
+    billing = Script(clock)
+    billing.fail[1] = [wk.Unrecoverable("billing cannot")]
+    await consumer(log, clock, [Handler(Item, billing)], group="billing", **shared).drain()
+    assert [x.key for x in await list_dead_letters(log, "orders", group="billing")] == ["K"]
+    await consumer(log, clock, [Handler(Item, shipping)], group="shipping", **shared).drain()
+    assert shipping.handled_ns("K") == [1]
+    assert await list_dead_letters(log, "orders", group="shipping") == []

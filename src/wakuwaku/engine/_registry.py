@@ -10,7 +10,7 @@ dashboard read them from there (:func:`group_topics`,
 
 One record per (main topic, group) whose names changed: headers ``wk-v`` and
 ``wk-marker: topic-names``, a JSON body ``{"topic", "group", "retry",
-"dead_letter", "replay_ledger"}`` with the qualified names. The latest
+"dead_letter", "replay_ledger", "configured"}`` with the qualified names. The latest
 record of a (topic, group) wins. A group that goes back to derived names
 notes them too, so no tool keeps reading an old configured name.
 
@@ -61,17 +61,30 @@ class _Entry(msgspec.Struct, frozen=True):
     retry: str
     dead_letter: str
     replay_ledger: str
+    configured: bool = True
 
 
 def _entry(names: GroupTopics) -> bytes:
     return msgspec.json.encode(
-        _Entry(names.topic, names.group, names.retry, names.dead_letter, names.replay_ledger)
+        _Entry(
+            names.topic,
+            names.group,
+            names.retry,
+            names.dead_letter,
+            names.replay_ledger,
+            names.configured,
+        )
     )
 
 
 def _names(entry: _Entry) -> GroupTopics:
     return GroupTopics(
-        entry.topic, entry.group, entry.retry, entry.dead_letter, entry.replay_ledger, True
+        entry.topic,
+        entry.group,
+        entry.retry,
+        entry.dead_letter,
+        entry.replay_ledger,
+        entry.configured,
     )
 
 
