@@ -464,14 +464,14 @@ class ChunkExecutor:
             if len(set(everything)) == len(everything):
                 return items  # nothing applied yet, and no id stands twice in the batch
         kept = []
-        for item, ids in zip(items, item_ids, strict=True):
-            if ids is None:
+        for item, its_ids in zip(items, item_ids, strict=True):
+            if its_ids is None:
                 kept.append(item)
                 continue
-            if ids and all(i in claimed for i in ids):
+            if its_ids and all(i in claimed for i in its_ids):
                 self.services.stats.inbox_skipped += len(item.sources)
                 self.outbox.mark([item])
                 continue
-            claimed.update(ids)
+            claimed.update(its_ids)
             kept.append(item)
         return kept
