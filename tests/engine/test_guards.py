@@ -139,3 +139,26 @@ def _work(offset: int, key: str) -> wk.Record:
 
 def _record(offset: int, headers: dict[str, bytes], body: bytes) -> wk.Record:
     return wk.Record(offset, headers, body, 1_700_000_000.0)
+
+
+async def test_a_message_in_one_batch_twice_is_applied_once_on_an_empty_inbox(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # A dead letter replayed twice lands twice in one batch: nothing is claimed
+    # yet, and still the second copy must not reach the handler (design §9).
+    db = tmp_path / "effects.db"
+    inbox = SQLiteInbox(db, "g")
+    await inbox.ensure_schema()
+    log = wk.MemoryLog()
+    await log.create_topic("t", 1)
+    headers = dict(build_headers(wk.event_type(Item), "a"))
+    headers["wk-src"] = encode_source(Source("t", 0, (5,), ("t/0/5",)))
+    await log.append("t", 0, [(headers, b'{"key":"a","n":1}')] * 2)
+    seen: list[tuple[str, ...]] = []
+
+    def apply(run: Sequence[Item]) -> None:
+        seen.extend(wk.current_chunk().message_ids)
+
+    stats = await consumer(log, clock, [Handler(Item, apply, inbox=inbox)]).drain()
+    assert seen == [("t/0/5",)]
+    assert stats.inbox_skipped == 1
