@@ -663,3 +663,16 @@ def test_a_server_list_with_a_bad_host_or_port_is_one_clear_error(url: str) -> N
 
     with pytest.raises(ConfigError, match=r"bad (NATS|Kafka) log URL"):
         open_log(url)
+
+
+@given(st.text(max_size=1500), st.integers(min_value=0, max_value=300))
+@settings(max_examples=200)
+def test_a_remembered_result_is_the_result_of_sanitizing_the_text(text: str, limit: int) -> None:
+    # Short texts are sanitized once and remembered (issue 18): a repeat, with
+    # the same or another limit, gives what sanitizing that text gives.
+    from wakuwaku._sanitize import _as_text, _sanitize
+
+    assert sanitize(text, limit) == _sanitize(text, limit)
+    assert sanitize(text, limit) == _sanitize(text, limit)
+    assert sanitize(text, limit + 1) == _sanitize(text, limit + 1)
+    assert sanitize(ValueError(text), limit) == _sanitize(_as_text(ValueError(text)), limit)

@@ -48,6 +48,7 @@ the prose that follows it, and is not hidden.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -347,7 +348,26 @@ def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> s
         limit = int(given)
     elif isinstance(given, bool) or not isinstance(given, int) or given < 0:
         raise ConfigError(f"sanitize limit must be an int >= 0, got {given!r}")
-    value, cut = _clean_head(_as_text(text), limit)
+    raw = _as_text(text)
+    if len(raw) <= _CACHED_TEXT:
+        return _sanitize_cached(raw, limit)
+    return _sanitize(raw, limit)
+
+
+_CACHED_TEXT = 1024
+"""Texts up to this many characters are sanitized once and remembered (the
+same few error texts repeat for every failing event of a key; one call costs
+~70 us of regular expressions: issue 18's demo spent 5 % of its consumer's
+time sanitizing 25 000 texts of 700 kinds)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _sanitize_cached(raw: str, limit: int) -> str:
+    return _sanitize(raw, limit)
+
+
+def _sanitize(raw: str, limit: int) -> str:
+    value, cut = _clean_head(raw, limit)
     # Second pass: URLs and paths that escapes or controls were hiding.
     value = _redact(_URL_AGAIN, URL_MARKER, value)
     value = _redact(_SECRET_AGAIN, SECRET_MARKER, value)

@@ -243,7 +243,10 @@ class Attempts:
                 through[chunk.key] = max(through.get(chunk.key, last), last)
         at = self.services.times()
         now = at[0]
-        return [(resolved_marker(key, offset, now), at) for key, offset in through.items()]
+        group = self.services.config.group
+        return [
+            (resolved_marker(key, offset, now, group=group), at) for key, offset in through.items()
+        ]
 
     def _finish_attempt(
         self, key: str, pending: array[int], outcome: SegmentOutcome
@@ -260,7 +263,7 @@ class Attempts:
         fields: dict[str, Any] = {**services.fields, "key": key}
         if outcome.error is None:
             logger.info("quarantine lifted", extra=fields)
-            return [(resolved_marker(key, pending[-1], now), at)]
+            return [(resolved_marker(key, pending[-1], now, group=config.group), at)]
         services.stats.attempts_failed += 1
         error = sanitize(outcome.error, config.error_text_limit)
         first_undone = min(r.offset for i in outcome.rest for r in i.sources)
@@ -284,12 +287,14 @@ class Attempts:
             logger.error("giving up retry", extra=fields)
             services.stats.gave_up_keys += 1
             self.outbox.dead_letter_items(outcome.rest, ReasonCode.GAVE_UP_RETRY, error)
-            markers.append(resolved_marker(key, max(gave_up), now, reset=True))
+            markers.append(resolved_marker(key, max(gave_up), now, group=config.group, reset=True))
         else:
             if done_before:
-                markers.append(resolved_marker(key, max(done_before), now))
+                markers.append(resolved_marker(key, max(done_before), now, group=config.group))
             delay = config.retry_delay(failures)
-            markers.append(attempt_failed_marker(key, failures, now, now + delay))
+            markers.append(
+                attempt_failed_marker(key, failures, now, now + delay, group=config.group)
+            )
             logger.warning(
                 "retry attempt failed",
                 extra={

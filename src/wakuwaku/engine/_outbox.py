@@ -67,8 +67,9 @@ class Outbox:
     def dead_letter_items(self, items: Iterable[Item], reason: ReasonCode, error: str) -> None:
         """Buffer the dead-letter copies of every record ``items`` stand for (design §8)."""
         items = list(items)
+        group = self.services.config.group
         self._dead_out.extend(
-            dead_letter_record(record, reason, error, origin)
+            dead_letter_record(record, reason, error, origin, group=group)
             for item in items
             for record, origin in zip(item.sources, item.origins, strict=True)
         )
@@ -101,7 +102,11 @@ class Outbox:
                     "error": detail,
                 },
             )
-            self._dead_out.append(dead_letter_record(reject.record, reject.reason, detail, origin))
+            self._dead_out.append(
+                dead_letter_record(
+                    reject.record, reject.reason, detail, origin, group=services.config.group
+                )
+            )
             self._dead_counts[reject.reason.value] += 1
             if self.done is not None:
                 self.done.add(reject.record.offset)
@@ -126,7 +131,7 @@ class Outbox:
             # The key's state already holds its due time; this one is not read.
             due = failed_at + config.delay(1)
         for item in items:
-            records = retry_work_records(item, failed_at, error, due)
+            records = retry_work_records(item, failed_at, error, due, group=config.group)
             self._retry_out.extend(records)
             self._retry_at.extend([at] * len(records))
             self.unflushed_work += len(records)

@@ -116,11 +116,21 @@ class Item(msgspec.Struct, gc=False):
     @property
     def ids(self) -> tuple[str, ...]:
         """The message ids (design §9) of every main-topic record it stands for."""
+        origin = self.origin
+        if self.parts is None:
+            # The common case without building a Source: the inbox filter
+            # and the chunk context ask once per item (issue 18).
+            if isinstance(origin, Source):
+                return origin.ids
+            return (message_id(origin.topic, origin.partition, self.record.offset),)
         return tuple(i for o in self.origins for i in o.ids)
 
     @property
     def main_offsets(self) -> tuple[int, ...]:
         """The main-topic offsets it stands for."""
+        if self.parts is None:
+            origin = self.origin
+            return origin.offsets if isinstance(origin, Source) else (self.record.offset,)
         return tuple(off for o in self.origins for off in o.offsets)
 
     @property

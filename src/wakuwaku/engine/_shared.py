@@ -124,7 +124,7 @@ class PartitionServices:
             else Lease(config.group, topic, partition, config.member_id, generation, 0.0)
         )
         self.clock = config.clock
-        self.retry = RetryState(config.delay, config.clock)
+        self.retry = RetryState(config.delay, config.clock, group=config.group)
         self.fields = {"topic": topic, "partition": partition}
         self.gate = Gate()
         self._stop = asyncio.Event()
