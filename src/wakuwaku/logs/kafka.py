@@ -105,6 +105,7 @@ _BATCH_OVERHEAD = 512  # record batch and record framing, counted against the li
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
 _DERIVED = ("wk-retry.", "wk-dlq.", "wk-replayed.")
 _NO_OFFSET = -1001
+_MEMBER_METADATA_REFRESH_MS = 5000
 _MARKER_WAIT = 0.5
 _FENCED_CODES = frozenset(
     {
@@ -199,6 +200,11 @@ class _Member:
             "session.timeout.ms": int(log.session_timeout * 1000),
             "heartbeat.interval.ms": max(100, int(log.session_timeout * 1000 / 5)),
             "isolation.level": "read_committed",
+            # A subscription that grows while librdkafka has no usable broker
+            # connection (it reconnects) marks the new topic "not available"
+            # and rejoins only at the next periodic metadata refresh: 300 s by
+            # default, the demo's one unexplained 300 s stall (issue 15).
+            "topic.metadata.refresh.interval.ms": _MEMBER_METADATA_REFRESH_MS,
         }
         self.consumer = Consumer(conf)
         self.thread = threading.Thread(
@@ -593,7 +599,11 @@ class KafkaLog(Log):
         included) and those with a derived name (``wk-retry.``, ``wk-dlq.``,
         ``wk-replayed.``: a replay ledger made by ``wakuwaku dlq replay``). A
         topic deleted just before is waited for (bounded) while the broker
-        finishes the deletion.
+        finishes the deletion; it is never taken for an existing topic.
+
+        :raises PartitionCountMismatch: when the topic exists with another count.
+        :raises LogUnavailableError: when a topic of that name is still being
+            deleted after ``timeout`` seconds, or the cluster does not answer.
         """
         self._check_name(topic)
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
@@ -623,7 +633,11 @@ class KafkaLog(Log):
                     existing = await self._partitions_or_none(topic, fresh=True)
                     if existing is None:  # being deleted: wait for it to go
                         if time.monotonic() > deadline:
-                            raise
+                            raise LogUnavailableError(
+                                f"Kafka log {self.url}: topic {topic!r} cannot be created: "
+                                f"the broker is still deleting a topic of that name after "
+                                f"{self.timeout} s"
+                            ) from exc
                         await asyncio.sleep(0.1)
                         continue
                     if existing != partitions:
@@ -691,7 +705,20 @@ class KafkaLog(Log):
         return sorted(out, key=lambda t: t.name)
 
     async def delete_topic(self, topic: str) -> bool:
-        """Delete the Kafka topic (its committed offsets go with it, broker-side)."""
+        """Delete the Kafka topic (its committed offsets go with it, broker-side).
+
+        Stop its consumers first: this log's own readers of it are closed and
+        its members subscribed to it leave their groups. Deletion is
+        asynchronous on the broker: this returns once the broker no longer
+        lists the topic, so a :meth:`create_topic` right after (``wakuwaku
+        topics delete``, the demo's ``--reset``) makes a new, empty topic read
+        from offset 0 (KRaft gives it a new topic id; no record of the old
+        one is read).
+
+        :returns: False when there was no such topic.
+        :raises LogUnavailableError: when the broker still lists the topic
+            after ``timeout`` seconds, or does not answer.
+        """
         self._check_name(topic)
         if await self._partitions_or_none(topic, fresh=True) is None:
             return False
@@ -718,11 +745,15 @@ class KafkaLog(Log):
         self._topics.pop(topic, None)
         self._limits.pop(topic, None)
         await self._drop_producer()
-        # Deletion is asynchronous on the broker: wait (bounded) until it is gone.
+        # Deletion is asynchronous on the broker: wait (bounded) until it is gone,
+        # so that a create right after makes a new topic, not finds the old one.
         deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if await self._partitions_or_none(topic, fresh=True) is None:
-                break
+        while await self._partitions_or_none(topic, fresh=True) is not None:
+            if time.monotonic() > deadline:
+                raise LogUnavailableError(
+                    f"Kafka log {self.url}: topic {topic!r} was deleted but the broker still "
+                    f"lists it after {self.timeout} s"
+                )
             await asyncio.sleep(0.05)
         return True
 
@@ -1052,7 +1083,11 @@ class KafkaLog(Log):
         """The group's committed offset (None when none, or the topic is gone).
 
         Read with ``require_stable``: an offset of a transaction in flight
-        is waited for, never read half-done.
+        (or just committed, its markers not written yet) is waited for,
+        never read half-done nor as "no offset".
+
+        :raises LogUnavailableError: when it stays in an open transaction for
+            ``timeout`` seconds (see :meth:`_group_offsets`).
         """
         count = await self._partitions_or_none(topic)
         if count is None:
@@ -1336,7 +1371,19 @@ class KafkaLog(Log):
 
     async def delete_group(self, group: str, topic: str | None = None) -> int:
         """Delete the group's committed offsets (all, or on ``topic``); its local
-        members leave the group first."""
+        members leave the group first.
+
+        Kafka deletes a group only while it has no member: one that just left
+        may still be listed for a moment (``NON_EMPTY_GROUP``), so the delete
+        is asked again until ``timeout``. Offsets sent in a transaction that
+        has not ended are waited for like :meth:`committed` does.
+
+        :returns: how many committed offsets were deleted.
+        :raises UnknownTopicError: when ``topic`` does not exist.
+        :raises LogError: when the group still has members after ``timeout``
+            seconds (consumers of another process still running: stop them
+            first).
+        """
         if topic is not None:
             await self._partitions(topic)
         for key in [k for k in self._members if k[0] == group]:
@@ -1347,7 +1394,7 @@ class KafkaLog(Log):
             found = {k: v for k, v in found.items() if k[0] == topic}
         if not found:
             if topic is None:  # offsets on deleted topics may linger in the group
-                await self._run("delete group", lambda: self._drop_group(group))
+                await self._while_not_empty(group, lambda: self._drop_group(group))
             return 0
         name = self._name(group)
 
@@ -1363,15 +1410,26 @@ class KafkaLog(Log):
                 request = [ConsumerGroupTopicPartitions(name, tps)]
                 self._future("commit", admin.alter_consumer_group_offsets(request)[name])
 
+        await self._while_not_empty(group, delete)
+        return len(found)
+
+    async def _while_not_empty(self, group: str, delete: Callable[[], None]) -> None:
+        """Run ``delete`` (a group deletion, in a thread), again while the
+        coordinator still lists members (``NON_EMPTY_GROUP``), up to ``timeout``."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
                 await self._run("delete group", delete)
-                return len(found)
+                return
             except LogError as exc:
-                # The coordinator may still see the members that just left.
-                if time.monotonic() > deadline or "NON_EMPTY" not in str(exc).upper():
+                cause = exc.__cause__
+                if cause is None or _code(cause) != KafkaError.NON_EMPTY_GROUP:
                     raise
+                if time.monotonic() > deadline:
+                    raise LogError(
+                        f"Kafka log {self.url}: group {group!r} still has members after "
+                        f"{self.timeout} s: stop its consumers first"
+                    ) from exc
                 await asyncio.sleep(0.1)
 
     def _drop_group(self, group: str) -> None:
