@@ -59,9 +59,10 @@ from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._events import EventType
 from .._records import (
     H_ERROR,
     H_FAILED_AT,
@@ -71,6 +72,7 @@ from .._records import (
     H_SRC,
     H_VERSION,
     WIRE_VERSION,
+    Headers,
     ReasonCode,
     Record,
     Source,
@@ -80,7 +82,6 @@ from .._records import (
     parse_ms,
 )
 from ..logs import Log
-from ._plan import Item
 
 R = TypeVar("R")
 
@@ -143,26 +144,30 @@ def attempt_failed_marker(key: str, failures: int, at: float, due: float) -> Out
     )
 
 
-def retry_work_records(item: Item, failed_at: float, error: str, due: float) -> list[Outgoing]:
-    """The retry-topic records of one (possibly reduced) main-topic item (design §3, §5.5, §6).
+def work_common(failed_at: float, error: str, due: float) -> dict[str, bytes]:
+    """The headers every retry work record of one write shares: ``wk-failed-at``
+    and ``wk-due-at`` (seconds since the epoch, stored as ms rounded up) and
+    ``wk-error``.
 
-    One record per main record the item stands for, each with that record's
-    headers and body bytes as they were read, plus ``wk-failed-at``,
-    ``wk-due-at``, ``wk-error`` and its own ``wk-src``: a combined event is
-    never encoded again, so a dead letter is byte-identical to what was
-    consumed, keeps every record's own props and custom headers, and the
-    next attempt plans the reduction again (issue 12 item 6).
-
-    ``due`` (seconds since the epoch) is when the key's first attempt is due,
-    were these records to quarantine it.
+    ``due`` is when the key's first attempt is due, were these records to
+    quarantine it.
     """
-    common = {H_FAILED_AT: ms_text(failed_at), H_DUE: ms_text(due), H_ERROR: error.encode()}
-    out: list[Outgoing] = []
-    for record, origin in zip(item.sources, item.origins, strict=True):
-        headers = dict(record.headers)
-        headers.update(common)
-        headers[H_SRC] = encode_source(origin)
-        out.append((headers, record.body))
+    return {H_FAILED_AT: ms_text(failed_at), H_DUE: ms_text(due), H_ERROR: error.encode()}
+
+
+def work_headers(headers: Headers, common: Headers, origin: Source) -> dict[str, bytes]:
+    """The headers of one retry work record (design §3, §5.5, §6).
+
+    One work record per main record, with that record's ``headers`` and body
+    bytes as they were read, then ``common`` (:func:`work_common`), then its
+    own ``wk-src`` (``origin``): a combined event is never encoded again, so
+    a dead letter is byte-identical to what was consumed, keeps every
+    record's own props and custom headers, and the next attempt plans the
+    reduction again (issue 12 item 6).
+    """
+    out = dict(headers)
+    out.update(common)
+    out[H_SRC] = encode_source(origin)
     return out
 
 
@@ -170,15 +175,21 @@ def dead_letter_record(
     record: Record,
     reason: ReasonCode,
     error: str,
-    source: Source,
+    source: Source | None,
 ) -> Outgoing:
     """The dead-letter copy of one record: raw headers and body kept, plus
-    ``wk-reason``, ``wk-error`` (already sanitized) and ``wk-src`` (design §8)."""
+    ``wk-reason``, ``wk-error`` (already sanitized) and ``wk-src`` (design §8).
+
+    :param source: the ``wk-src`` to write; None keeps the record's own (a
+        retry work record, whose ``wk-src`` is where it comes from: its
+        bytes are kept rather than decoded and encoded again).
+    """
     headers = dict(record.headers)
     headers.pop(H_MARKER, None)
     headers[H_REASON] = reason.value.encode()
     headers[H_ERROR] = error.encode()
-    headers[H_SRC] = encode_source(source)
+    if source is not None:
+        headers[H_SRC] = encode_source(source)
     return headers, record.body
 
 
@@ -329,6 +340,27 @@ class RetryState:
         else:
             self._broken(record, key, f"unknown marker {bytes(marker)[:40]!r}")
 
+    def apply_written(
+        self, key: str, offset: int, headers: dict[str, bytes], top: int, at: tuple[float, float]
+    ) -> None:
+        """Fold in a work record this process just wrote at ``offset``, for
+        ``key``, standing for main offsets up to ``top``: the same state as
+        :meth:`apply` of that record (a restart reads it that way), without
+        parsing again what the writer knows. The first record of a key goes
+        through :meth:`apply` (its stored times set the schedule)."""
+        state = self.keys.get(key)
+        if state is None:
+            self.apply(Record(offset, headers, b""), at)
+            return
+        if offset >= self.end_offset:
+            self.end_offset = offset + 1
+        state.offsets.append(offset)
+        self.pending_count += 1
+        if top > state.max_main_offset:
+            state.max_main_offset = top
+        if top > self.routed.get(key, -1):
+            self.routed[key] = top
+
     def apply_all(self, records: Iterable[Record]) -> None:
         for record in records:
             self.apply(record)
@@ -393,6 +425,79 @@ class RetryState:
         # To the microsecond: a wall time of today is a float with ~0.2 us
         # of noise, which must not turn a due time of 6.0 into 6.00000001.
         state.due = round(self._at[1] + (wall - self._at[0]), 6)
+
+
+Written = tuple[Record, str, EventType[Any], Source, dict[str, str], float]
+"""A retry work record this process wrote: the record as the retry partition
+holds it (offset, headers, body), its key, type, origin (``wk-src``), props
+and stored ``wk-failed-at`` (seconds): what decoding it would find."""
+
+#: Bytes counted per kept record besides its body and header values.
+_WRITTEN_OVERHEAD = 640
+
+WRITTEN_HORIZON = 60.0
+"""A written work record is kept (:class:`WrittenCache`) while its key's
+next attempt is due within this many seconds: the default schedule (2 to
+16 s) is inside it, an hour's delay is not."""
+
+
+class WrittenCache:
+    """Retry work records written by this process, kept for an attempt that
+    comes soon, so that it need not read and check them again (issue 12
+    item 7), within a fixed bound (design §6).
+
+    Only an optimisation: a record not found here is read from the retry
+    partition (the truth); a record found here is what the partition holds at
+    its offset (a retry partition is append-only, and its offsets are
+    written under the partition's lease). Bodies are decoded again for each
+    attempt, as when read, so an event a handler changed is never seen again.
+
+    :param max_records: / :param max_bytes: the bound; past it the oldest
+        records are dropped first (bytes: bodies, header values and a fixed
+        overhead per record).
+    """
+
+    __slots__ = ("_entries", "bytes", "max_bytes", "max_records")
+
+    def __init__(self, max_records: int = 10_000, max_bytes: int = 8 << 20) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: dict[int, tuple[Written, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, written: Written) -> None:
+        """Keep ``written`` (dropping the oldest records past the bound)."""
+        record = written[0]
+        size = len(record.body) + sum(map(len, record.headers.values())) + _WRITTEN_OVERHEAD
+        entries = self._entries
+        old = entries.pop(record.offset, None)
+        if old is not None:
+            self.bytes -= old[1]
+        entries[record.offset] = (written, size)
+        self.bytes += size
+        while len(entries) > self.max_records or self.bytes > self.max_bytes:
+            self.bytes -= entries.pop(next(iter(entries)))[1]
+
+    def get(self, offset: int) -> Written | None:
+        found = self._entries.get(offset)
+        return None if found is None else found[0]
+
+    def drop(self, offsets: Iterable[int]) -> None:
+        """Forget the records at ``offsets`` (resolved, given up, or not due soon)."""
+        entries = self._entries
+        if not entries:
+            return
+        for offset in offsets:
+            found = entries.pop(offset, None)
+            if found is not None:
+                self.bytes -= found[1]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
 
 
 def _seconds(raw: bytes | None) -> float | None:
