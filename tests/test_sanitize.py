@@ -663,3 +663,30 @@ def test_a_server_list_with_a_bad_host_or_port_is_one_clear_error(url: str) -> N
 
     with pytest.raises(ConfigError, match=r"bad (NATS|Kafka) log URL"):
         open_log(url)
+
+
+# -- remembered results ------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=300), limit=st.integers(0, 400))
+def test_a_remembered_result_is_the_one_computed_afresh(text: str, limit: int) -> None:
+    """Short texts are remembered (a failing key repeats its error): asking
+    twice, or with another limit, gives what the patterns give."""
+    from wakuwaku import _sanitize
+
+    first = sanitize(text, limit)
+    assert sanitize(text, limit) == first == _sanitize._sanitize(text, limit)
+    assert sanitize(text, limit + 7) == _sanitize._sanitize(text, limit + 7)
+
+
+def test_the_memory_of_results_is_bounded() -> None:
+    from wakuwaku import _sanitize
+
+    for n in range(3 * _sanitize._MEMO_SIZE):
+        sanitize(f"error number {n}")
+    assert 0 < len(_sanitize._MEMO) <= _sanitize._MEMO_SIZE
+    long = "x " * _sanitize._MEMO_TEXT
+    before = len(_sanitize._MEMO)
+    sanitize(long)
+    assert len(_sanitize._MEMO) == before  # long texts are not kept

@@ -347,7 +347,30 @@ def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> s
         limit = int(given)
     elif isinstance(given, bool) or not isinstance(given, int) or given < 0:
         raise ConfigError(f"sanitize limit must be an int >= 0, got {given!r}")
-    value, cut = _clean_head(_as_text(text), limit)
+    raw = _as_text(text)
+    remember = len(raw) <= _MEMO_TEXT
+    if remember and (known := _MEMO.get((raw, limit))) is not None:
+        return known
+    result = _sanitize(raw, limit)
+    if remember:
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.clear()
+        _MEMO[(raw, limit)] = result
+    return result
+
+
+_MEMO: dict[tuple[str, int], str] = {}
+"""Results of :func:`sanitize` for short texts: a failing key raises the same
+error again and again, and the patterns cost about 100 us a text (issue 12
+item 7). Cleared when it holds :data:`_MEMO_SIZE` texts."""
+_MEMO_SIZE = 256
+_MEMO_TEXT = 2048
+"""Texts up to this many characters are remembered."""
+
+
+def _sanitize(raw: str, limit: int) -> str:
+    """:func:`sanitize` of a text and a checked limit."""
+    value, cut = _clean_head(raw, limit)
     # Second pass: URLs and paths that escapes or controls were hiding.
     value = _redact(_URL_AGAIN, URL_MARKER, value)
     value = _redact(_SECRET_AGAIN, SECRET_MARKER, value)

@@ -345,7 +345,7 @@ class Attempts:
         services.stats.attempts_failed += 1
         error = sanitize(outcome.error, config.error_text_limit)
         rest = outcome.rest
-        undone = [r.offset for i in rest for r in i.sources]
+        undone = _record_offsets(rest)
         done_before = pending[: bisect_left(pending, min(undone))]
         kept.drop(done_before)
         # The counter belongs to the head of the key's pending work (design §6): an
@@ -383,6 +383,17 @@ class Attempts:
                 fields["next_attempt_in"] = delay
                 logger.warning("retry attempt failed", extra=fields)
         return [(marker, at) for marker in markers]
+
+
+def _record_offsets(items: list[Item]) -> list[int]:
+    """The offsets of the records ``items`` stand for (:attr:`Item.sources`), in order."""
+    out: list[int] = []
+    for item in items:
+        if item.parts is None:
+            out.append(item.record.offset)
+        else:
+            out += [part.record.offset for part in item.parts]
+    return out
 
 
 def _main_offsets(items: list[Item]) -> list[int]:

@@ -20,8 +20,22 @@ from functools import partial
 from operator import attrgetter
 from typing import Any, Protocol
 
+import msgspec
+
 from .._events import EventType
-from .._records import H_FAILED_AT, ReasonCode, Record, Source, message_id, parse_ms
+from .._records import (
+    H_ERROR,
+    H_FAILED_AT,
+    H_MARKER,
+    H_REASON,
+    H_SRC,
+    ReasonCode,
+    Record,
+    Source,
+    encode_source,
+    message_id,
+    parse_ms,
+)
 from .._sanitize import sanitize
 from ..logs import BatchWrite
 from ._plan import NO_PROPS, Item, Reject, Run
@@ -31,15 +45,25 @@ from ._retry import (
     dead_letter_record,
     retry_source,
     work_common,
-    work_headers,
 )
 from ._shared import PartitionServices, logger
 
 _count = attrgetter("count")
+_json_text = msgspec.json.Encoder().encode
 
 #: What the writer of one retry work record knows of it: key, type, origin
-#: (``wk-src``), props and stored ``wk-failed-at`` (seconds).
-_Meta = tuple[str, EventType[Any], Source, dict[str, str], float]
+#: (``wk-src``), props, stored ``wk-failed-at`` (seconds) and its size in
+#: bytes (body and header values).
+_Meta = tuple[str, EventType[Any], Source, dict[str, str], float, int]
+
+
+def _bare_source(topic: str, partition: int) -> bytes:
+    """The ``wk-src`` of a bare main record of ``topic``/``partition`` as a
+    ``%`` template of its offset (twice): the bytes :func:`encode_source`
+    makes of ``Source(topic, partition, (o,), (message_id(topic, partition, o),))``
+    without building and encoding the source per record."""
+    quoted = _json_text(topic).replace(b"%", b"%%")  # "<topic>", escaped as JSON
+    return b'[%s,%d,[%%d],[%s/%d/%%d"]]' % (quoted, partition, quoted[:-1], partition)
 
 
 class _AddWork(Protocol):
@@ -52,6 +76,7 @@ class _AddWork(Protocol):
         etype: EventType[Any],
         origin: Source,
         props: dict[str, str],
+        src: bytes | None,
         /,
     ) -> None: ...
 
@@ -106,11 +131,16 @@ class Outbox:
         """
         items = list(items)
         if from_retry:
-            self._dead_out.extend(
-                dead_letter_record(record, reason, error, None)
-                for item in items
-                for record in item.sources
-            )
+            added = {H_REASON: reason.value.encode(), H_ERROR: error.encode()}
+            out = self._dead_out
+            for item in items:
+                for record in item.sources:
+                    headers = record.headers
+                    # A pending retry record is a work record: never a marker.
+                    if H_MARKER in headers:
+                        out.append(dead_letter_record(record, reason, error, None))
+                    else:
+                        out.append(({**headers, **added}, record.body))
         else:
             self._dead_out.extend(
                 dead_letter_record(record, reason, error, origin)
@@ -164,7 +194,7 @@ class Outbox:
         work = self._work(failed_at, error)
         for item in items:
             for record, origin in zip(item.sources, item.origins, strict=True):
-                work(record, item.key, item.event_type, origin, item.props)
+                work(record, item.key, item.event_type, origin, item.props, None)
 
     def write_retry_run(self, run: Run, failed_at: float | None, error: str) -> None:
         """:meth:`write_retry` of a main batch's run, without building an item
@@ -174,16 +204,16 @@ class Outbox:
         work = self._work(failed_at, error)
         key, etype, where = run.key, run.event_type, run.where
         topic, partition = where.topic, where.partition
+        src = _bare_source(topic, partition)
         for entry in run.entries:
             if isinstance(entry, Record):
                 offset = entry.offset
-                origin = Source(
-                    topic, partition, (offset,), (message_id(topic, partition, offset),)
-                )
-                work(entry, key, etype, origin, NO_PROPS)
+                ident = f"{topic}/{partition}/{offset}"  # message_id(topic, partition, offset)
+                origin = Source(topic, partition, (offset,), (ident,))
+                work(entry, key, etype, origin, NO_PROPS, src % (offset, offset))
             else:
                 for record, source in zip(entry.sources, entry.origins, strict=True):
-                    work(record, key, etype, source, entry.props)
+                    work(record, key, etype, source, entry.props, None)
 
     def _work(self, failed_at: float | None, error: str) -> _AddWork:
         """The function that buffers one work record of this write: its common
@@ -200,6 +230,8 @@ class Outbox:
         common = work_common(failed_at, error, due)
         failed = parse_ms(common[H_FAILED_AT]) or 0.0  # as a reader finds it
         out, times, meta, done = self._retry_out, self._retry_at, self._retry_meta, self.done
+        common_size = sum(map(len, common.values()))
+        sizes: dict[int, int] = {}  # per main headers dict (logs share them): its bytes
 
         def add(
             record: Record,
@@ -207,10 +239,17 @@ class Outbox:
             etype: EventType[Any],
             origin: Source,
             props: dict[str, str],
+            src: bytes | None,
         ) -> None:
-            out.append((work_headers(record.headers, common, origin), record.body))
+            headers = record.headers
+            if src is None:
+                src = encode_source(origin)
+            out.append(({**headers, **common, H_SRC: src}, record.body))
             times.append(at)
-            meta.append((key, etype, origin, props, failed))
+            size = sizes.get(id(headers))
+            if size is None:
+                size = sizes[id(headers)] = sum(map(len, headers.values())) + common_size
+            meta.append((key, etype, origin, props, failed, size + len(src) + len(record.body)))
             if done is not None:
                 done.add(record.offset)
             self.unflushed_work += 1
@@ -285,11 +324,13 @@ class Outbox:
             if meta is None:  # a marker
                 state.apply(Record(offset, headers, body, now), at)
                 continue
-            key, etype, origin, props, failed = meta
+            key, etype, origin, props, failed, size = meta
             state.apply_written(key, offset, headers, max(origin.offsets), at)
             pending = keys.get(key)
             if pending is not None and pending.due <= soon:
-                written.put((Record(offset, headers, body, now), key, etype, origin, props, failed))
+                written.put(
+                    (Record(offset, headers, body, now), key, etype, origin, props, failed), size
+                )
         self._retry_out = []
         self._retry_at = []
         self._retry_meta = []

@@ -468,15 +468,17 @@ class WrittenCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, written: Written) -> None:
-        """Keep ``written`` (dropping the oldest records past the bound)."""
-        record = written[0]
-        size = len(record.body) + sum(map(len, record.headers.values())) + _WRITTEN_OVERHEAD
+    def put(self, written: Written, size: int) -> None:
+        """Keep ``written`` (dropping the oldest records past the bound).
+
+        :param size: its body and header values in bytes.
+        """
+        offset = written[0].offset
         entries = self._entries
-        old = entries.pop(record.offset, None)
-        if old is not None:
-            self.bytes -= old[1]
-        entries[record.offset] = (written, size)
+        if offset in entries:
+            self.bytes -= entries.pop(offset)[1]
+        size += _WRITTEN_OVERHEAD
+        entries[offset] = (written, size)
         self.bytes += size
         while len(entries) > self.max_records or self.bytes > self.max_bytes:
             self.bytes -= entries.pop(next(iter(entries)))[1]

@@ -424,17 +424,17 @@ class SQLiteLog(Log):
             raise _TopicGone(topic_id)
         first = int(row[0])
         # Rows go in by statements of up to _ROWS_PER_INSERT rows each (one
-        # VALUES list, the constant columns bound once): one statement step
-        # per 64 rows instead of one per row, which the retry path of a
-        # failing key pays twice per record (issue 12 item 7).
+        # VALUES list): one statement step per 64 rows instead of one per
+        # row, which the retry path of a failing key pays twice per record
+        # (issue 12 item 7).
         done = 0
         count = len(encoded)
         while done < count:
             rows = min(_ROWS_PER_INSERT, 1 << ((count - done).bit_length() - 1))
-            args: list[object] = [topic_id, partition, now]
+            args: list[object] = []
             for i in range(done, done + rows):
                 headers, body = encoded[i]
-                args += (first + i, headers, body)
+                args += (topic_id, partition, first + i, now, headers, body)
             db.execute(_insert_sql(rows), args)
             done += rows
         db.execute(
@@ -817,18 +817,19 @@ class SQLiteLog(Log):
 
 
 _ROWS_PER_INSERT = 64
-"""Rows one INSERT statement writes at most (3 parameters a row plus 3: far
-below SQLite's oldest limit of 999 parameters)."""
+"""Rows one INSERT statement writes at most (6 parameters a row: far below
+SQLite's oldest limit of 999 parameters)."""
 
 
 @functools.cache
 def _insert_sql(rows: int) -> str:
-    """An INSERT of ``rows`` records: ``?1, ?2, ?3`` are the topic id, the
-    partition and the timestamp, then offset, headers and body per row.
+    """An INSERT of ``rows`` records, six anonymous parameters each.
 
+    Anonymous, not numbered: the ``sqlite3`` module of Python 3.12+ asks
+    SQLite for every parameter's name, a linear search for numbered ones.
     Called with powers of two up to :data:`_ROWS_PER_INSERT` only, so the
     connection's statement cache holds a few of them."""
-    values = ", ".join(f"(?1, ?2, ?{n}, ?3, ?{n + 1}, ?{n + 2})" for n in range(4, 4 + 3 * rows, 3))
+    values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
     return f"INSERT INTO wk_records (topic_id, part, off, ts, headers, body) VALUES {values}"
 
 
