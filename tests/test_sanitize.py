@@ -665,28 +665,14 @@ def test_a_server_list_with_a_bad_host_or_port_is_one_clear_error(url: str) -> N
         open_log(url)
 
 
-# -- remembered results ------------------------------------------------------
+@given(st.text(max_size=1500), st.integers(min_value=0, max_value=300))
+@settings(max_examples=200)
+def test_a_remembered_result_is_the_result_of_sanitizing_the_text(text: str, limit: int) -> None:
+    # Short texts are sanitized once and remembered (issue 18): a repeat, with
+    # the same or another limit, gives what sanitizing that text gives.
+    from wakuwaku._sanitize import _as_text, _sanitize
 
-
-@settings(max_examples=100, deadline=None)
-@given(text=st.text(max_size=300), limit=st.integers(0, 400))
-def test_a_remembered_result_is_the_one_computed_afresh(text: str, limit: int) -> None:
-    """Short texts are remembered (a failing key repeats its error): asking
-    twice, or with another limit, gives what the patterns give."""
-    from wakuwaku import _sanitize
-
-    first = sanitize(text, limit)
-    assert sanitize(text, limit) == first == _sanitize._sanitize(text, limit)
-    assert sanitize(text, limit + 7) == _sanitize._sanitize(text, limit + 7)
-
-
-def test_the_memory_of_results_is_bounded() -> None:
-    from wakuwaku import _sanitize
-
-    for n in range(3 * _sanitize._MEMO_SIZE):
-        sanitize(f"error number {n}")
-    assert 0 < len(_sanitize._MEMO) <= _sanitize._MEMO_SIZE
-    long = "x " * _sanitize._MEMO_TEXT
-    before = len(_sanitize._MEMO)
-    sanitize(long)
-    assert len(_sanitize._MEMO) == before  # long texts are not kept
+    assert sanitize(text, limit) == _sanitize(text, limit)
+    assert sanitize(text, limit) == _sanitize(text, limit)
+    assert sanitize(text, limit + 1) == _sanitize(text, limit + 1)
+    assert sanitize(ValueError(text), limit) == _sanitize(_as_text(ValueError(text)), limit)

@@ -144,6 +144,10 @@ class SQLiteLog(Log):
         self._retained_at: dict[str, float] = {}
         # Owned by the event loop side: records read ahead per (topic, partition).
         self._ahead: dict[tuple[str, int], list[Record]] = {}
+        # Per partition, the offset after the last record a read returned: a
+        # read there reads on, and only such a read (or a partition's first)
+        # fetches records ahead.
+        self._read_next: dict[tuple[str, int], int] = {}
 
     def __repr__(self) -> str:
         return f"SQLiteLog({self.path!r})"
@@ -504,32 +508,44 @@ class SQLiteLog(Log):
     ) -> list[Record]:
         """Read records with offsets ``>= offset``; see :meth:`Log.read`.
 
-        A full page of fewer than 2 500 records is fetched with the records
-        behind it (2 500 in all, at most 1 MiB), which are kept for the next
-        read of the partition at the following offset: a reader that keeps
-        up pays the worker-thread hop once every few pages; a page the kept
-        records only begin is completed from the file, so no record is read
-        from the file twice. Records never change once written, so what is
-        kept is what the file held; records another process's retention has
+        A reader that reads on where its last read of the partition ended
+        (a poll loop), or reads it for the first time, gets a full page of
+        fewer than 2 500 records fetched with the records behind it (2 500
+        in all, at most 1 MiB), which are kept for its next read: it pays
+        the worker-thread hop once every few pages; a page the kept records
+        only begin is completed from the file, so no record is read from
+        the file twice. A read elsewhere (one that skips or goes back, as a
+        retry round reading its keys' pending records does) fetches only
+        its page: records read ahead there would be decoded and dropped
+        (issue 18: a demo run decoded 2 million retry records that way for
+        77 000 it used). Records never change once written, so what is kept
+        is what the file held; records another process's retention has
         deleted since may still be returned from it.
 
         While nothing is there and ``wait`` (seconds) has not run out, the
         file is polled every 25 ms, so appends of other processes are seen.
         """
+        key = (topic, partition)
+        sequential = self._read_next.get(key, offset) == offset
         head = self._read_ahead(topic, partition, offset, max_records)
         if len(head) == max_records:
+            self._read_next[key] = head[-1].offset + 1
             return head
         if head:  # the rest of the page follows the records read ahead
             offset = head[-1].offset + 1
             max_records -= len(head)
         deadline = time.monotonic() + max(0.0, wait)
         while True:
-            found, ahead = await self._run(self._read, topic, partition, offset, max_records)
+            found, ahead = await self._run(
+                self._read, topic, partition, offset, max_records, sequential
+            )
             if ahead:
-                self._ahead[(topic, partition)] = ahead
-            if head:
-                return head + found
-            if found or max_records < 1:
+                self._ahead[key] = ahead
+            if head or found:
+                page = head + found if head else found
+                self._read_next[key] = page[-1].offset + 1
+                return page
+            if max_records < 1:
                 return found
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -556,13 +572,13 @@ class SQLiteLog(Log):
         return ahead[index:end]
 
     def _read(
-        self, topic: str, partition: int, offset: int, max_records: int
+        self, topic: str, partition: int, offset: int, max_records: int, read_ahead: bool
     ) -> tuple[list[Record], list[Record]]:
         db = self._db()
         topic_id = self._partition(db, topic, partition)
         if max_records < 1:
             return [], []
-        extra = max(0, _READ_BATCH - max_records)
+        extra = max(0, _READ_BATCH - max_records) if read_ahead else 0
         cursor = db.execute(_READ_SQL, (topic_id, partition, offset, max_records + extra))
         try:
             found = _fetch(cursor, max_records)
