@@ -42,7 +42,7 @@ from wakuwaku._records import (
     message_id,
 )
 from wakuwaku.engine import Handler, _shared
-from wakuwaku.engine._outbox import _bare_source
+from wakuwaku.engine._outbox import _MARK, _bare_source
 from wakuwaku.engine._plan import decode_batch, decode_records
 from wakuwaku.engine._retry import H_DUE, RetryState, WrittenCache, load_retry_state, ms_text
 from wakuwaku.logs import Log
@@ -293,4 +293,11 @@ def test_the_wk_src_template_of_a_bare_record_is_what_encode_source_writes(
     want = encode_source(
         Source(topic, partition, (offset,), (message_id(topic, partition, offset),))
     )
-    assert _bare_source(topic, partition) % (offset, offset) == want
+    template = _bare_source(topic, partition)
+    assert template is not None
+    assert template % (offset, offset) == want
+
+
+def test_a_topic_holding_the_template_offset_gets_no_template() -> None:
+    """Then every record's source is encoded (the template would be wrong)."""
+    assert _bare_source(f"t{_MARK}", 0) is None

@@ -20,8 +20,6 @@ from functools import partial
 from operator import attrgetter
 from typing import Any, Protocol
 
-import msgspec
-
 from .._events import EventType
 from .._records import (
     H_ERROR,
@@ -49,7 +47,6 @@ from ._retry import (
 from ._shared import PartitionServices, logger
 
 _count = attrgetter("count")
-_json_text = msgspec.json.Encoder().encode
 
 #: What the writer of one retry work record knows of it: key, type, origin
 #: (``wk-src``), props, stored ``wk-failed-at`` (seconds) and its size in
@@ -57,13 +54,22 @@ _json_text = msgspec.json.Encoder().encode
 _Meta = tuple[str, EventType[Any], Source, dict[str, str], float, int]
 
 
-def _bare_source(topic: str, partition: int) -> bytes:
+_MARK = 7_340_981_225_603_119_847
+"""An offset no template below holds otherwise (checked)."""
+
+
+def _bare_source(topic: str, partition: int) -> bytes | None:
     """The ``wk-src`` of a bare main record of ``topic``/``partition`` as a
     ``%`` template of its offset (twice): the bytes :func:`encode_source`
-    makes of ``Source(topic, partition, (o,), (message_id(topic, partition, o),))``
-    without building and encoding the source per record."""
-    quoted = _json_text(topic).replace(b"%", b"%%")  # "<topic>", escaped as JSON
-    return b'[%s,%d,[%%d],[%s/%d/%%d"]]' % (quoted, partition, quoted[:-1], partition)
+    makes of ``Source(topic, partition, (o,), (message_id(topic, partition, o),))``,
+    without building and encoding a source per record. Made by those very
+    functions for one offset; None when that offset's digits are not found
+    exactly twice (then every record's source is encoded)."""
+    raw = encode_source(Source(topic, partition, (_MARK,), (message_id(topic, partition, _MARK),)))
+    digits = str(_MARK).encode()
+    if raw.count(digits) != 2:
+        return None
+    return raw.replace(b"%", b"%%").replace(digits, b"%d")
 
 
 class _AddWork(Protocol):
@@ -208,9 +214,9 @@ class Outbox:
         for entry in run.entries:
             if isinstance(entry, Record):
                 offset = entry.offset
-                ident = f"{topic}/{partition}/{offset}"  # message_id(topic, partition, offset)
+                ident = message_id(topic, partition, offset)
                 origin = Source(topic, partition, (offset,), (ident,))
-                work(entry, key, etype, origin, NO_PROPS, src % (offset, offset))
+                work(entry, key, etype, origin, NO_PROPS, src and src % (offset, offset))
             else:
                 for record, source in zip(entry.sources, entry.origins, strict=True):
                     work(record, key, etype, source, entry.props, None)
