@@ -32,6 +32,11 @@ H_REASON = "wk-reason"
 H_SRC = "wk-src"
 H_FOR_GROUP = "wk-for-group"
 H_MARKER = "wk-marker"
+H_GROUP = "wk-group"
+"""On every record the engine writes to a retry or dead-letter topic: the
+consumer group that wrote it. Readers skip another group's records, so a
+topic two groups were configured with by accident (or a dead-letter topic
+shared on purpose) never mixes their work (design §6)."""
 
 RETRY_ONLY_HEADERS = frozenset(
     {H_FAILED_AT, "wk-marker", "wk-through", "wk-reset", "wk-failures", "wk-at"}

@@ -424,7 +424,7 @@ def test_topic_delete_and_group_delete_clean_up(cli: CLI) -> None:
     assert (code, out) == (
         0,
         "group g: 2 committed offsets deleted on topic orders (its "
-        "wk-retry.g.* and wk-dlq.g.* topics are kept)\n",
+        "wk-retry.g.* and wk-dlq.g.* topics, and configured ones, are kept)\n",
     )
     code, out, _ = cli("topic", "delete", "orders", "--yes")
     assert code == 0 and out.startswith("topic orders deleted (its groups' wk-retry.*")
@@ -435,7 +435,8 @@ def test_topic_delete_and_group_delete_clean_up(cli: CLI) -> None:
     code, out, _ = cli("group", "delete", "g", "--yes")
     assert (code, out) == (
         0,
-        "group g: 1 committed offset deleted (its wk-retry.g.* and wk-dlq.g.* topics are kept)\n",
+        "group g: 1 committed offset deleted (its wk-retry.g.* and wk-dlq.g.* topics, "
+        "and configured ones, are kept)\n",
     )
     code, _, err = cli("group", "delete", "g", "--topic", "nope", "--yes")
     assert code == ExitCode.ERROR and "nope" in err

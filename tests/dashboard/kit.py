@@ -88,9 +88,16 @@ class Built:
     dead: int = DEAD
 
 
-async def build(url: str) -> Built:
+CONFIGURED = {"retry_topics": {TOPIC: "orders-retry"}, "dead_letter_topics": {TOPIC: "orders-dlt"}}
+"""Configured names (design §6) a :func:`build` consumer may use."""
+
+
+async def build(url: str, **names: object) -> Built:
     """``orders`` (2 partitions) consumed by group ``billing``: 3 dead letters
-    (``unrecoverable``), key ``stuck`` quarantined with 2 pending records, lag 0."""
+    (``unrecoverable``), key ``stuck`` quarantined with 2 pending records, lag 0.
+
+    :param names: ``retry_topics``/``dead_letter_topics`` of the consumer.
+    """
     log = open_log(url)
     try:
         await log.create_topic(TOPIC, 2)
@@ -108,7 +115,12 @@ async def build(url: str) -> Built:
         )
         clock = FakeClock(time.time(), autojump=False)  # the retry is never due here
         config = ConsumerConfig(
-            topic=TOPIC, group=GROUP, clock=clock, retry_delays=(3600.0,), lease_ttl=3600.0
+            topic=TOPIC,
+            group=GROUP,
+            clock=clock,
+            retry_delays=(3600.0,),
+            lease_ttl=3600.0,
+            **names,  # type: ignore[arg-type]
         )
         consumer = Consumer(config, [Handler(Order, _handle)], log)
         task = asyncio.create_task(consumer.run(install_signal_handlers=False))

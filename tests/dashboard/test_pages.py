@@ -21,7 +21,18 @@ from wakuwaku.dashboard._app import shown_url
 from wakuwaku.dashboard._sampler import Sample
 from wakuwaku.logs import open_log
 
-from .kit import DEAD, GROUP, SCRIPT_KEY, STUCK, TOPIC, build, log_urls, purge, url_for
+from .kit import (
+    CONFIGURED,
+    DEAD,
+    GROUP,
+    SCRIPT_KEY,
+    STUCK,
+    TOPIC,
+    build,
+    log_urls,
+    purge,
+    url_for,
+)
 
 PAGE = f"/topic/{TOPIC}/group/{GROUP}"
 
@@ -92,6 +103,34 @@ def test_pages_show_partitions_quarantined_keys_and_dead_letters(built: str) -> 
             or 'id="live"' in (partial.text[:300])
         )
         assert "<html" not in partial.text
+
+
+@pytest.mark.parametrize("kind", log_urls())
+def test_configured_topic_names_are_read_and_never_shown_as_topics(
+    kind: str, tmp_path: Path
+) -> None:
+    """design §6: the dashboard finds a group's configured retry and dead-letter
+    topics where its consumer noted them, and does not list them as main topics."""
+    url = url_for(kind, tmp_path)
+    try:
+        asyncio.run(build(url, **CONFIGURED))
+        with client(url) as http:
+            index = http.get("/")
+            shown = {
+                link.split("/")[2] for link in re.findall(r'href="(/topic/[^"]+)"', index.text)
+            }
+            assert shown == {TOPIC}
+            text = http.get(PAGE).text
+            assert re.search(rf'id="dead-count">{DEAD}<', text)
+            assert re.search(r'id="quarantined-count">1<', text)
+            assert "order 3: row locked" in text  # the first error, read from orders-retry
+            letters = http.get(f"{PAGE}/dead-letters").text
+            assert re.search(rf'id="found-count">{DEAD}<', letters)
+            link = re.search(r'href="(/topic/[^"]+/dead-letters/\d+/\d+)"', letters)
+            assert link is not None
+            assert http.get(link.group(1)).status_code == 200  # read from orders-dlt
+    finally:
+        asyncio.run(purge(kind, url))
 
 
 def test_owners_are_shown_from_the_leases(built: str) -> None:

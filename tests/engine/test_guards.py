@@ -104,9 +104,9 @@ def test_the_retry_offset_is_the_lowest_pending_one_over_several_keys() -> None:
     for offset, key in [(10, "b"), (11, "a"), (12, "b"), (13, "c")]:
         state.apply(_work(offset, key))
     assert state.low_watermark() == 10
-    state.apply(_record(14, *resolved_marker("b", 12, 1_700_000_000.0)))
+    state.apply(_record(14, *resolved_marker("b", 12, 1_700_000_000.0, group="g")))
     assert state.low_watermark() == 11
-    state.apply(_record(15, *resolved_marker("a", 11, 1_700_000_000.0)))
+    state.apply(_record(15, *resolved_marker("a", 11, 1_700_000_000.0, group="g")))
     assert state.low_watermark() == 13
 
 
@@ -114,7 +114,7 @@ def test_a_resolved_marker_applies_to_its_own_key_only() -> None:
     state = RetryState(lambda failures: 2.0)
     state.apply(_work(1, "a"))
     state.apply(_work(2, "b"))
-    headers, body = resolved_marker("a", 2, 1_700_000_000.0)
+    headers, body = resolved_marker("a", 2, 1_700_000_000.0, group="g")
     assert headers[H_MARKER] == MARKER_RESOLVED
     state.apply(_record(3, headers, body))
     assert sorted(state.keys) == ["b"]
@@ -139,3 +139,26 @@ def _work(offset: int, key: str) -> wk.Record:
 
 def _record(offset: int, headers: dict[str, bytes], body: bytes) -> wk.Record:
     return wk.Record(offset, headers, body, 1_700_000_000.0)
+
+
+async def test_a_message_in_one_batch_twice_is_applied_once_on_an_empty_inbox(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # A dead letter replayed twice lands twice in one batch: nothing is claimed
+    # yet, and still the second copy must not reach the handler (design §9).
+    db = tmp_path / "effects.db"
+    inbox = SQLiteInbox(db, "g")
+    await inbox.ensure_schema()
+    log = wk.MemoryLog()
+    await log.create_topic("t", 1)
+    headers = dict(build_headers(wk.event_type(Item), "a"))
+    headers["wk-src"] = encode_source(Source("t", 0, (5,), ("t/0/5",)))
+    await log.append("t", 0, [(headers, b'{"key":"a","n":1}')] * 2)
+    seen: list[tuple[str, ...]] = []
+
+    def apply(run: Sequence[Item]) -> None:
+        seen.extend(wk.current_chunk().message_ids)
+
+    stats = await consumer(log, clock, [Handler(Item, apply, inbox=inbox)]).drain()
+    assert seen == [("t/0/5",)]
+    assert stats.inbox_skipped == 1

@@ -30,6 +30,7 @@ from wakuwaku._records import (
     H_ALG,
     H_ERROR,
     H_FAILED_AT,
+    H_GROUP,
     H_KEY,
     H_PROPS,
     H_SRC,
@@ -233,6 +234,7 @@ def work_record(offset: int, n: int) -> tuple[dict[str, bytes], bytes]:
             H_FAILED_AT: ms_text(T0),
             H_DUE: ms_text(T0 + 2),
             H_ERROR: b"routed",
+            H_GROUP: b"g",
             H_SRC: encode_source(Source("t", 0, (n,), (message_id("t", 0, n),))),
         }
     )
@@ -245,6 +247,8 @@ CHANGES: dict[str, Any] = {
     "no wk-due-at": lambda h, b: ({k: v for k, v in h.items() if k != H_DUE}, b),
     "no wk-src": lambda h, b: ({k: v for k, v in h.items() if k != H_SRC}, b),
     "no wk-failed-at": lambda h, b: ({k: v for k, v in h.items() if k != H_FAILED_AT}, b),
+    "no wk-group": lambda h, b: ({k: v for k, v in h.items() if k != H_GROUP}, b),
+    "another wk-group": lambda h, b: ({**h, H_GROUP: b"other"}, b),
     "props": lambda h, b: ({**h, H_PROPS: b'{"tenant":"x"}'}, b),
     "broken props": lambda h, b: ({**h, H_PROPS: b"[1]"}, b),
     "custom header": lambda h, b: ({**h, "x-trace": b"abc"}, b),

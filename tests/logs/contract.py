@@ -80,6 +80,16 @@ class LogContract:
         assert await log.create_topic("orders", 3) == TopicInfo("orders", 3)
         assert await log.list_topics() == [TopicInfo("orders", 3)]
 
+    async def test_an_engine_topic_of_any_name_is_created_with_derived_from(self, log: Log) -> None:
+        """design §6: a retry topic's name can be configured; the engine says what
+        the topic is by ``derived_from``, and it is a topic like any other."""
+        await log.create_topic("orders", 2)
+        info = await log.create_topic("orders-retry", 2, derived_from="orders")
+        assert info == TopicInfo("orders-retry", 2)
+        assert await log.append("orders-retry", 1, [({"wk-group": b"g"}, b"x")]) == [0]
+        with pytest.raises(PartitionCountMismatch):
+            await log.create_topic("orders-retry", 3, derived_from="orders")
+
     async def test_partition_count_mismatch_names_both_counts(self, log: Log) -> None:
         await log.create_topic("orders", 3)
         with pytest.raises(PartitionCountMismatch) as caught:

@@ -113,6 +113,19 @@ async def test_a_record_over_the_topic_limit_is_refused_naming_it(log: KafkaLog)
     assert await log.append("wk-retry.g.orders", 0, [retry]) == [0]
 
 
+async def test_a_configured_retry_topic_gets_header_room_whatever_its_name(
+    log: KafkaLog,
+) -> None:
+    """design §6: names can be configured, so the room comes from ``derived_from``,
+    not from the name's shape."""
+    await log.create_topic("orders", 1)
+    await log.create_topic("orders-retry", 1, derived_from="orders")
+    await log.create_topic("orders-copy", 1)
+    limit = await log.max_message_bytes_of("orders")
+    assert await log.max_message_bytes_of("orders-retry") == limit + HEADER_ROOM
+    assert await log.max_message_bytes_of("orders-copy") == limit
+
+
 async def test_a_plain_kafka_producers_record_is_handled(log: KafkaLog) -> None:
     await log.create_topic("orders", 3)
     producer = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "partitioner": "murmur2_random"})

@@ -17,9 +17,11 @@ from .dead_letters import SkippedDeadLetter as SkippedDeadLetter
 from .dead_letters import dead_letter_groups as dead_letter_groups
 from .dead_letters import derived_topic_owner as derived_topic_owner
 from .dead_letters import list_dead_letters as list_dead_letters
+from .dead_letters import main_topic_problem as main_topic_problem
 from .dead_letters import parse_dead_letter as parse_dead_letter
 from .dead_letters import replay_dead_letters as replay_dead_letters
 from .dead_letters import replay_ledger_topic_name as replay_ledger_topic_name
+from .dead_letters import resolve_group_topics as resolve_group_topics
 from .status import PartitionStatus as PartitionStatus
 from .status import QuarantinedKey as QuarantinedKey
 from .status import Status as Status
@@ -40,7 +42,9 @@ __all__ = (
     "dead_letter_groups",
     "derived_topic_owner",
     "list_dead_letters",
+    "main_topic_problem",
     "parse_dead_letter",
     "replay_dead_letters",
     "replay_ledger_topic_name",
+    "resolve_group_topics",
 )

@@ -8,17 +8,23 @@ dead-letter topic is meant; ``namespace`` is the
 of the consumer that wrote them.
 
 - :func:`list_dead_letters` reads the group's dead-letter topic
-  (``wk-dlq.<group>.<topic>``), every partition, and parses each record
-  into a :class:`DeadLetter`. A dead letter whose headers are broken is
-  listed with its :attr:`DeadLetter.problems`, never left out.
+  (``wk-dlq.<group>.<topic>``, or the name its consumer was configured with
+  and noted in the topic-names topic: :func:`wakuwaku.engine.group_topics`),
+  every partition, and parses each record into a :class:`DeadLetter`. A
+  dead letter whose headers are broken is listed with its
+  :attr:`DeadLetter.problems`, never left out. Dead letters another group
+  wrote (``wk-group``) or of another main topic (``wk-src``), in a
+  dead-letter topic shared on purpose or configured twice by accident, are
+  not this group's and are left out (design §6).
 - :func:`replay_dead_letters` writes dead letters back into the main topic,
   addressed to their group only (``wk-for-group``: other groups skip the
   copy). The copy keeps ``wk-src``, so the consumer handles it under the message
   identity of the record it was (design §9) and an inbox skips a replay of
   something that was applied after all. Replay remembers what it replayed
-  in a ledger topic ``wk-replayed.<group>.<topic>`` (one ledger record per replayed
-  dead letter), so a second run does not replay it again; ``everything=True``
-  (``--all``) ignores the ledger.
+  in a ledger topic ``wk-replayed.<group>.<topic>`` (``<dead-letter
+  topic>.replayed`` for a configured dead-letter topic; one ledger record
+  per replayed dead letter), so a second run does not replay it again;
+  ``everything=True`` (``--all``) ignores the ledger.
 
 May call: the log, the engine's public names (topic names, configuration).
 """
@@ -40,6 +46,7 @@ from .._records import (
     H_ALG,
     H_ERROR,
     H_FOR_GROUP,
+    H_GROUP,
     H_KEY,
     H_MARKER,
     H_PROPS,
@@ -55,7 +62,14 @@ from .._records import (
     header_text,
 )
 from .._sanitize import sanitize
-from ..engine import ConsumerConfig, replay_ledger_topic_name, split_internal_topic
+from ..engine import (
+    GroupTopics,
+    group_topics,
+    read_topic_names,
+    replay_ledger_topic_name,
+    split_internal_topic,
+    topic_owner,
+)
 from ..logs import Log, OutgoingRecord
 
 logger = logging.getLogger("wakuwaku.admin")
@@ -69,9 +83,11 @@ __all__ = (
     "dead_letter_groups",
     "derived_topic_owner",
     "list_dead_letters",
+    "main_topic_problem",
     "parse_dead_letter",
     "replay_dead_letters",
     "replay_ledger_topic_name",
+    "resolve_group_topics",
 )
 
 _PAGE = 500
@@ -107,6 +123,8 @@ class DeadLetter:
     :param timestamp: when the log stored it (seconds since the epoch).
     :param problems: what is broken about its headers (empty for a
         well-formed dead letter); such a record is listed, never dropped.
+    :param group: ``wk-group``, the consumer group that wrote it; None for
+        a dead letter written before the engine stamped it.
     """
 
     partition: int
@@ -120,6 +138,15 @@ class DeadLetter:
     body: bytes
     timestamp: float = 0.0
     problems: tuple[str, ...] = ()
+    group: str | None = None
+
+    def belongs_to(self, topic: str, group: str) -> bool:
+        """False when ``wk-group`` names another group or ``wk-src`` another
+        main topic: a dead letter of someone else in a shared dead-letter topic
+        (design §6). ``topic`` is the qualified main topic."""
+        if self.group is not None and self.group != group:
+            return False
+        return self.source is None or self.source.topic == topic
 
     @property
     def reason_code(self) -> ReasonCode | None:
@@ -201,6 +228,7 @@ def parse_dead_letter(partition: int, record: Record) -> DeadLetter:
         body=bytes(record.body),
         timestamp=record.timestamp,
         problems=tuple(problems),
+        group=header_text(headers, H_GROUP),
     )
 
 
@@ -225,12 +253,14 @@ def _check_limit(limit: int | None) -> None:
 
 
 def derived_topic_owner(topic: str, namespace: str = "") -> tuple[str, str, str] | None:
-    """``(kind, group, main topic)`` when ``topic`` is not a main topic but a
-    group's dead-letter, retry or replay-ledger topic; else None.
+    """``(kind, group, main topic)`` when ``topic`` has the shape of a group's
+    derived dead-letter, retry or replay-ledger topic name; else None.
 
-    The one place that recognises a derived topic's name given where a main
-    topic is expected (``wakuwaku dlq list wk-dlq.billing.orders``). Derived
-    names are a function of (topic, group) (design §6), so the name alone tells.
+    Recognises a derived name given where a main topic is expected
+    (``wakuwaku dlq list wk-dlq.billing.orders``): derived names are a
+    function of (topic, group) (design §6), so the name alone tells.
+    Configured names are recognised by :func:`main_topic_problem`, which
+    reads the topic-names topic.
 
     :param namespace: the consumer's namespace prefix, if it had one.
     """
@@ -246,40 +276,64 @@ def derived_topic_owner(topic: str, namespace: str = "") -> tuple[str, str, str]
 
 async def dead_letter_groups(log: Log, topic: str, namespace: str = "") -> list[str]:
     """The consumer groups that have a dead-letter topic for main topic
-    ``topic`` (every group that consumed it creates one at start), sorted.
+    ``topic`` (every group that consumed it creates one at start: a derived
+    name, or a configured one noted in the topic-names topic), sorted.
 
     For telling a mistyped ``--group`` apart from a group without dead letters.
     """
     prefix = f"{namespace}." if namespace else ""
-    found = []
-    for info in await log.list_topics():
-        name = info.name[len(prefix) :] if prefix and info.name.startswith(prefix) else info.name
+    topics = {info.name for info in await log.list_topics()}
+    found = set()
+    for full in topics:
+        name = full[len(prefix) :] if prefix and full.startswith(prefix) else full
         split = split_internal_topic(name)
         if split is not None and split[0] == "dlq" and split[2] == topic:
-            found.append(split[1])
+            found.add(split[1])
+    main = f"{prefix}{topic}"
+    for names in (await read_topic_names(log, namespace)).values():
+        if names.topic == main and names.dead_letter in topics:
+            found.add(names.group)
     return sorted(found)
 
 
-def _check_main_topic(topic: str, namespace: str) -> None:
-    """:raises ConfigError: when ``topic`` names a derived topic (which main topic
-    and group were meant is in the message)."""
+async def main_topic_problem(log: Log, topic: str, namespace: str = "") -> str | None:
+    """Why ``topic`` (without the namespace) is not a main topic: it is a
+    group's retry, dead-letter or replay-ledger topic, by its derived name or
+    as noted in the topic-names topic (the message names the main topic and
+    group meant); None for a main topic."""
     owner = derived_topic_owner(topic, namespace)
     if owner is not None:
         kind, group, main = owner
-        raise ConfigError(
+        return (
             f"{topic!r} is the {kind} topic of group {group!r} for topic "
             f"{main!r}: give the main topic {main!r} with --group {group}"
         )
+    qualified = f"{namespace}.{topic}" if namespace else topic
+    noted = topic_owner(qualified, (await read_topic_names(log, namespace)).values())
+    if noted is not None:
+        word, names = noted
+        prefix = f"{namespace}." if namespace else ""
+        main = names.topic[len(prefix) :]
+        return (
+            f"{topic!r} is the {word} topic of group {names.group!r} for topic "
+            f"{main!r} (configured): give the main topic {main!r} with --group {names.group}"
+        )
+    return None
 
 
-def _names(topic: str, group: str, namespace: str) -> ConsumerConfig:
-    """A config that only serves to qualify names exactly as the consumer does.
+async def resolve_group_topics(
+    log: Log, topic: str, group: str, namespace: str = ""
+) -> GroupTopics:
+    """The topics ``group`` uses for main topic ``topic`` (derived, or configured
+    and noted: :func:`wakuwaku.engine.group_topics`).
 
-    :raises ConfigError: for a bad group name or a derived topic given as the
-        main topic.
+    :raises ConfigError: for a bad group name, or when ``topic`` is a retry,
+        dead-letter or replay-ledger topic (:func:`main_topic_problem`).
     """
-    _check_main_topic(topic, namespace)
-    return ConsumerConfig(topic=topic, group=group, namespace=namespace)
+    problem = await main_topic_problem(log, topic, namespace)
+    if problem is not None:
+        raise ConfigError(problem)
+    return await group_topics(log, topic, group, namespace=namespace)
 
 
 async def _partitions_or_none(log: Log, topic: str) -> int | None:
@@ -308,13 +362,17 @@ async def _scan(
 
 
 async def _dead_letter_pages(
-    log: Log, dead_letter_topic: str, partitions: int
+    log: Log, names: GroupTopics, partitions: int
 ) -> AsyncGenerator[tuple[int, list[DeadLetter]], None]:
+    """The group's dead letters of its main topic, page by page; another
+    group's or another main topic's (:meth:`DeadLetter.belongs_to`) are left out."""
+    dead_letter_topic = names.dead_letter
     starts = await log.start_offsets(dead_letter_topic)
     ends = await log.end_offsets(dead_letter_topic)
     for p in range(partitions):
         async for page in _scan(log, dead_letter_topic, p, starts.get(p, 0), ends.get(p, 0)):
-            yield p, [parse_dead_letter(p, r) for r in page]
+            letters = (parse_dead_letter(p, r) for r in page)
+            yield p, [x for x in letters if x.belongs_to(names.topic, names.group)]
 
 
 def _matches(letter: DeadLetter, reason: str | None, key: str | None) -> bool:
@@ -336,13 +394,14 @@ async def list_dead_letters(
     :param log: the log.
     :param topic: the main topic.
     :param group: the consumer group whose dead letters are listed (its
-        dead-letter topic is ``wk-dlq.<group>.<topic>``).
+        dead-letter topic is ``wk-dlq.<group>.<topic>``, or the configured
+        name its consumer noted: :func:`wakuwaku.engine.group_topics`).
     :param reason: only dead letters with this reason code.
     :param key: only dead letters of this key.
     :param limit: at most this many (the first ones in partition, offset order).
     :param namespace: the consumer's namespace prefix, if it had one.
     :returns: the matching dead letters; an empty list when the consumer
-        never created ``wk-dlq.<group>.<topic>``. Dead letters with broken headers are
+        never created its dead-letter topic. Dead letters with broken headers are
         included, with :attr:`DeadLetter.problems` saying what is wrong.
     :raises UnknownTopicError: when the main topic does not exist.
     :raises ConfigError: for an unknown reason code or a limit below 1, or
@@ -351,15 +410,13 @@ async def list_dead_letters(
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
-    names = _names(topic, group, namespace)
-    main = names.topics[0]
-    await log.describe_topic(main)
-    dead_letter_topic = names.dead_letter_topic(main)
-    partitions = await _partitions_or_none(log, dead_letter_topic)
+    names = await resolve_group_topics(log, topic, group, namespace)
+    await log.describe_topic(names.topic)
+    partitions = await _partitions_or_none(log, names.dead_letter)
     if partitions is None:
         return []
     found: list[DeadLetter] = []
-    async with aclosing(_dead_letter_pages(log, dead_letter_topic, partitions)) as pages:
+    async with aclosing(_dead_letter_pages(log, names, partitions)) as pages:
         async for _, page in pages:
             for letter in page:
                 if _matches(letter, wanted, key):
@@ -513,8 +570,9 @@ async def replay_dead_letters(
     already there: a replayed event is handled after the key's newer events.
 
     Every replayed dead letter is noted in the ledger topic
-    ``wk-replayed.<group>.<topic>`` (created on first use with the dead-letter topic's
-    partition count), after its copy was written. A later run skips what the
+    ``wk-replayed.<group>.<topic>`` (``<dead-letter topic>.replayed`` for a
+    configured dead-letter topic; created on first use with the dead-letter
+    topic's partition count), after its copy was written. A later run skips what the
     ledger holds, unless ``everything`` is true. A crash between the two
     writes replays that dead letter again on the next run, under the same
     identity (at-least-once, like the consumer).
@@ -541,25 +599,22 @@ async def replay_dead_letters(
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
-    names = _names(topic, group, namespace)
-    main = names.topics[0]
+    names = await resolve_group_topics(log, topic, group, namespace)
+    main = names.topic
     main_partitions = (await log.describe_topic(main)).partitions
-    dead_letter_topic = names.dead_letter_topic(main)
-    ledger = names.qualify(replay_ledger_topic_name(topic, group))
+    dead_letter_topic, ledger = names.dead_letter, names.replay_ledger
     report = ReplayReport(main, dry_run)
     dead_letter_partitions = await _partitions_or_none(log, dead_letter_topic)
     if dead_letter_partitions is None:
         return report
     if not dry_run:
         try:
-            await log.create_topic(ledger, dead_letter_partitions)
+            await log.create_topic(ledger, dead_letter_partitions, derived_from=main)
         except PartitionCountMismatch as exc:
             raise PartitionCountMismatch(ledger, exc.existing, dead_letter_partitions) from None
     done = {} if everything else await _read_ledger(log, ledger)
     remaining = limit
-    async with aclosing(
-        _dead_letter_pages(log, dead_letter_topic, dead_letter_partitions)
-    ) as pages:
+    async with aclosing(_dead_letter_pages(log, names, dead_letter_partitions)) as pages:
         async for p, page in pages:
             batch: list[tuple[DeadLetter, str]] = []
             for letter in page:
@@ -634,20 +689,15 @@ async def _replay_page(
 
 
 async def _dead_letter_counts(
-    log: Log,
-    config: ConsumerConfig,
-    topic: str,
-    main: str,
+    log: Log, names: GroupTopics
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Dead letters per reason, and of those the ones the replay ledger holds."""
     dead: Counter[str] = Counter()
     replayed: Counter[str] = Counter()
-    dead_letter_topic = config.dead_letter_topic(main)
-    dead_letter_partitions = await _partitions_or_none(log, dead_letter_topic)
+    dead_letter_partitions = await _partitions_or_none(log, names.dead_letter)
     if dead_letter_partitions is not None:
-        ledger = config.qualify(replay_ledger_topic_name(topic, config.group))
-        done = await _read_ledger(log, ledger)
-        async for p, page in _dead_letter_pages(log, dead_letter_topic, dead_letter_partitions):
+        done = await _read_ledger(log, names.replay_ledger)
+        async for p, page in _dead_letter_pages(log, names, dead_letter_partitions):
             for letter in page:
                 reason = letter.reason or MISSING_REASON
                 dead[reason] += 1

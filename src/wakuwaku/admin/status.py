@@ -23,7 +23,7 @@ from ..engine import (
     read_retry_partition,
 )
 from ..logs import Log
-from .dead_letters import _check_main_topic, _dead_letter_counts, _partitions_or_none
+from .dead_letters import _dead_letter_counts, _partitions_or_none, resolve_group_topics
 
 __all__ = (
     "PartitionStatus",
@@ -74,9 +74,11 @@ class Status:
     :param problems: broken records met in the retry topic, each naming
         topic, partition and offset (the consumer would stop on them too).
     :param replayed: of :attr:`dead_letters`, those per reason that the
-        replay ledger ``replayed_<topic>`` says were replayed already.
+        replay ledger says were replayed already.
     :param groups: the groups with a committed offset on the topic, when the
         log can list them (None otherwise).
+    :param retry_topic: / :param dead_letter_topic: the group's retry and
+        dead-letter topics that were read (derived or configured, design §6).
     """
 
     topic: str
@@ -87,6 +89,8 @@ class Status:
     problems: tuple[str, ...] = ()
     replayed: Mapping[str, int] = field(default_factory=dict)
     groups: tuple[str, ...] | None = None
+    retry_topic: str = ""
+    dead_letter_topic: str = ""
 
     @property
     def never_committed(self) -> bool:
@@ -123,6 +127,8 @@ class Status:
         return {
             "topic": self.topic,
             "group": self.group,
+            "retry_topic": self.retry_topic,
+            "dead_letter_topic": self.dead_letter_topic,
             "lag": self.lag,
             "backlog": self.backlog,
             "partitions": [
@@ -169,7 +175,9 @@ async def consumer_status(
 ) -> Status:
     """Lag, quarantined keys, retry backlog and dead letters of ``group`` on ``topic``.
 
-    The retry state is rebuilt by reading ``wk-retry.<group>.<topic>`` from the group's
+    The retry state is rebuilt by reading the group's retry topic
+    (``wk-retry.<group>.<topic>``, or the configured name its consumer noted:
+    :func:`wakuwaku.engine.group_topics`) from the group's
     committed retry offset with the consumer's own loader
     (:func:`~wakuwaku.engine.read_retry_partition`),
     exactly as a restarting consumer does (design §6); the next attempt times
@@ -187,15 +195,15 @@ async def consumer_status(
     :raises ConfigError: for an empty group or a bad retry schedule, or
         when ``topic`` is a dead-letter, retry or ledger topic.
     """
-    _check_main_topic(topic, namespace)
+    names = await resolve_group_topics(log, topic, group, namespace)
     config = ConsumerConfig(
         topic=topic, group=group, namespace=namespace, retry_delays=retry_delays
     )
-    main = config.topics[0]
+    main = names.topic
     partitions = (await log.describe_topic(main)).partitions
     starts = await log.start_offsets(main)
     ends = await log.end_offsets(main)
-    retry = config.retry_topic(main)
+    retry = names.retry
     has_retry = await _partitions_or_none(log, retry) is not None
     problems: list[str] = []
     rows: list[PartitionStatus] = []
@@ -215,9 +223,14 @@ async def consumer_status(
                 f"{retry} partition {p} offset {offset} (key {key!r}): broken retry record: {what}"
                 for offset, key, what in state.broken
             )
+            if state.foreign:
+                problems.append(
+                    f"{retry} partition {p}: {state.foreign} records of other consumer "
+                    "groups, skipped (two groups were configured with one retry topic)"
+                )
         rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))
     quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
-    dead, replayed = await _dead_letter_counts(log, config, topic, main)
+    dead, replayed = await _dead_letter_counts(log, names)
     return Status(
         main,
         group,
@@ -227,6 +240,8 @@ async def consumer_status(
         tuple(problems),
         replayed,
         await committed_groups(log, main),
+        retry,
+        names.dead_letter,
     )
 
 

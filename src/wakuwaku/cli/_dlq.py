@@ -1,11 +1,14 @@
 """``wakuwaku dlq list`` and ``wakuwaku dlq replay``: a topic's dead letters (design §8).
 
 Dead letters belong to one consumer group (``--group``, design §6). ``list``
-only reads the group's dead-letter topic ``wk-dlq.<group>.<topic>``.
+only reads the group's dead-letter topic: ``wk-dlq.<group>.<topic>``, or the
+name its consumer was configured with (``ConsumerConfig.dead_letter_topics``),
+which the consumer noted in the log at start.
 ``replay`` writes matching dead letters back into the main topic (keeping
 ``wk-src``, the message identity), addressed to that group only
 (``wk-for-group``), and notes each one in the ledger topic
-``wk-replayed.<group>.<topic>`` so that running it again does not replay it
+``wk-replayed.<group>.<topic>`` (``<dead-letter topic>.replayed`` for a
+configured one) so that running it again does not replay it
 twice; ``--all`` ignores the ledger. See
 :func:`wakuwaku.admin.replay_dead_letters` and ``docs/operations.md``.
 """
@@ -25,8 +28,8 @@ from ..admin import (
     dead_letter_groups,
     list_dead_letters,
     replay_dead_letters,
+    resolve_group_topics,
 )
-from ..engine import ConsumerConfig
 from ..logs import Log
 from ._exit import ExitCode
 from ._status import log_option, namespace_option, printable, when, with_log
@@ -35,11 +38,6 @@ KEY_LIMIT = 200
 """The most characters of a key a text line shows (``--json`` shows it whole)."""
 
 _REASON = click.Choice([r.value for r in ReasonCode])
-
-
-def _dlq_name(topic: str, group: str, namespace: str) -> str:
-    config = ConsumerConfig(topic=topic, group=group, namespace=namespace)
-    return config.dead_letter_topic(config.topics[0])
 
 
 def _filters(fn: Any) -> Any:
@@ -58,7 +56,7 @@ def _filters(fn: Any) -> Any:
 
 @click.group("dlq")
 def dlq_group() -> None:
-    """List and replay a group's dead letters of a topic (wk-dlq.<group>.<topic>)."""
+    """List and replay a group's dead letters of a topic (wk-dlq.<group>.<topic>, or configured)."""
 
 
 def _source(source: Source | None) -> str:
@@ -111,20 +109,21 @@ def list_command(
     Exit status 3 when TOPIC does not exist.
     """
 
-    async def work(log: Log) -> tuple[list[DeadLetter], list[str]]:
+    async def work(log: Log) -> tuple[list[DeadLetter], list[str], str]:
         found = await list_dead_letters(
             log, topic, group=group, reason=reason, key=key, limit=limit, namespace=namespace
         )
-        return found, [] if found else await dead_letter_groups(log, topic, namespace)
+        names = await resolve_group_topics(log, topic, group, namespace)
+        groups = [] if found else await dead_letter_groups(log, topic, namespace)
+        return found, groups, names.dead_letter
 
-    letters, groups = with_log(log_url, work)
+    letters, groups, dlq = with_log(log_url, work)
     if not letters and group not in groups:
         _no_such_group(topic, group, groups)
         return ExitCode.FAILURE
     if as_json:
         click.echo(json.dumps([x.as_dict() for x in letters], ensure_ascii=False, indent=1))
         return ExitCode.OK
-    dlq = _dlq_name(topic, group, namespace)
     if not letters:
         click.echo(f"no dead letters in {dlq!r} matching the filters")
         return ExitCode.OK
@@ -186,7 +185,7 @@ def replay_command(
     stderr and make the exit status 1; exit status 3 when TOPIC does not exist.
     """
 
-    async def work(log: Log) -> tuple[ReplayReport, list[str]]:
+    async def work(log: Log) -> tuple[ReplayReport, list[str], str]:
         done = await replay_dead_letters(
             log,
             topic,
@@ -198,9 +197,10 @@ def replay_command(
             everything=everything,
             namespace=namespace,
         )
-        return done, await dead_letter_groups(log, topic, namespace)
+        names = await resolve_group_topics(log, topic, group, namespace)
+        return done, await dead_letter_groups(log, topic, namespace), names.dead_letter
 
-    report, groups = with_log(log_url, work)
+    report, groups, dlq = with_log(log_url, work)
     if group not in groups:
         _no_such_group(topic, group, groups)
         return ExitCode.FAILURE
@@ -216,7 +216,6 @@ def replay_command(
             f"{report.already_replayed} matching dead letters were replayed before "
             "(use --all to replay them again)"
         )
-    dlq = _dlq_name(topic, group, namespace)
     for skip in report.skipped:
         key_text = "-" if skip.key is None else repr(printable(skip.key, KEY_LIMIT))
         click.echo(

@@ -148,11 +148,14 @@ async def _serve(
     try:
         if metrics_port is not None:
             refresher = _start_metrics(consumer, metrics_port, metrics_addr)
+        config = consumer.config
         logger.info(
             "consumer starting",
             extra={
-                "topics": list(consumer.config.topics),
-                "group": consumer.config.group,
+                "topics": list(config.topics),
+                "group": config.group,
+                "retry_topics": [config.retry_topic(t) for t in config.topics],
+                "dead_letter_topics": [config.dead_letter_topic(t) for t in config.topics],
                 "log": consumer.log.url,
                 "drain": drain,
             },

@@ -164,6 +164,10 @@ def never_committed(status: Status) -> str:
 def render_status(status: Status, now: float) -> list[str]:
     """The human-readable lines of ``wakuwaku status``."""
     lines = [f"topic {status.topic!r}, group {status.group!r}"]
+    if status.retry_topic:
+        lines.append(
+            f"retry topic {status.retry_topic!r}, dead-letter topic {status.dead_letter_topic!r}"
+        )
     lines.append(
         f"{'partition':>9}  {'end':>10}  {'committed':>10}  {'lag':>8}  "
         f"{'backlog':>8}  {'quarantined':>11}"

@@ -31,7 +31,15 @@ from .._events import Algebra, EventType, JsonCodec
 from .._json import DuplicateKeyError, decode_strict
 from .._partitioner import partition_for
 from .._records import Record, build_headers
-from ..engine import check_group_name, replay_ledger_topic_name, split_internal_topic
+from ..engine import (
+    TOPIC_NAMES_TOPIC,
+    GroupTopics,
+    check_group_name,
+    registered_topics,
+    replay_ledger_topic_name,
+    split_internal_topic,
+    topic_owner,
+)
 from ..logs import Log, OutgoingRecord
 from ._exit import ExitCode
 from ._status import LOG_ENV, log_option, with_log
@@ -74,7 +82,8 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
     """Create topic NAME; nothing happens when it exists with the same count.
 
     A different count fails with PartitionCountMismatch (exit 3). A group's
-    retry, dead-letter or replay-ledger name (``wk-retry.G.T``...) is refused
+    retry, dead-letter or replay-ledger topic (``wk-retry.G.T``..., or a
+    configured name a consumer noted) and the topic-names topic are refused
     (exit 3): the consumer creates those itself, with the main topic's count.
     """
     internal = split_internal_topic(name)
@@ -85,8 +94,21 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
             f"{main!r}: the consumer creates it with {main!r}'s partition "
             "count; create the main topic instead"
         )
+    if name == TOPIC_NAMES_TOPIC or name.endswith("." + TOPIC_NAMES_TOPIC):
+        raise ConfigError(
+            f"{name!r} is where consumers note their configured topic names; "
+            "the consumer creates it"
+        )
 
     async def work(log: Log) -> bool:
+        owner = topic_owner(name, await registered_topics(log))
+        if owner is not None:
+            word, names = owner
+            raise ConfigError(
+                f"{name!r} is the {word} topic of group {names.group!r} for topic "
+                f"{names.topic!r} (configured): the consumer creates it with "
+                f"{names.topic!r}'s partition count; create the main topic instead"
+            )
         existed = name in {t.name for t in await log.list_topics()}
         await log.create_topic(name, partitions)
         return existed
@@ -96,6 +118,35 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
     click.echo(f"topic {name} {verb} with {partitions} partition{'s' * (partitions != 1)}")
 
 
+async def _delete(log: Log, name: str) -> tuple[bool, list[GroupTopics]]:
+    """Delete ``name``; also the names noted for it (before the deletion)."""
+    noted = await registered_topics(log)
+    return await log.delete_topic(name), noted
+
+
+def _ledger_of(name: str, noted: list[GroupTopics]) -> str | None:
+    """The replay ledger that goes with dead-letter topic ``name``, None when
+    ``name`` is no dead-letter topic."""
+    internal = split_internal_topic(name)
+    if internal is not None:
+        return replay_ledger_topic_name(internal[2], internal[1]) if internal[0] == "dlq" else None
+    owner = topic_owner(name, noted)
+    if owner is not None and owner[0] == "dead-letter":
+        return owner[1].replay_ledger
+    return None
+
+
+def _kept(name: str, noted: list[GroupTopics]) -> str:
+    """What deleting main topic ``name`` keeps: its groups' topics."""
+    configured = sorted(
+        {t for names in noted if names.topic == name for t in (names.retry, names.dead_letter)}
+    )
+    text = "its groups' wk-retry.*, wk-dlq.* and wk-replayed.* topics"
+    if configured:
+        text += " and configured " + ", ".join(configured)
+    return f"{text} are kept: delete them by name when they are no longer needed"
+
+
 @topic_group.command("delete")
 @click.argument("name")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -103,29 +154,29 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
 def delete_command(name: str, yes: bool, log_url: str) -> int:
     """Delete topic NAME: its records and every group's offsets and leases on it.
 
-    Stop the topic's consumers first. Exit 1 when there is no such topic.
+    Stop the topic's consumers first. A dead-letter topic goes with its replay
+    ledger. A main topic's retry and dead-letter topics are kept (configured
+    names are found where the consumers noted them, and named). Exit 1 when
+    there is no such topic.
     """
     if not yes and not _confirmed(f"delete topic {name} with its records and offsets?"):
         return ExitCode.FAILURE
-    if not run_on_log(log_url, lambda log: log.delete_topic(name)):
+    deleted, noted = run_on_log(log_url, lambda log: _delete(log, name))
+    if not deleted:
         click.echo(f"no topic {name}", err=True)
         return ExitCode.FAILURE
-    internal = split_internal_topic(name)
-    if internal is not None and internal[0] == "dlq":
+    ledger = _ledger_of(name, noted)
+    if ledger is not None:
         # The ledger of replayed dead letters goes with them: kept, it would
         # mark the next dead letters at the same offsets as replayed already.
-        ledger = replay_ledger_topic_name(internal[2], internal[1])
         if run_on_log(log_url, lambda log: log.delete_topic(ledger)):
             click.echo(f"topic {name} deleted, with its replay ledger {ledger}")
         else:
             click.echo(f"topic {name} deleted")
-    elif internal is not None:  # itself a group's retry topic or replay ledger
-        click.echo(f"topic {name} deleted")
+    elif split_internal_topic(name) is not None or topic_owner(name, noted) is not None:
+        click.echo(f"topic {name} deleted")  # itself a group's retry topic or replay ledger
     else:
-        click.echo(
-            f"topic {name} deleted (its groups' wk-retry.*, wk-dlq.* and wk-replayed.* "
-            "topics are kept: delete them by name when they are no longer needed)"
-        )
+        click.echo(f"topic {name} deleted ({_kept(name, noted)})")
     return ExitCode.OK
 
 
@@ -155,7 +206,8 @@ def group_delete_command(group: str, topic: str | None, yes: bool, log_url: str)
     """Delete GROUP's committed offsets and partition leases (on every topic, or --topic).
 
     Stop the group's consumers first: a restarted member starts from the
-    topic's start. The group's retry and dead-letter topics are kept. An
+    topic's start. The group's retry and dead-letter topics (derived or
+    configured) are kept. An
     unknown --topic or a name that is no group name fails (exit 3); a group
     with no committed offset there fails (exit 1).
     """
@@ -172,8 +224,8 @@ def group_delete_command(group: str, topic: str | None, yes: bool, log_url: str)
         return ExitCode.FAILURE
     click.echo(
         f"group {group}: {removed} committed offset{'s' * (removed != 1)} "
-        f"deleted{where} (its wk-retry.{group}.* and wk-dlq.{group}.* topics are "
-        "kept)"
+        f"deleted{where} (its wk-retry.{group}.* and wk-dlq.{group}.* topics, and "
+        "configured ones, are kept)"
     )
     return ExitCode.OK
 

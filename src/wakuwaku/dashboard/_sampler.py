@@ -31,7 +31,7 @@ from ..admin import (
     derived_topic_owner,
     parse_dead_letter,
 )
-from ..engine import ConsumerConfig
+from ..engine import ConsumerConfig, GroupTopics, read_topic_names, topic_names_topic
 from ..logs import Lease, Log
 
 logger = logging.getLogger("wakuwaku.dashboard")
@@ -74,6 +74,7 @@ class LetterEntry:
 class _Index:
     """A group's dead-letter topic as read so far."""
 
+    topic: str = ""
     next_offsets: dict[int, int] = field(default_factory=dict)
     entries: list[LetterEntry] = field(default_factory=list)
 
@@ -179,18 +180,25 @@ class Sampler:
         """Rounds completed (a failed listing of topics counts as one)."""
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        # The configured names consumers noted, read once per round.
+        self._noted: dict[tuple[str, str], GroupTopics] = {}
 
     async def targets(self) -> list[Target]:
         """The (topic, group) pairs to show: every main topic (not a retry,
-        dead-letter or ledger topic) with every group that has a dead-letter
-        topic for it or a committed offset on it, or only ``group``."""
+        dead-letter or ledger topic, derived or configured, nor the
+        topic-names topic) with every group that has a dead-letter topic for
+        it or a committed offset on it, or only ``group``."""
         prefix = f"{self.namespace}." if self.namespace else ""
+        self._noted = noted = await read_topic_names(self.log, self.namespace)
+        engine_made = {topic_names_topic(self.namespace)}
+        for names in noted.values():
+            engine_made.update((names.retry, names.dead_letter, names.replay_ledger))
         found: list[Target] = []
         for info in await self.log.list_topics():
             if prefix and not info.name.startswith(prefix):
                 continue
             topic = info.name[len(prefix) :]
-            if derived_topic_owner(topic) is not None:
+            if derived_topic_owner(topic) is not None or info.name in engine_made:
                 continue
             if self.group is not None:
                 groups = {self.group}
@@ -242,20 +250,21 @@ class Sampler:
         while view.samples and view.samples[0].at < now - self.history:
             view.samples.popleft()
 
-    def _config(self, target: Target) -> ConsumerConfig:
-        """A config that only names the group's topics as its consumer does."""
-        return ConsumerConfig(topic=target.topic, group=target.group, namespace=self.namespace)
+    def names(self, target: Target) -> GroupTopics:
+        """The (qualified) topics of ``target``'s group: the configured names its
+        consumer noted (as of the last round), else the derived ones."""
+        config = ConsumerConfig(topic=target.topic, group=target.group, namespace=self.namespace)
+        main = config.topics[0]
+        return self._noted.get((main, target.group)) or config.group_topics(main)
 
     def dead_letter_topic(self, target: Target) -> str:
         """The (qualified) dead-letter topic of ``target``'s group."""
-        config = self._config(target)
-        return config.dead_letter_topic(config.topics[0])
+        return self.names(target).dead_letter
 
     async def _first_errors(
         self, target: Target, status: Status, known: dict[tuple[int, int], str]
     ) -> dict[tuple[int, int], str]:
-        config = self._config(target)
-        retry = config.retry_topic(config.topics[0])
+        retry = self.names(target).retry
         found: dict[tuple[int, int], str] = {}
         for q in status.quarantined[:QUARANTINE_ERRORS]:
             if q.retry_offset is None:
@@ -272,15 +281,18 @@ class Sampler:
         return await self.log.partition_owners(group, topic)
 
     async def _read_letters(self, view: View) -> None:
-        dlq = self.dead_letter_topic(view.target)
+        names = self.names(view.target)
+        dlq = names.dead_letter
         if dlq not in {t.name for t in await self.log.list_topics()}:
-            view.index = _Index()
+            view.index = _Index(topic=dlq)
             return
+        if view.index.topic != dlq:  # the group's dead-letter topic was configured anew
+            view.index = _Index(topic=dlq)
         starts = await self.log.start_offsets(dlq)
         ends = await self.log.end_offsets(dlq)
         index = view.index
         if any(ends.get(p, 0) < index.next_offsets.get(p, 0) for p in ends):
-            index = view.index = _Index()  # the topic was deleted and made again
+            index = view.index = _Index(topic=dlq)  # the topic was deleted and made again
         for p, end in sorted(ends.items()):
             offset = max(index.next_offsets.get(p, 0), starts.get(p, 0))
             while offset < end:
@@ -289,6 +301,8 @@ class Sampler:
                     break
                 for record in page:
                     letter = parse_dead_letter(p, record)
+                    if not letter.belongs_to(names.topic, names.group):
+                        continue  # another group's, in a shared dead-letter topic
                     key = letter.key
                     cut = key is not None and len(key) > KEY_LIMIT
                     index.entries.append(

@@ -31,9 +31,9 @@ STATS_EVERY = 0.1
 
 
 def build(
-    log_url: str, projection: Path, retry_delays: Sequence[float], partitions_owner: str
+    log_url: str, projection: Projection, retry_delays: Sequence[float], partitions_owner: str
 ) -> Consumer:
-    """The demo's consumer over the log at ``log_url``."""
+    """The demo's consumer over the log at ``log_url``, writing ``projection``."""
     config = ConsumerConfig(
         topic=(PLANES_TOPIC, FLIGHTS_TOPIC),
         group=GROUP,
@@ -44,7 +44,7 @@ def build(
         member_id=partitions_owner,
         shutdown_timeout=10.0,
     )
-    return Consumer(config, Projection(projection).handlers(), open_log(log_url))
+    return Consumer(config, projection.handlers(), open_log(log_url))
 
 
 def _dump(consumer: Consumer, path: Path) -> None:
@@ -68,7 +68,8 @@ async def run(
 ) -> int:
     """Consume until the producers are done and everything is handled."""
     # A stable member id: a restarted demo consumer takes its leases back at once.
-    consumer = build(log_url, projection, retry_delays, "flights-demo-consumer")
+    target = Projection(projection)
+    consumer = build(log_url, target, retry_delays, "flights-demo-consumer")
     for handler in consumer.handlers.values():
         if handler.inbox is not None:
             await handler.inbox.ensure_schema()
@@ -96,6 +97,7 @@ async def run(
     finally:
         _dump(consumer, stats)
         await consumer.log.close()
+        target.close()
     return 0
 
 

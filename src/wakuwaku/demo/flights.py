@@ -25,13 +25,22 @@ any load and across a SIGKILL (the planes table and the register markers are
 durable; registering is idempotent). The totals accumulate, so their handlers
 claim each message id in the inbox inside the same transaction as the update,
 and stay exact under redelivery (design §9).
+
+SQLite has one writer at a time, so the handlers are async and hand their
+writes to one writer thread, which commits the chunks waiting for it
+together (group commit: one transaction, one savepoint per chunk, so one
+chunk's failure rolls back only its own writes). Each handler call still
+returns only once its chunk is committed, and a failed commit fails every
+chunk in it (a lock held by another process is Transient for each).
 """
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,7 +49,7 @@ import msgspec
 
 from .._errors import Retryable, Transient, Unrecoverable
 from .._events import event
-from ..engine import Handler, current_chunk
+from ..engine import ChunkContext, Handler, current_chunk
 from ..inbox import SQLiteInbox
 
 PLANES_TOPIC = "planes"
@@ -141,9 +150,10 @@ class RegisterLoading(LookupError):
 class Projection:
     """The projection database: one SQLite file and one writer connection.
 
-    SQLite has one writer at a time: the handlers' worker threads take turns
-    on one connection (a lock), so the only "database is locked" they ever
-    see comes from another process (the demo's chaos).
+    SQLite has one writer at a time: the handlers hand their writes to one
+    writer thread, which commits them in groups on one connection (see the
+    module docstring), so the only "database is locked" they ever see comes
+    from another process (the demo's chaos).
 
     :param path: the database file.
     """
@@ -156,11 +166,16 @@ class Projection:
         self._readers = threading.local()
         self._known: set[str] = set()
         self._complete = False
+        self._writer = _GroupCommit(self)
         conn = self._open()
         try:
             conn.executescript(SCHEMA)
         finally:
             conn.close()
+
+    def close(self) -> None:
+        """Stop the writer thread (after the writes handed to it)."""
+        self._writer.close()
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -182,29 +197,28 @@ class Projection:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
 
-    def register(self, run: Sequence[PlaneRegistered]) -> None:
+    def _register(self, conn: sqlite3.Connection, run: Sequence[PlaneRegistered]) -> None:
         """Upsert planes (idempotent: the same row twice is one row)."""
-        with self.transaction() as conn:
-            conn.executemany(
-                "INSERT INTO planes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tailnum) DO UPDATE SET "
-                "year = excluded.year, manufacturer = excluded.manufacturer, "
-                "model = excluded.model, seats = excluded.seats",
-                [(p.tailnum, p.year, p.manufacturer, p.model, p.seats) for p in run],
-            )
+        conn.executemany(
+            "INSERT INTO planes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tailnum) DO UPDATE SET "
+            "year = excluded.year, manufacturer = excluded.manufacturer, "
+            "model = excluded.model, seats = excluded.seats",
+            [(p.tailnum, p.year, p.manufacturer, p.model, p.seats) for p in run],
+        )
 
-    def publish_register(self, run: Sequence[RegisterPublished]) -> None:
+    def _publish_register(self, conn: sqlite3.Connection, run: Sequence[RegisterPublished]) -> None:
         """Store how many planes a register lists (the largest count wins)."""
-        with self.transaction() as conn:
-            conn.executemany(
-                "INSERT INTO registers VALUES (?, ?) ON CONFLICT (register) DO UPDATE SET "
-                "planes = max(planes, excluded.planes)",
-                [(r.register, r.planes) for r in run],
-            )
+        conn.executemany(
+            "INSERT INTO registers VALUES (?, ?) ON CONFLICT (register) DO UPDATE SET "
+            "planes = max(planes, excluded.planes)",
+            [(r.register, r.planes) for r in run],
+        )
         self._complete = False  # an amendment may list planes not stored yet
 
     def register_size(self) -> int:
@@ -229,13 +243,12 @@ class Projection:
                 conn.close()
         return listed is not None and stored >= listed
 
-    def _new_events(self, conn: sqlite3.Connection, count: int) -> list[bool]:
+    def _new_events(self, conn: sqlite3.Connection, chunk: ChunkContext, count: int) -> list[bool]:
         """Claim the chunk's message ids; per event, whether it is new.
 
         :raises Unrecoverable: when an event stands for ids of which some were
             applied and others not (it cannot be split: never guess).
         """
-        chunk = current_chunk()
         if len(chunk.message_ids) != count:
             # Claiming ids of events this call does not apply would lose them.
             raise Unrecoverable(
@@ -289,39 +302,55 @@ class Projection:
             raise Retryable(PlaneNotRegistered(f"plane {tailnum} is not in the register"))
         self._known.add(tailnum)  # registrations are never removed
 
-    def fly(self, run: Sequence[FlightFlown]) -> None:
-        """Add flown flights to their plane's totals, each message id once."""
-        self._require_plane(run[0].tailnum)
-        with self.transaction() as conn:
-            rows = [
-                (f.flights, f.distance, f.air_time, f.arr_delay, f.tailnum)
-                for f, new in zip(run, self._new_events(conn, len(run)), strict=True)
-                if new
-            ]
-            conn.executemany(
-                "INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
-                [(r[-1],) for r in rows[:1]],
-            )
-            conn.executemany(
-                "UPDATE totals SET flights = flights + ?, distance = distance + ?, "
-                "air_time = air_time + ?, arr_delay = arr_delay + ? WHERE tailnum = ?",
-                rows,
-            )
+    async def register(self, run: Sequence[PlaneRegistered]) -> None:
+        """Handler: upsert planes."""
+        await self._writer.write(self._register, run)
 
-    def cancel(self, run: Sequence[FlightCancelled]) -> None:
-        """Count cancelled flights on their plane's totals, each message id once."""
+    async def publish_register(self, run: Sequence[RegisterPublished]) -> None:
+        """Handler: store a register's size."""
+        await self._writer.write(self._publish_register, run)
+
+    async def fly(self, run: Sequence[FlightFlown]) -> None:
+        """Handler: add flown flights to their plane's totals, each message id once."""
         self._require_plane(run[0].tailnum)
-        with self.transaction() as conn:
-            count = sum(self._new_events(conn, len(run)))
-            if count:
-                conn.execute(
-                    "INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
-                    (run[0].tailnum,),
-                )
-                conn.execute(
-                    "UPDATE totals SET cancelled = cancelled + ? WHERE tailnum = ?",
-                    (count, run[0].tailnum),
-                )
+        await self._writer.write(self._fly, run, current_chunk())
+
+    async def cancel(self, run: Sequence[FlightCancelled]) -> None:
+        """Handler: count cancelled flights on their plane's totals, each message id once."""
+        self._require_plane(run[0].tailnum)
+        await self._writer.write(self._cancel, run, current_chunk())
+
+    def _fly(
+        self, conn: sqlite3.Connection, run: Sequence[FlightFlown], chunk: ChunkContext
+    ) -> None:
+        rows = [
+            (f.flights, f.distance, f.air_time, f.arr_delay, f.tailnum)
+            for f, new in zip(run, self._new_events(conn, chunk, len(run)), strict=True)
+            if new
+        ]
+        conn.executemany(
+            "INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
+            [(r[-1],) for r in rows[:1]],
+        )
+        conn.executemany(
+            "UPDATE totals SET flights = flights + ?, distance = distance + ?, "
+            "air_time = air_time + ?, arr_delay = arr_delay + ? WHERE tailnum = ?",
+            rows,
+        )
+
+    def _cancel(
+        self, conn: sqlite3.Connection, run: Sequence[FlightCancelled], chunk: ChunkContext
+    ) -> None:
+        count = sum(self._new_events(conn, chunk, len(run)))
+        if count:
+            conn.execute(
+                "INSERT INTO totals (tailnum) VALUES (?) ON CONFLICT DO NOTHING",
+                (run[0].tailnum,),
+            )
+            conn.execute(
+                "UPDATE totals SET cancelled = cancelled + ? WHERE tailnum = ?",
+                (count, run[0].tailnum),
+            )
 
     def totals(self) -> dict[str, tuple[int, int, int, int, int]]:
         """Every plane's (flights, cancelled, distance, air_time, arr_delay)."""
@@ -352,10 +381,99 @@ class Projection:
             conn.close()
 
     def handlers(self) -> list[Handler[Any]]:
-        """The consumer's handlers (sync: they run in worker threads)."""
+        """The consumer's handlers (async: their writes go to the writer thread)."""
         return [
             Handler(PlaneRegistered, self.register, max_batch=500),
             Handler(RegisterPublished, self.publish_register),
             Handler(FlightFlown, self.fly, max_batch=100, inbox=self.inbox),
             Handler(FlightCancelled, self.cancel, max_batch=100, inbox=self.inbox),
         ]
+
+
+_Write = tuple[
+    Callable[..., None], tuple[Any, ...], asyncio.AbstractEventLoop, "asyncio.Future[None]"
+]
+
+GROUP_COMMIT_MAX = 256
+"""At most this many chunks are committed in one transaction."""
+
+
+class _GroupCommit:
+    """One writer thread; the chunks waiting for it are committed together.
+
+    Each write runs inside a savepoint, so a write that raises rolls back
+    only its own changes and fails only its own handler call; the rest of
+    the group commits. A failed BEGIN or COMMIT (the projection locked by
+    another process) fails every write of the group.
+    """
+
+    def __init__(self, projection: Projection) -> None:
+        self._projection = projection
+        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+
+    async def write(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(conn, *args)`` in the next group's transaction; return once
+        it is committed, raising what ``fn``, BEGIN or COMMIT raised."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        with self._start:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="projection-writer", daemon=True
+                )
+                self._thread.start()
+        self._queue.put((fn, args, loop, done))
+        await done
+
+    def close(self) -> None:
+        with self._start:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            group = [first]
+            while len(group) < GROUP_COMMIT_MAX:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)  # stop after this group
+                    break
+                group.append(more)
+            errors = self._commit(group)
+            for (_, _, loop, done), error in zip(group, errors, strict=True):
+                loop.call_soon_threadsafe(_settle, done, error)
+
+    def _commit(self, group: list[_Write]) -> list[BaseException | None]:
+        errors: list[BaseException | None] = [None] * len(group)
+        try:
+            with self._projection.transaction() as conn:
+                for index, (fn, args, _, _) in enumerate(group):
+                    conn.execute("SAVEPOINT chunk")
+                    try:
+                        fn(conn, *args)
+                    except Exception as exc:  # noqa: BLE001 - handed to its handler call
+                        conn.execute("ROLLBACK TO chunk")
+                        errors[index] = exc
+                    conn.execute("RELEASE chunk")
+        except Exception as exc:  # noqa: BLE001 - BEGIN or COMMIT: every write failed
+            return [error or exc for error in errors]
+        return errors
+
+
+def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
+    if done.cancelled():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)

@@ -39,7 +39,7 @@ from .._errors import ConfigError, MissingKeyError
 from .._events import event_type
 from .._producer import Producer
 from ..admin import DeadLetter, list_dead_letters, replay_dead_letters
-from ..engine import ConsumerConfig, replay_ledger_topic_name
+from ..engine import ConsumerConfig
 from ..logs import Log, open_log
 from .data import (
     Expected,
@@ -529,16 +529,7 @@ def demo_topics() -> list[str]:
     replay-ledger topics (a ledger kept past a reset would mark the new run's
     dead letters, at the same positions, as replayed already)."""
     config = ConsumerConfig(topic=(PLANES_TOPIC, FLIGHTS_TOPIC), group=GROUP)
-    return [
-        name
-        for topic, plain in zip(config.topics, (PLANES_TOPIC, FLIGHTS_TOPIC), strict=True)
-        for name in (
-            topic,
-            config.retry_topic(topic),
-            config.dead_letter_topic(topic),
-            config.qualify(replay_ledger_topic_name(plain, GROUP)),
-        )
-    ]
+    return [name for topic in config.topics for name, _ in config.group_topics(topic).roles()]
 
 
 class LogInUseError(ConfigError):

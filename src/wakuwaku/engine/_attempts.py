@@ -321,7 +321,10 @@ class Attempts:
                 through[chunk.key] = max(through.get(chunk.key, last), last)
         at = self.services.times()
         now = at[0]
-        return [(resolved_marker(key, offset, now), at) for key, offset in through.items()]
+        group = self.services.config.group
+        return [
+            (resolved_marker(key, offset, now, group=group), at) for key, offset in through.items()
+        ]
 
     def _finish_attempt(
         self, key: str, pending: array[int], outcome: SegmentOutcome
@@ -341,7 +344,7 @@ class Attempts:
         if outcome.error is None:
             logger.info("quarantine lifted", extra=fields)
             kept.drop(pending)
-            return [(resolved_marker(key, pending[-1], now), at)]
+            return [(resolved_marker(key, pending[-1], now, group=config.group), at)]
         services.stats.attempts_failed += 1
         error = sanitize(outcome.error, config.error_text_limit)
         rest = outcome.rest
@@ -370,14 +373,16 @@ class Attempts:
             # The records as they are in the retry topic: their own wk-src is kept.
             self.outbox.dead_letter_items(rest, ReasonCode.GAVE_UP_RETRY, error, from_retry=True)
             kept.drop(undone)
-            markers.append(resolved_marker(key, max(undone), now, reset=True))
+            markers.append(resolved_marker(key, max(undone), now, group=config.group, reset=True))
         else:
             if done_before:
-                markers.append(resolved_marker(key, max(done_before), now))
+                markers.append(resolved_marker(key, max(done_before), now, group=config.group))
             delay = config.retry_delay(failures)
             if delay > WRITTEN_HORIZON:
                 kept.drop(pending)
-            markers.append(attempt_failed_marker(key, failures, now, now + delay))
+            markers.append(
+                attempt_failed_marker(key, failures, now, now + delay, group=config.group)
+            )
             if logger.isEnabledFor(logging.WARNING):
                 fields["offsets"] = _main_offsets(rest)
                 fields["next_attempt_in"] = delay

@@ -10,10 +10,12 @@ import logging
 import math
 import os
 import random
+import re
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, ErrorClass
@@ -54,6 +56,22 @@ def default_error_class(exc: BaseException) -> ErrorClass:
 RETRY_PREFIX = "wk-retry."
 DEAD_LETTER_PREFIX = "wk-dlq."
 REPLAY_LEDGER_PREFIX = "wk-replayed."
+RESERVED_PREFIXES = (RETRY_PREFIX, DEAD_LETTER_PREFIX, REPLAY_LEDGER_PREFIX)
+"""The prefixes of derived names: a configured name may not start with one."""
+
+TOPIC_NAMES_TOPIC = "wk-topic-names"
+"""The topic (``[ns.]wk-topic-names``, one partition) where consumers note the
+retry and dead-letter topics they were configured with, so that ``wakuwaku
+status``, ``dlq``, ``topic`` and the dashboard find them (see
+:mod:`wakuwaku.engine._registry`). Not a main topic."""
+
+REPLAY_LEDGER_SUFFIX = ".replayed"
+"""A configured dead-letter topic ``D`` has the replay ledger ``D.replayed``."""
+
+MAX_TOPIC_NAME = 200
+"""The longest topic name the engine makes or accepts (the log contract's bound)."""
+
+_PORTABLE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def check_group_name(group: str) -> None:
@@ -74,8 +92,38 @@ def check_group_name(group: str) -> None:
         )
 
 
+def check_configured_topic_name(name: object, what: str) -> str:
+    """Refuse a configured retry or dead-letter topic name that is not valid on every engine.
+
+    The rule is the one derived names follow: the characters every engine
+    allows in a topic name (Kafka's ``A-Z a-z 0-9 . _ -``, the narrowest),
+    not ``.`` or ``..``, and not a derived name's prefix (``wk-retry.``,
+    ``wk-dlq.``, ``wk-replayed.``) or the topic-names topic, which belong to
+    the engine. The length is checked with the namespace applied
+    (:meth:`ConsumerConfig.group_topics`).
+
+    :param what: how the error names the setting (``retry_topics['orders']``).
+    :returns: ``name``.
+    :raises ConfigError: for a name that is not a str or breaks a rule above.
+    """
+    if not isinstance(name, str) or not _PORTABLE_NAME.fullmatch(name) or name in (".", ".."):
+        raise ConfigError(
+            f"ConsumerConfig.{what} = {name!r}: a topic name of A-Z, a-z, 0-9, '.', '_' "
+            "and '-' (valid on every engine), not '.' or '..'"
+        )
+    if name.startswith(RESERVED_PREFIXES) or name == TOPIC_NAMES_TOPIC:
+        raise ConfigError(
+            f"ConsumerConfig.{what} = {name!r}: names starting with "
+            f"{', '.join(repr(p) for p in RESERVED_PREFIXES)} and {TOPIC_NAMES_TOPIC!r} "
+            "belong to the engine (leave the topic out of the setting to get its "
+            "derived name)"
+        )
+    return name
+
+
 def retry_topic_name(topic: str, group: str) -> str:
-    """``wk-retry.<group>.<topic>``: where one group's Retryable work of a topic waits (design §6).
+    """``wk-retry.<group>.<topic>``: where one group's Retryable work of a topic
+    waits, unless configured otherwise (design §6).
 
     The retry topic belongs to one consumer group: two groups reading one
     topic never see each other's retry work. The name is unambiguous because
@@ -87,20 +135,22 @@ def retry_topic_name(topic: str, group: str) -> str:
 
 def dead_letter_topic_name(topic: str, group: str) -> str:
     """``wk-dlq.<group>.<topic>``: where one group's records of a topic that
-    cannot be handled go (design §6, §8)."""
+    cannot be handled go, unless configured otherwise (design §6, §8)."""
     return f"{DEAD_LETTER_PREFIX}{group}.{topic}"
 
 
 def replay_ledger_topic_name(topic: str, group: str) -> str:
     """``wk-replayed.<group>.<topic>``: which of one group's dead letters of
-    ``topic`` were replayed already (``wakuwaku dlq replay``)."""
+    ``topic`` were replayed already (``wakuwaku dlq replay``), for the derived
+    dead-letter topic (a configured one ``D`` has the ledger ``D.replayed``)."""
     return f"{REPLAY_LEDGER_PREFIX}{group}.{topic}"
 
 
 def split_internal_topic(name: str) -> tuple[str, str, str] | None:
-    """``("retry" | "dlq" | "replayed", group, topic)`` for a retry,
+    """``("retry" | "dlq" | "replayed", group, topic)`` for a derived retry,
     dead-letter or replay-ledger topic name (namespace removed first), None
-    for any other name."""
+    for any other name (configured names are found in the topic-names topic:
+    :func:`wakuwaku.engine.registered_topics`)."""
     for kind, prefix in (
         ("retry", RETRY_PREFIX),
         ("dlq", DEAD_LETTER_PREFIX),
@@ -111,6 +161,39 @@ def split_internal_topic(name: str) -> tuple[str, str, str] | None:
             if dot and group and topic:
                 return kind, group, topic
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTopics:
+    """The topics one consumer group uses for one main topic (design §6), all qualified.
+
+    :param topic: the main topic.
+    :param group: the consumer group.
+    :param retry: its retry topic (derived or configured).
+    :param dead_letter: its dead-letter topic (derived or configured).
+    :param replay_ledger: the ledger of ``wakuwaku dlq replay``: follows the
+        dead-letter topic, ``[ns.]wk-replayed.<group>.<topic>`` for the derived
+        one, ``<dead-letter topic>.replayed`` for a configured one.
+    :param configured: true when the retry or the dead-letter topic is configured.
+    """
+
+    topic: str
+    group: str
+    retry: str
+    dead_letter: str
+    replay_ledger: str
+    configured: bool = False
+
+    def roles(self) -> tuple[tuple[str, str], ...]:
+        """``(name, role)`` of each topic, the main topic first; a role reads
+        ``retry topic of group 'g' for 'orders'``."""
+        of = f"of group {self.group!r} for {self.topic!r}"
+        return (
+            (self.topic, f"main topic {self.topic!r}"),
+            (self.retry, f"retry topic {of}"),
+            (self.dead_letter, f"dead-letter topic {of}"),
+            (self.replay_ledger, f"replay ledger {of}"),
+        )
 
 
 def _default_member() -> str:
@@ -128,6 +211,16 @@ class ConsumerConfig:
         ``A-Z a-z 0-9 _ -`` (:func:`check_group_name`).
     :param namespace: an optional prefix for every topic name (``ns.topic``,
         ``ns.retry_topic``...), so several applications can share one log.
+        It applies to configured names too.
+    :param retry_topics: the retry topic of a main topic, by main topic as
+        given in ``topic`` (``{"orders": "orders-retry-billing"}``); a main
+        topic left out gets the derived ``wk-retry.<group>.<topic>``. A
+        configured name is the user's promise that the topic belongs to
+        this group and this main topic (design §6; checked at start against
+        the names other consumers noted, see :meth:`group_topics`).
+    :param dead_letter_topics: the same for dead-letter topics (derived:
+        ``wk-dlq.<group>.<topic>``); the replay ledger follows the
+        dead-letter topic's name (``<name>.replayed``).
     :param partitions: the partitions to consume, or None for all of them.
     :param retry_delays: the schedule (seconds) of both the in-place Transient
         retries (last delay repeating forever) and the Retryable attempts
@@ -166,6 +259,11 @@ class ConsumerConfig:
     :param error_text_limit: the longest sanitized error text stored in headers.
     :raises ConfigError: for an empty topic, a retry or dead-letter topic
         given as a main topic, a group name outside :func:`check_group_name`,
+        a configured retry or dead-letter name that is not valid on every
+        engine (:func:`check_configured_topic_name`), names a topic the
+        consumer does not read, or equals any other topic of the consumer
+        (a main topic, another retry, dead-letter or replay-ledger topic),
+        a topic name longer than 200 characters once derived or qualified,
         an empty or negative retry schedule, a delay above
         :data:`MAX_RETRY_DELAY`, a ``retry_jitter`` outside ``[0, 1]``, a
         ``jitter_source`` that is not callable, or a non-positive bound.
@@ -174,6 +272,8 @@ class ConsumerConfig:
     topic: str | Sequence[str]
     group: str
     namespace: str = ""
+    retry_topics: Mapping[str, str] = field(default_factory=dict)
+    dead_letter_topics: Mapping[str, str] = field(default_factory=dict)
     partitions: Sequence[int] | None = None
     retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS
     retry_jitter: float = 0.0
@@ -211,14 +311,6 @@ class ConsumerConfig:
             raise ConfigError(f"ConsumerConfig.topic names a topic twice: {list(topics)!r}")
         check_group_name(self.group)
         for topic in topics:
-            for derived in (self.retry_topic(topic), self.dead_letter_topic(topic)):
-                if len(derived) > 200:
-                    raise ConfigError(
-                        f"topic {topic!r} with group {self.group!r} makes the "
-                        f"{len(derived)}-character topic name {derived[:40]!r}...: derived "
-                        "topic names may have at most 200 characters (a shorter group or "
-                        "topic name)"
-                    )
             internal = split_internal_topic(self._unqualified(topic))
             if internal is not None:
                 kind, group, main = internal
@@ -228,6 +320,12 @@ class ConsumerConfig:
                     f"{main!r}: consume {main!r} instead (the consumer reads its own "
                     "retry topic)"
                 )
+            if self._unqualified(topic) == TOPIC_NAMES_TOPIC:
+                raise ConfigError(
+                    f"topic {topic!r} is where consumers note their configured topic "
+                    "names, not a main topic"
+                )
+        self._check_configured_names()
         if self.partitions is not None:
             parts = tuple(self.partitions)
             if not parts or any(
@@ -235,6 +333,43 @@ class ConsumerConfig:
             ):
                 raise ConfigError(f"ConsumerConfig.partitions must be ints >= 0, got {parts!r}")
             object.__setattr__(self, "partitions", parts)
+
+    def _check_configured_names(self) -> None:
+        """Check ``retry_topics``/``dead_letter_topics`` and that every topic of
+        the consumer has a name of its own, at most 200 characters long."""
+        raw = (self.topic,) if isinstance(self.topic, str) else tuple(self.topic)
+        for setting in ("retry_topics", "dead_letter_topics"):
+            value = getattr(self, setting)
+            if not isinstance(value, Mapping):
+                raise ConfigError(
+                    f"ConsumerConfig.{setting} must map main topics to topic names, got {value!r}"
+                )
+            for main, name in value.items():
+                if main not in raw:
+                    raise ConfigError(
+                        f"ConsumerConfig.{setting} names topic {main!r}, which the "
+                        f"consumer does not read (its topics: {list(raw)!r})"
+                    )
+                check_configured_topic_name(name, f"{setting}[{main!r}]")
+            object.__setattr__(self, setting, MappingProxyType(dict(value)))
+        # Main topics first, so a clash names the main topic before the other role.
+        seen: dict[str, str] = {}
+        roles = [self.group_topics(topic).roles() for topic in self.topics]
+        for name, role in [r[0] for r in roles] + [x for r in roles for x in r[1:]]:
+            if len(name) > MAX_TOPIC_NAME:
+                raise ConfigError(
+                    f"the {role} would be the {len(name)}-character topic name "
+                    f"{name[:40]!r}...: topic names may have at most {MAX_TOPIC_NAME} "
+                    "characters (a shorter group, topic or configured name)"
+                )
+            if name in seen:
+                raise ConfigError(
+                    f"topic {name!r} would be both the {seen[name]} and the {role}: "
+                    "every main, retry, dead-letter and replay-ledger topic of a "
+                    "consumer needs a name of its own (ConsumerConfig.retry_topics, "
+                    "dead_letter_topics)"
+                )
+            seen[name] = role
 
     def _check_schedule(self) -> None:
         try:
@@ -302,14 +437,43 @@ class ConsumerConfig:
         return f"{self.namespace}.{name}" if self.namespace else name
 
     def retry_topic(self, topic: str) -> str:
-        """This group's retry topic of a (qualified) main topic:
-        ``[ns.]wk-retry.<group>.<topic>`` (:func:`retry_topic_name`)."""
-        return self.qualify(retry_topic_name(self._unqualified(topic), self.group))
+        """This group's retry topic of a (qualified) main topic: the configured
+        one (``retry_topics``), else ``[ns.]wk-retry.<group>.<topic>``
+        (:func:`retry_topic_name`)."""
+        bare = self._unqualified(topic)
+        configured = self.retry_topics.get(bare)
+        return self.qualify(configured or retry_topic_name(bare, self.group))
 
     def dead_letter_topic(self, topic: str) -> str:
-        """This group's dead-letter topic of a (qualified) main topic:
+        """This group's dead-letter topic of a (qualified) main topic: the
+        configured one (``dead_letter_topics``), else
         ``[ns.]wk-dlq.<group>.<topic>`` (:func:`dead_letter_topic_name`)."""
-        return self.qualify(dead_letter_topic_name(self._unqualified(topic), self.group))
+        bare = self._unqualified(topic)
+        configured = self.dead_letter_topics.get(bare)
+        return self.qualify(configured or dead_letter_topic_name(bare, self.group))
+
+    def replay_ledger_topic(self, topic: str) -> str:
+        """The replay ledger of this group's dead letters of a (qualified) main
+        topic: ``<dead-letter topic>.replayed`` for a configured dead-letter
+        topic, else ``[ns.]wk-replayed.<group>.<topic>``
+        (:func:`replay_ledger_topic_name`)."""
+        bare = self._unqualified(topic)
+        configured = self.dead_letter_topics.get(bare)
+        if configured:
+            return self.qualify(configured + REPLAY_LEDGER_SUFFIX)
+        return self.qualify(replay_ledger_topic_name(bare, self.group))
+
+    def group_topics(self, topic: str) -> GroupTopics:
+        """Every topic this group uses for a (qualified) main topic (design §6)."""
+        bare = self._unqualified(topic)
+        return GroupTopics(
+            topic=self.qualify(bare),
+            group=self.group,
+            retry=self.retry_topic(topic),
+            dead_letter=self.dead_letter_topic(topic),
+            replay_ledger=self.replay_ledger_topic(topic),
+            configured=bare in self.retry_topics or bare in self.dead_letter_topics,
+        )
 
     def _unqualified(self, topic: str) -> str:
         prefix = f"{self.namespace}." if self.namespace else ""

@@ -33,6 +33,7 @@ from ._config import ConsumerConfig
 from ._handler import Handler
 from ._ownership import ownership_for
 from ._partition import PartitionWorker
+from ._registry import check_and_note
 from ._stats import ConsumerStats
 from ._view import PartitionView
 
@@ -89,25 +90,38 @@ class Consumer:
     async def start(self) -> list[tuple[str, int]]:
         """Check the topics and create the retry and dead-letter topics (design §6).
 
+        Each main topic's retry and dead-letter topics (derived or configured,
+        :meth:`ConsumerConfig.group_topics`) are created with its partition
+        count. Configured names are checked against, then noted in, the
+        topic-names topic (:mod:`._registry`), where the operations tools
+        find them.
+
         :returns: the (topic, partition) pairs this consumer will consume.
         :raises UnknownTopicError: when a main topic does not exist.
         :raises PartitionCountMismatch: when a retry or dead-letter topic exists
             with another partition count than its main topic.
         :raises UnknownPartitionError: when a configured partition does not exist.
+        :raises ConfigError: when a configured name is a topic another
+            consumer group or main topic noted in a role it may not share
+            (:func:`check_and_note`).
         """
+        counts = {
+            topic: (await self.log.describe_topic(topic)).partitions for topic in self.config.topics
+        }
+        await check_and_note(self.log, self.config)
         assignment: list[tuple[str, int]] = []
-        for topic in self.config.topics:
-            info = await self.log.describe_topic(topic)
-            for extra in (self.config.retry_topic(topic), self.config.dead_letter_topic(topic)):
+        for topic, partitions in counts.items():
+            names = self.config.group_topics(topic)
+            for extra in (names.retry, names.dead_letter):
                 try:
-                    await self.log.create_topic(extra, info.partitions)
+                    await self.log.create_topic(extra, partitions, derived_from=topic)
                 except PartitionCountMismatch as exc:
-                    raise PartitionCountMismatch(extra, exc.existing, info.partitions) from None
+                    raise PartitionCountMismatch(extra, exc.existing, partitions) from None
             wanted = self.config.partitions
-            parts = range(info.partitions) if wanted is None else wanted
+            parts = range(partitions) if wanted is None else wanted
             for p in parts:
-                if not 0 <= p < info.partitions:
-                    raise UnknownPartitionError(topic, p, info.partitions)
+                if not 0 <= p < partitions:
+                    raise UnknownPartitionError(topic, p, partitions)
                 assignment.append((topic, p))
         self._assignment = assignment
         self._started = True

@@ -436,29 +436,42 @@ class ChunkExecutor:
         unapplied records, nor stands for one message twice (a dead letter
         replayed twice, a retry record given up twice around a crash).
         """
+        handlers = self.handlers
         by_inbox: dict[int, tuple[Any, list[str]]] = {}
+        # Per item, its ids when its handler has an inbox (asked once: issue 18).
+        item_ids: list[tuple[str, ...] | None] = []
         for item in items:
-            inbox = self.handlers[item.tag].inbox
-            if inbox is not None:
-                by_inbox.setdefault(id(inbox), (inbox, []))[1].extend(item.ids)
+            inbox = handlers[item.tag].inbox
+            if inbox is None:
+                item_ids.append(None)
+                continue
+            ids = item.ids
+            item_ids.append(ids)
+            entry = by_inbox.get(id(inbox))
+            if entry is None:
+                entry = by_inbox[id(inbox)] = (inbox, [])
+            entry[1].extend(ids)
         if not by_inbox:
             return items
         claimed: set[str] = set()
-        for inbox, ids in by_inbox.values():
+        for inbox, wanted in by_inbox.values():
             found: set[str] = await self.services.log_call(
-                "inbox lookup", partial(inbox.claimed, ids)
+                "inbox lookup", partial(inbox.claimed, wanted)
             )
             claimed |= found
+        if not claimed:
+            everything = [i for _, wanted in by_inbox.values() for i in wanted]
+            if len(set(everything)) == len(everything):
+                return items  # nothing applied yet, and no id stands twice in the batch
         kept = []
-        for item in items:
-            if self.handlers[item.tag].inbox is None:
+        for item, its_ids in zip(items, item_ids, strict=True):
+            if its_ids is None:
                 kept.append(item)
                 continue
-            item_ids = item.ids
-            if item_ids and all(i in claimed for i in item_ids):
+            if its_ids and all(i in claimed for i in its_ids):
                 self.services.stats.inbox_skipped += len(item.sources)
                 self.outbox.mark([item])
                 continue
-            claimed.update(item_ids)
+            claimed.update(its_ids)
             kept.append(item)
         return kept

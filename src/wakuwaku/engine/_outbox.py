@@ -24,6 +24,7 @@ from .._events import EventType
 from .._records import (
     H_ERROR,
     H_FAILED_AT,
+    H_GROUP,
     H_MARKER,
     H_REASON,
     H_SRC,
@@ -136,20 +137,25 @@ class Outbox:
             again.
         """
         items = list(items)
+        group = self.services.config.group
         if from_retry:
-            added = {H_REASON: reason.value.encode(), H_ERROR: error.encode()}
+            added = {
+                H_GROUP: group.encode(),
+                H_REASON: reason.value.encode(),
+                H_ERROR: error.encode(),
+            }
             out = self._dead_out
             for item in items:
                 for record in item.sources:
                     headers = record.headers
                     # A pending retry record is a work record: never a marker.
                     if H_MARKER in headers:
-                        out.append(dead_letter_record(record, reason, error, None))
+                        out.append(dead_letter_record(record, reason, error, None, group=group))
                     else:
                         out.append(({**headers, **added}, record.body))
         else:
             self._dead_out.extend(
-                dead_letter_record(record, reason, error, origin)
+                dead_letter_record(record, reason, error, origin, group=group)
                 for item in items
                 for record, origin in zip(item.sources, item.origins, strict=True)
             )
@@ -182,7 +188,11 @@ class Outbox:
                     "error": detail,
                 },
             )
-            self._dead_out.append(dead_letter_record(reject.record, reject.reason, detail, origin))
+            self._dead_out.append(
+                dead_letter_record(
+                    reject.record, reject.reason, detail, origin, group=services.config.group
+                )
+            )
             self._dead_counts[reject.reason.value] += 1
             if self.done is not None:
                 self.done.add(reject.record.offset)
@@ -223,7 +233,16 @@ class Outbox:
 
     def _work(self, failed_at: float | None, error: str) -> _AddWork:
         """The function that buffers one work record of this write: its common
-        headers and times are taken once for all of them."""
+        headers and times are taken once for all of them.
+
+        One work record per main record (design §3, §5.5, §6), with that
+        record's headers and body bytes as they were read, then the common
+        headers (:func:`~._retry.work_common`), then its own ``wk-src``: a
+        combined event is never encoded again, so a dead letter is
+        byte-identical to what was consumed, keeps every record's own props
+        and custom headers, and the next attempt plans the reduction again
+        (issue 12 item 6).
+        """
         config = self.services.config
         at = self.services.times()
         now = at[0]
@@ -233,7 +252,7 @@ class Outbox:
         else:
             # The key's state already holds its due time; this one is not read.
             due = failed_at + config.delay(1)
-        common = work_common(failed_at, error, due)
+        common = work_common(failed_at, error, due, group=config.group)
         failed = parse_ms(common[H_FAILED_AT]) or 0.0  # as a reader finds it
         out, times, meta, done = self._retry_out, self._retry_at, self._retry_meta, self.done
         common_size = sum(map(len, common.values()))

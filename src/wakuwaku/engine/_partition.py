@@ -40,7 +40,7 @@ from functools import partial
 from typing import Any
 
 from .._errors import ErrorClass
-from .._records import ReasonCode, Record, key_or_none
+from .._records import H_GROUP, ReasonCode, Record, key_or_none
 from .._sanitize import sanitize
 from ..logs import Log
 from ._attempts import Attempts
@@ -272,6 +272,18 @@ class PartitionWorker:
                 extra={**self._fields, "retry_offset": offset, "key": key, "error": what},
             )
         self.retry.broken.clear()
+        if self.retry.foreign:
+            logger.warning(
+                "retry topic holds records of other consumer groups; skipped",
+                extra={
+                    **self._fields,
+                    "retry_topic": self.retry_topic,
+                    "records": self.retry.foreign,
+                    "hint": "two groups were configured with one retry topic "
+                    "(ConsumerConfig.retry_topics); give each its own",
+                },
+            )
+            self.retry.foreign = 0
         if not self.log.atomic_store:
             await self._recover_dead_letters(position)
         self.retry.forget_routed(position)
@@ -323,14 +335,17 @@ class PartitionWorker:
             )
             return
         routed = self.retry.routed
+        ours = group.encode()
         while page := await log_call(
             "read dead letters", partial(self.log.read, dead_letter_topic, partition, offset, 1000)
         ):
             for record in page:
                 source = retry_source(record)
                 key = key_or_none(record.headers)
+                owner = record.headers.get(H_GROUP)
                 if (
-                    source is None
+                    (owner is not None and bytes(owner) != ours)
+                    or source is None
                     or key is None
                     or source.topic != self.topic
                     or source.partition != partition

@@ -22,6 +22,7 @@ from .._records import (
     H_ALG,
     H_ERROR,
     H_FAILED_AT,
+    H_GROUP,
     H_KEY,
     H_SRC,
     H_TYPE,
@@ -121,11 +122,21 @@ class Item(msgspec.Struct, gc=False):
     @property
     def ids(self) -> tuple[str, ...]:
         """The message ids (design §9) of every main-topic record it stands for."""
+        origin = self.origin
+        if self.parts is None:
+            # The common case without building a Source: the inbox filter
+            # and the chunk context ask once per item (issue 18).
+            if isinstance(origin, Source):
+                return origin.ids
+            return (message_id(origin.topic, origin.partition, self.record.offset),)
         return tuple(i for o in self.origins for i in o.ids)
 
     @property
     def main_offsets(self) -> tuple[int, ...]:
         """The main-topic offsets it stands for."""
+        if self.parts is None:
+            origin = self.origin
+            return origin.offsets if isinstance(origin, Source) else (self.record.offset,)
         return tuple(off for o in self.origins for off in o.offsets)
 
     @property
@@ -262,11 +273,12 @@ def decode_records(
 
 
 RETRY_WORK_HEADERS = frozenset(
-    {H_VERSION, H_TYPE, H_KEY, H_ALG, H_FAILED_AT, "wk-due-at", H_ERROR, H_SRC}
+    {H_VERSION, H_TYPE, H_KEY, H_ALG, H_FAILED_AT, "wk-due-at", H_ERROR, H_GROUP, H_SRC}
 )
 """The headers of a retry work record as the engine writes it for a main
 record with only the four producer headers (``wk-due-at`` is the retry
-state's own, see :mod:`._retry`)."""
+state's own, see :mod:`._retry`; ``wk-group`` is the writer, checked when
+the state is built, not here)."""
 
 
 def _decode_retry(

@@ -66,13 +66,13 @@ from .._events import EventType
 from .._records import (
     H_ERROR,
     H_FAILED_AT,
+    H_GROUP,
     H_KEY,
     H_MARKER,
     H_REASON,
     H_SRC,
     H_VERSION,
     WIRE_VERSION,
-    Headers,
     ReasonCode,
     Record,
     Source,
@@ -113,11 +113,14 @@ def ms_text(seconds: float) -> bytes:
     return str(-(-micros // 1000)).encode()
 
 
-def resolved_marker(key: str, through: int, at: float, *, reset: bool = False) -> Outgoing:
-    """A marker: ``key`` is resolved through retry offset ``through``."""
+def resolved_marker(
+    key: str, through: int, at: float, *, group: str, reset: bool = False
+) -> Outgoing:
+    """A marker of ``group``: ``key`` is resolved through retry offset ``through``."""
     return (
         {
             H_VERSION: WIRE_VERSION,
+            H_GROUP: group.encode(),
             H_MARKER: MARKER_RESOLVED,
             H_KEY: key.encode(),
             H_THROUGH: str(through).encode(),
@@ -128,12 +131,15 @@ def resolved_marker(key: str, through: int, at: float, *, reset: bool = False) -
     )
 
 
-def attempt_failed_marker(key: str, failures: int, at: float, due: float) -> Outgoing:
-    """A marker: the ``failures``-th failure in a row of ``key`` happened at
-    ``at``; its next attempt is due at ``due`` (seconds since the epoch)."""
+def attempt_failed_marker(
+    key: str, failures: int, at: float, due: float, *, group: str
+) -> Outgoing:
+    """A marker of ``group``: the ``failures``-th failure in a row of ``key``
+    happened at ``at``; its next attempt is due at ``due`` (seconds since the epoch)."""
     return (
         {
             H_VERSION: WIRE_VERSION,
+            H_GROUP: group.encode(),
             H_MARKER: MARKER_ATTEMPT_FAILED,
             H_KEY: key.encode(),
             H_FAILURES: str(failures).encode(),
@@ -144,31 +150,20 @@ def attempt_failed_marker(key: str, failures: int, at: float, due: float) -> Out
     )
 
 
-def work_common(failed_at: float, error: str, due: float) -> dict[str, bytes]:
+def work_common(failed_at: float, error: str, due: float, *, group: str) -> dict[str, bytes]:
     """The headers every retry work record of one write shares: ``wk-failed-at``
-    and ``wk-due-at`` (seconds since the epoch, stored as ms rounded up) and
-    ``wk-error``.
+    and ``wk-due-at`` (seconds since the epoch, stored as ms rounded up),
+    ``wk-error`` and ``wk-group`` (``group``, the writer).
 
     ``due`` is when the key's first attempt is due, were these records to
     quarantine it.
     """
-    return {H_FAILED_AT: ms_text(failed_at), H_DUE: ms_text(due), H_ERROR: error.encode()}
-
-
-def work_headers(headers: Headers, common: Headers, origin: Source) -> dict[str, bytes]:
-    """The headers of one retry work record (design §3, §5.5, §6).
-
-    One work record per main record, with that record's ``headers`` and body
-    bytes as they were read, then ``common`` (:func:`work_common`), then its
-    own ``wk-src`` (``origin``): a combined event is never encoded again, so
-    a dead letter is byte-identical to what was consumed, keeps every
-    record's own props and custom headers, and the next attempt plans the
-    reduction again (issue 12 item 6).
-    """
-    out = dict(headers)
-    out.update(common)
-    out[H_SRC] = encode_source(origin)
-    return out
+    return {
+        H_FAILED_AT: ms_text(failed_at),
+        H_DUE: ms_text(due),
+        H_ERROR: error.encode(),
+        H_GROUP: group.encode(),
+    }
 
 
 def dead_letter_record(
@@ -176,9 +171,12 @@ def dead_letter_record(
     reason: ReasonCode,
     error: str,
     source: Source | None,
+    *,
+    group: str,
 ) -> Outgoing:
     """The dead-letter copy of one record: raw headers and body kept, plus
-    ``wk-reason``, ``wk-error`` (already sanitized) and ``wk-src`` (design §8).
+    ``wk-reason``, ``wk-error`` (already sanitized), ``wk-src`` (design §8)
+    and ``wk-group`` (``group``, whose dead letter it is: design §6).
 
     :param source: the ``wk-src`` to write; None keeps the record's own (a
         retry work record, whose ``wk-src`` is where it comes from: its
@@ -186,6 +184,7 @@ def dead_letter_record(
     """
     headers = dict(record.headers)
     headers.pop(H_MARKER, None)
+    headers[H_GROUP] = group.encode()
     headers[H_REASON] = reason.value.encode()
     headers[H_ERROR] = error.encode()
     if source is not None:
@@ -256,11 +255,25 @@ class RetryState:
     :param delay: ``delay(failures) -> seconds`` (the config's schedule),
         used only for records written without a stored due time.
     :param clock: the clock whose monotonic time due times are kept on.
+    :param group: the consumer group whose state this is: a record whose
+        ``wk-group`` names another group is not its work (design §6: a topic
+        two groups were configured with by accident never mixes their
+        work); it is counted in :attr:`foreign` and skipped. None: every
+        record is this group's.
     """
 
-    def __init__(self, delay: Callable[[int], float], clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        delay: Callable[[int], float],
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        group: str | None = None,
+    ) -> None:
         self._delay = delay
         self._clock = clock
+        self._group = None if group is None else group.encode()
+        # Records of other groups skipped (their wk-group is not ours).
+        self.foreign = 0
         # (wall, monotonic) for the record being applied (see apply).
         self._at = (0.0, 0.0)
         self.keys: dict[str, KeyState] = {}
@@ -311,6 +324,10 @@ class RetryState:
         """
         self._at = (self._clock.now(), self._clock.monotonic()) if at is None else at
         self.end_offset = max(self.end_offset, record.offset + 1)
+        owner = record.headers.get(H_GROUP)
+        if owner is not None and self._group is not None and bytes(owner) != self._group:
+            self.foreign += 1
+            return
         key = key_or_none(record.headers)
         if key is None:
             self.broken.append((record.offset, "", "no usable wk-key"))

@@ -126,7 +126,7 @@ class PartitionServices:
             else Lease(config.group, topic, partition, config.member_id, generation, 0.0)
         )
         self.clock = config.clock
-        self.retry = RetryState(config.delay, config.clock)
+        self.retry = RetryState(config.delay, config.clock, group=config.group)
         # Work records this process wrote, for attempts that come soon (issue 12 item 7).
         self.written = WrittenCache()
         self.fields = {"topic": topic, "partition": partition}

@@ -112,12 +112,15 @@ class RetryPartitionState:
     :param broken: records whose own headers cannot be read, each as
         (retry offset, key or ``""``, what is wrong); the consumer logs them
         and goes on (a broken work record is dead-lettered by its attempt).
+    :param foreign: records of other consumer groups (``wk-group``) skipped:
+        two groups were configured with one retry topic (design §6).
     """
 
     committed: int | None
     pending: int
     quarantined: tuple[QuarantinedKey, ...]
     broken: tuple[tuple[int, str, str], ...]
+    foreign: int = 0
 
 
 async def read_retry_partition(
@@ -134,11 +137,12 @@ async def read_retry_partition(
         used only for records written without a stored due time.
     :raises LogError: what the log raises.
     """
-    state = RetryState(delay)
+    state = RetryState(delay, group=group)
     committed, _ = await load_retry_state(log, group, retry_topic, partition, state)
     return RetryPartitionState(
         committed,
         state.pending_count,
         tuple(quarantined_keys(state, partition)),
         tuple(state.broken),
+        state.foreign,
     )

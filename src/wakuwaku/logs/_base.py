@@ -175,8 +175,16 @@ class Log(abc.ABC):
     """True when :meth:`store` writes all or nothing (one transaction)."""
 
     @abc.abstractmethod
-    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+    async def create_topic(
+        self, topic: str, partitions: int, *, derived_from: str | None = None
+    ) -> TopicInfo:
         """Create ``topic`` with ``partitions`` partitions; idempotent.
+
+        :param derived_from: the main topic when ``topic`` is one of the
+            engine's retry, dead-letter or replay-ledger topics of it, whatever
+            its name (design §6: names can be configured). A log that bounds
+            record sizes per topic (Kafka) gives such a topic room for the
+            headers the engine adds; the others ignore it.
 
         :raises PartitionCountMismatch: when it exists with another count
             (naming both counts).

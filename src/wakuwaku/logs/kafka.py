@@ -581,19 +581,25 @@ class KafkaLog(Log):
                 f"invalid Kafka topic name {full!r}: [A-Za-z0-9._-] only, at most 249 characters"
             )
 
-    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+    async def create_topic(
+        self, topic: str, partitions: int, *, derived_from: str | None = None
+    ) -> TopicInfo:
         """Create ``topic`` through the admin API; see :meth:`Log.create_topic`.
 
         Replication factor: the broker's ``default.replication.factor``.
         ``max.message.bytes``: the log's ``max_message_bytes``, plus
         :data:`HEADER_ROOM` for the engine's retry, dead-letter and replay
-        topics. A topic deleted just before is waited for (bounded) while
-        the broker finishes the deletion.
+        topics: those created with ``derived_from`` (configured names
+        included) and those with a derived name (``wk-retry.``, ``wk-dlq.``,
+        ``wk-replayed.``: a replay ledger made by ``wakuwaku dlq replay``). A
+        topic deleted just before is waited for (bounded) while the broker
+        finishes the deletion.
         """
         self._check_name(topic)
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ConfigError(f"topic {topic!r}: partition count must be >= 1, got {partitions!r}")
-        limit = self.max_message_bytes + (HEADER_ROOM if derived_main_topic(topic) else 0)
+        derived = derived_from is not None or derived_main_topic(topic) is not None
+        limit = self.max_message_bytes + (HEADER_ROOM if derived else 0)
         new = NewTopic(
             self._name(topic),
             num_partitions=partitions,

@@ -47,7 +47,9 @@ class MemoryLog(Log):
         except KeyError:
             raise UnknownTopicError(topic) from None
 
-    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+    async def create_topic(
+        self, topic: str, partitions: int, *, derived_from: str | None = None
+    ) -> TopicInfo:
         check_topic_name(topic)
         if not isinstance(partitions, int) or partitions < 1:
             raise ConfigError(f"topic {topic!r}: partition count must be >= 1, got {partitions!r}")

@@ -429,7 +429,9 @@ class NatsLog(Log):
 
     # -- topics -------------------------------------------------------------
 
-    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+    async def create_topic(
+        self, topic: str, partitions: int, *, derived_from: str | None = None
+    ) -> TopicInfo:
         """Create the topic's streams, then its entry; see :meth:`Log.create_topic`.
 
         The entry is written last with compare-and-set, so two creators agree

@@ -229,7 +229,9 @@ class RedisLog(Log):
 
     # -- topics -----------------------------------------------------------
 
-    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+    async def create_topic(
+        self, topic: str, partitions: int, *, derived_from: str | None = None
+    ) -> TopicInfo:
         """Create ``topic``; see :meth:`Log.create_topic`.
 
         The partitions' keys are made first and the topic is entered in

@@ -284,7 +284,9 @@ class SQLiteLog(Log):
 
     # -- topics -----------------------------------------------------------
 
-    async def create_topic(self, topic: str, partitions: int) -> TopicInfo:
+    async def create_topic(
+        self, topic: str, partitions: int, *, derived_from: str | None = None
+    ) -> TopicInfo:
         check_topic_name(topic)
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ConfigError(f"topic {topic!r}: partition count must be >= 1, got {partitions!r}")

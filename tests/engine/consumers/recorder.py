@@ -13,7 +13,9 @@ Settings come from the environment (a subprocess test sets them):
 - ``WK_TEST_FAIL``: comma-separated ids whose handling raises Unrecoverable;
 - ``WK_TEST_MEMBER`` (default ``recorder``): the member id;
 - ``WK_TEST_LEASE_TTL`` (default the config's): the partition lease TTL, seconds;
-- ``WK_TEST_PARTITIONS``: comma-separated partitions to consume (default all).
+- ``WK_TEST_PARTITIONS``: comma-separated partitions to consume (default all);
+- ``WK_TEST_RETRY_TOPIC``, ``WK_TEST_DEAD_LETTER_TOPIC``: configured retry and
+  dead-letter topic names (default: the derived ones).
 
 The member id defaults to a fixed one (``recorder``), so a process restarted
 after a SIGKILL takes its partition lease back at once instead of waiting for
@@ -73,8 +75,12 @@ def build(log: Log) -> Consumer:
         if kill_after and handled >= kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
 
+    topic = os.environ.get("WK_TEST_TOPIC", "ticks")
+    retry, dead = os.environ.get("WK_TEST_RETRY_TOPIC"), os.environ.get("WK_TEST_DEAD_LETTER_TOPIC")
     config = ConsumerConfig(
-        topic=os.environ.get("WK_TEST_TOPIC", "ticks"),
+        topic=topic,
+        retry_topics={topic: retry} if retry else {},
+        dead_letter_topics={topic: dead} if dead else {},
         group=os.environ.get("WK_TEST_GROUP", "recorder"),
         delivery_mode=DeliveryMode[os.environ.get("WK_TEST_MODE", "NO_EVENT_LOSE")],
         max_poll_records=POLL_RECORDS,
