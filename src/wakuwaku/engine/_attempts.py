@@ -2,7 +2,8 @@
 
 Owns the rounds: which due keys one round takes (at most
 :data:`ROUND_RECORDS` pending records), reading their pending work records
-back from the retry partition, decoding and planning them as one new batch
+back from the retry partition (or taking those this process wrote and still
+keeps, :class:`~._retry.WrittenCache`), decoding and planning them as one new batch
 per key, running them, and turning each key's outcome into retry-topic
 markers (``resolved``; ``attempt-failed``; a give-up is a ``resolved``
 marker with ``wk-reset``, see :mod:`._retry`). A round *returns* its markers

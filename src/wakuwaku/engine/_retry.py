@@ -43,13 +43,19 @@ each), counters, due times and the highest main offset. Record bodies stay
 in the retry log: :meth:`RetryState.apply` keeps none of a record's headers
 or body, neither live nor when a restart reads the partition back, and the
 attempts (:mod:`._attempts`) read a key's pending records from the retry
-partition when its attempt runs.
+partition when its attempt runs. The one exception is bounded and outside
+the state: :class:`WrittenCache` keeps the work records a process wrote
+itself for an attempt due within :data:`WRITTEN_HORIZON` (at most 10 000
+records and 8 MiB per partition), so a failing key's records are not read
+back and checked again a second later (issue 12 item 7).
 
 One function, :meth:`RetryState.apply`, turns a record into state. The live
 consumer writes a record, then applies it with its assigned offset; a
 restart reads the retry partition from its committed offset and applies the
 same records in the same order, so pending keys, attempt counters and
 schedules come back exactly (a restart never resets a counter).
+:meth:`RetryState.apply_written` is its shortcut for a work record the
+process has just written: the same state, from what the writer knows.
 """
 
 from __future__ import annotations
