@@ -742,8 +742,17 @@ async def _phases(
     progress.finish("produce", produced.events)
     # The replay phase reuses the running consumer; without it, it stops.
     token = "phase1" if opts.replay else "stop"
-    consumer.tell(token)
     try:
+        if monkey is not None:
+            # The consumer hears that the phase is over only after the lock
+            # and the SIGKILL: every chaos run has both, however fast it is.
+            try:
+                await asyncio.wait_for(asyncio.shield(monkey), CONSUMER_TIMEOUT)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"the chaos (lock and SIGKILL) did not happen in {CONSUMER_TIMEOUT:.0f} s"
+                ) from None
+        consumer.tell(token)
         await consumer.wait_idle(token, CONSUMER_TIMEOUT)
     except TimeoutError as exc:
         lines.append(f"the consumer failed: {exc}; see {opts.workdir / 'consumer.log'}")
@@ -753,7 +762,7 @@ async def _phases(
             monkey.cancel()
             await asyncio.gather(monkey, return_exceptions=True)
     if opts.chaos and chaos.kill_at is None:
-        chaos.notes.append("the consumer finished before the planned SIGKILL")
+        chaos.notes.append("the consumer was not running at the planned SIGKILL")
     seconds = progress.now()
     dead = await list_dead_letters(log, FLIGHTS_TOPIC, group=GROUP)
     await watcher.sample()
