@@ -8,9 +8,13 @@ fresh SQLite log (fsync off), and prints
 - the good keys' speed with k4 as a share of their speed without it
   (target >= 80 %): time until the consumer has handled all good events;
 - the cost of one k4 record (routed or failed, copied to the retry topic,
-  read back, attempted twice, dead-lettered) over the cost of one handled
-  record (target <= 3x): (mixed drain - baseline drain) / k4 events over
-  baseline drain / good events.
+  attempted twice, dead-lettered) over the cost of one handled record
+  (target <= 3x): (mixed - baseline) / k4 events over baseline / good
+  events, in CPU time of the whole process (event loop and the log's
+  thread; ``time.process_time``). The wall-clock drain is printed too, but
+  it is not the cost: the mixed drain also waits for k4's last retry
+  delays (0.01 + 0.02 s after its last failure, about 3 us per k4 record
+  with nothing to do).
 
 The median over ``--rounds`` pairs is the verdict (the machine is shared).
 
@@ -27,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
@@ -43,8 +48,15 @@ class Tick(msgspec.Struct, frozen=True):
     n: int
 
 
-async def run(path: Path, events: int, failing: bool) -> tuple[float, float, int]:
-    """Returns (seconds until the good events are handled, seconds to drain, dead letters)."""
+class Result(NamedTuple):
+    good: float  # wall seconds until the good events are handled
+    drain: float  # wall seconds to drain
+    cpu: float  # CPU seconds of the process while draining
+    dead: int  # dead letters
+
+
+async def run(path: Path, events: int, failing: bool) -> Result:
+    """Fill a fresh log and drain it: see :class:`Result`."""
     log = SQLiteLog(path, fsync=False)
     await log.create_topic(TOPIC, 1)
     producer = wk.Producer(log, TOPIC)
@@ -69,11 +81,13 @@ async def run(path: Path, events: int, failing: bool) -> tuple[float, float, int
         topic=TOPIC, group="bench", retry_delays=(0.01, 0.02), max_pending_retry=10 * events
     )
     consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
+    cpu = time.process_time()
     started = time.perf_counter()
     stats = await consumer.drain()
     drained = time.perf_counter() - started
+    cpu = time.process_time() - cpu
     await log.close()
-    return done_at - started, drained, sum(stats.dead_letters.values())
+    return Result(done_at - started, drained, cpu, sum(stats.dead_letters.values()))
 
 
 async def main(events: int, rounds: int) -> None:
@@ -82,28 +96,31 @@ async def main(events: int, rounds: int) -> None:
     costs: list[float] = []
     for r in range(rounds):
         with tempfile.TemporaryDirectory() as tmp:
-            base_good, base_drain, _ = await run(Path(tmp) / "a.db", events, False)
-            mixed_good, mixed_drain, dead = await run(Path(tmp) / "b.db", events, True)
-        share = base_good / mixed_good
-        per_handled = base_drain / (4 * events)
-        per_failing = (mixed_drain - base_drain) / events
+            base = await run(Path(tmp) / "a.db", events, False)
+            mixed = await run(Path(tmp) / "b.db", events, True)
+        share = base.good / mixed.good
+        per_handled = base.cpu / (4 * events)
+        per_failing = (mixed.cpu - base.cpu) / events
         cost = per_failing / per_handled
+        wall_handled = base.drain / (4 * events)
+        wall_failing = (mixed.drain - base.drain) / events
         shares.append(share)
         costs.append(cost)
         print(
-            f"round {r + 1}: good keys {4 * events / base_good:,.0f}/s alone, "
-            f"{4 * events / mixed_good:,.0f}/s with k4 ({share:.0%}); "
-            f"handled record {per_handled * 1e6:.1f} us, k4 record "
-            f"{per_failing * 1e6:.1f} us ({cost:.1f}x); {dead} dead letters"
+            f"round {r + 1}: good keys {4 * events / base.good:,.0f}/s alone, "
+            f"{4 * events / mixed.good:,.0f}/s with k4 ({share:.0%}); CPU per handled "
+            f"record {per_handled * 1e6:.2f} us, per k4 record {per_failing * 1e6:.2f} us "
+            f"({cost:.1f}x); wall {wall_handled * 1e6:.2f} us and {wall_failing * 1e6:.2f} us "
+            f"({wall_failing / wall_handled:.1f}x); {mixed.dead} dead letters"
         )
     share, cost = statistics.median(shares), statistics.median(costs)
     print(
         f"median: good keys keep {share:.0%} of their speed (target >= 80 %): "
-        f"{'meets' if share >= 0.8 else 'MISSES'}"
+        + ("meets" if share >= 0.8 else f"MISSES by {0.8 - share:.0%} points")
     )
     print(
-        f"median: a failing record costs {cost:.1f}x a handled one (target <= 3x): "
-        f"{'meets' if cost <= 3 else 'MISSES'}"
+        f"median: a failing record costs {cost:.1f}x a handled one in CPU time (target <= 3x): "
+        + ("meets" if cost <= 3 else f"MISSES, {cost / 3:.1f} times the target")
     )
 
 

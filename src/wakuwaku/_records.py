@@ -318,6 +318,16 @@ def _check_source(raw: bytes | None) -> Source | _Problem | None:
     return source
 
 
+def checked_source(raw: bytes) -> Source | None:
+    """A ``wk-src`` value as :func:`validate_headers` accepts it (ids,
+    offsets >= 0, a partition >= 0), or None when it is not one; never raises."""
+    try:
+        source = _check_source(raw)
+    except Exception:  # noqa: BLE001 - a header may hold anything
+        return None
+    return source if isinstance(source, Source) else None
+
+
 def parse_ms(raw: str | bytes) -> float | None:
     """Seconds from a stored ``ms since the epoch`` text, or None when it is
     not a plain integer in ``[0, MAX_STORED_MS)`` (a header may hold

@@ -335,6 +335,9 @@ class LogContract:
         [
             ({"wk-v": "1"}, b"{}"),
             ({1: b"x"}, b"{}"),
+            # One bad entry among good ones (the common case is checked as a whole).
+            ({"wk-v": b"1", "wk-key": b"k", "wk-type": "t"}, b"{}"),
+            ({"wk-v": b"1", "wk-key": b"k", 3: b"t"}, b"{}"),
             ({"a": None}, b"{}"),
             ({}, "text"),
             (["wk-v"], b"{}"),

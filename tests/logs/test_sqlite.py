@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from wakuwaku import (
     UnknownTopicError,
     open_log,
 )
-from wakuwaku.logs import Log, TopicInfo
+from wakuwaku.logs import BatchWrite, Log, TopicInfo
 from wakuwaku.logs.sqlite import APPLICATION_ID, SCHEMA_VERSION, SQLiteLog
 
 from .contract import LogContract
@@ -219,6 +220,44 @@ async def test_bytes_like_values_are_stored_as_bytes(log: SQLiteLog) -> None:
     (record,) = await log.read("orders", 0, 0)
     assert record.headers == {"a": b"x", "b": b"y"}
     assert type(record.headers["a"]) is bytes and type(record.body) is bytes
+
+
+@pytest.mark.parametrize("count", [1, 2, 63, 64, 65, 127, 128, 129, 300])
+async def test_appends_of_any_size_get_dense_offsets_and_read_back_as_written(
+    log: SQLiteLog, count: int
+) -> None:
+    """Rows go in by INSERT statements of up to 64 rows (powers of two for
+    the rest), blobs bound as bytearrays: every size around those steps
+    keeps offsets dense and reads back exactly, as ``bytes``."""
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [(HEADERS, b"first")])
+    records = [({**HEADERS, "n": str(n).encode()}, b"body %d" % n) for n in range(count)]
+    assert await log.append("orders", 0, records) == list(range(1, count + 1))
+    assert await log.store(BatchWrite("g", [("orders", 0, records)])) == [
+        list(range(count + 1, 2 * count + 1))
+    ]
+    read = (await log.read("orders", 0, 1, 1000))[:count]
+    assert [(r.offset, r.headers, r.body) for r in read] == [
+        (n + 1, headers, body) for n, (headers, body) in enumerate(records)
+    ]
+    assert all(type(r.body) is bytes for r in read)
+    assert all(type(v) is bytes for r in read for v in r.headers.values())
+    assert await log.end_offsets("orders") == {0: 2 * count + 1}
+
+
+async def test_bytes_subclasses_and_other_mappings_are_still_accepted(log: SQLiteLog) -> None:
+    """Only the exact dict-of-bytes case skips the per-header check; what
+    the check allowed before (a body of a bytes subclass, any Mapping of
+    bytes-like values) is still stored."""
+
+    class Raw(bytes):
+        pass
+
+    await log.create_topic("orders", 1)
+    headers: Any = MappingProxyType({"a": bytearray(b"x"), "b": b"y"})
+    await log.append("orders", 0, [(headers, Raw(b"body"))])
+    (record,) = await log.read("orders", 0, 0)
+    assert record.headers == {"a": b"x", "b": b"y"} and record.body == b"body"
 
 
 async def test_reads_after_retention_do_not_serve_deleted_records(log: SQLiteLog) -> None:

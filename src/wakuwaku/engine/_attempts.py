@@ -2,7 +2,8 @@
 
 Owns the rounds: which due keys one round takes (at most
 :data:`ROUND_RECORDS` pending records), reading their pending work records
-back from the retry partition, decoding and planning them as one new batch
+back from the retry partition (or taking those this process wrote and still
+keeps, :class:`~._retry.WrittenCache`), decoding and planning them as one new batch
 per key, running them, and turning each key's outcome into retry-topic
 markers (``resolved``; ``attempt-failed``; a give-up is a ``resolved``
 marker with ``wk-reset``, see :mod:`._retry`). A round *returns* its markers
@@ -19,6 +20,7 @@ partition loop (:mod:`._partition`) before every poll.
 
 from __future__ import annotations
 
+import logging
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
@@ -31,8 +33,8 @@ from .._records import H_KEY, ReasonCode, Record, header_text
 from .._sanitize import sanitize
 from ._executor import ChunkExecutor, SegmentOutcome
 from ._outbox import Outbox
-from ._plan import Item, Run, Segment, decode_records, plan
-from ._retry import Outgoing, attempt_failed_marker, resolved_marker
+from ._plan import Item, Reject, Run, Segment, decode_records, plan
+from ._retry import WRITTEN_HORIZON, Outgoing, Written, attempt_failed_marker, resolved_marker
 from ._shared import Abandon, PartitionServices, logger
 
 #: Pending retry records one attempt round reads and runs at most (a key with
@@ -47,6 +49,13 @@ READ_GAP = 32
 
 #: A retry-topic marker and the (wall, monotonic) time its times were taken at.
 Marker = tuple[Outgoing, tuple[float, float]]
+
+#: A pending work record, and what its writer knew when this process kept
+#: it (:class:`~._retry.WrittenCache`; None: read from the retry partition).
+Pending = tuple[Record, Written | None]
+
+_UNREAD = Record(-1, {}, b"")
+"""Stands for a pending record not read yet (see Attempts._read_pending)."""
 
 
 @dataclass(slots=True)
@@ -125,18 +134,22 @@ class Attempts:
         self, keys: list[str], snapshots: Mapping[str, array[int]]
     ) -> list[Segment]:
         """Read, decode, filter and plan the pending work of a round's keys:
-        one segment per key (empty when nothing of it is left to run)."""
+        one segment per key (empty when nothing of it is left to run).
+
+        A pending record this process wrote and still keeps
+        (:class:`~._retry.WrittenCache`) is not read back: its item is
+        rebuilt from what the writer knew, its body decoded again.
+        """
         retry = self.services.retry
-        records = await self._read_pending(snapshots)
+        topic, partition = self.services.topic, self.services.partition
+        found = await self._read_pending(snapshots)
         by_key: dict[str, list[Item]] = {}
         fresh: list[Item] = []
         for key in keys:
             state = retry.keys[key]
             checked, skip = state.checked_through, state.skip
-            usable = [r for r in records[key] if r.offset > checked or r.offset not in skip]
-            items, rejects = decode_records(
-                usable, self.services.topic, self.services.partition, self.types, from_retry=True
-            )
+            usable = [e for e in found[key] if e[0].offset > checked or e[0].offset not in skip]
+            items, rejects = self._items(usable, topic, partition)
             self.outbox.dead_letter_rejects(rejects)  # once: they count as done from now on
             skip.update(r.record.offset for r in rejects)
             by_key[key] = items
@@ -144,7 +157,7 @@ class Attempts:
             state.checked_through = max(checked, snapshots[key][-1])
         # Pending records are looked up in the inbox once per process: only
         # our own handler calls claim them, and those resolve them.
-        if fresh:
+        if fresh and self.executor.has_inbox:
             kept = {id(item) for item in await self.executor.inbox_filter(fresh)}
             dropped = {id(i) for i in fresh} - kept
             for key, items in by_key.items():
@@ -156,6 +169,39 @@ class Attempts:
         for seg in plan(decoded):
             segments_by_key[seg.key] = seg
         return list(segments_by_key.values())
+
+    def _items(
+        self, entries: list[Pending], topic: str, partition: int
+    ) -> tuple[list[Item], list[Reject]]:
+        """The items of one key's pending records in order: those read decoded
+        (:func:`~._plan.decode_records`), those kept rebuilt."""
+        read = [e[0] for e in entries if e[1] is None]
+        items, rejects = decode_records(read, topic, partition, self.types, from_retry=True)
+        if len(read) == len(entries):
+            return items, rejects
+        decoded = iter(items)
+        upcoming = next(decoded, None)
+        out: list[Item] = []
+        for record, written in entries:
+            if written is None:
+                if upcoming is not None and upcoming.record is record:
+                    out.append(upcoming)
+                    upcoming = next(decoded, None)
+                continue
+            _, key, etype, origin, props, failed_at = written
+            try:
+                value = etype.decode(record.body)
+            except Exception:  # noqa: BLE001 - the careful path names the problem
+                again, refused = decode_records(
+                    [record], topic, partition, self.types, from_retry=True
+                )
+                out += again
+                rejects += refused
+                continue
+            out.append(
+                Item(key, etype, value, record, origin, props, None, failed_at, len(origin.offsets))
+            )
+        return out, rejects
 
     def _round_keys(self, due: list[str]) -> list[str]:
         """The first of the ``due`` keys whose pending records add up to at
@@ -171,25 +217,68 @@ class Attempts:
             total += count
         return taken
 
-    async def _read_pending(self, snapshots: Mapping[str, array[int]]) -> dict[str, list[Record]]:
-        """Read the pending work records of a round's keys from the retry partition.
+    async def _read_pending(self, snapshots: Mapping[str, array[int]]) -> dict[str, list[Pending]]:
+        """The pending work records of a round's keys: kept ones
+        (:class:`~._retry.WrittenCache`), the others read from the retry
+        partition (:meth:`_read_records`).
 
         :param snapshots: per key, the retry offsets of its pending records
             (increasing).
-        :returns: per key, its records in offset order. Reads page through the
+        :returns: per key, its records in offset order, each with what its
+            writer knew when it was kept (None when read). A pending record
+            the log no longer holds (deleted by retention) is logged and
+            missing from the attempt.
+        """
+        services = self.services
+        kept = services.written
+        found: dict[str, list[Pending]] = {key: [] for key in snapshots}
+        owner: dict[int, str] = {}
+        for key, offsets in snapshots.items():
+            mine = found[key]
+            for offset in offsets:
+                written = kept.get(offset)
+                if written is None:
+                    owner[offset] = key
+                    mine.append((_UNREAD, None))  # a place for the record read below
+                else:
+                    mine.append((written[0], written))
+        if not owner:
+            return found
+        read = await self._read_records(owner)
+        for key, offsets in snapshots.items():
+            found[key] = [
+                entry if entry[0] is not _UNREAD else (read[offset], None)
+                for offset, entry in zip(offsets, found[key], strict=True)
+                if entry[0] is not _UNREAD or offset in read
+            ]
+        missing = len(owner) - len(read)
+        if missing:
+            logger.warning(
+                "pending retry records are missing from the retry topic",
+                extra={
+                    **services.fields,
+                    "records": missing,
+                    "keys": [k for k, r in found.items() if len(r) != len(snapshots[k])],
+                },
+            )
+        return found
+
+    async def _read_records(self, owner: Mapping[int, str]) -> dict[int, Record]:
+        """Read pending records from the retry partition.
+
+        :param owner: the key each wanted offset is pending for.
+        :returns: the records found, by offset. Reads page through the
             partition with at most :data:`READ_PAGE` records a call, each from
             a wanted offset through the last wanted one that follows it with
             gaps of at most :data:`READ_GAP` (longer stretches nobody waits
-            for are not read); a record is kept when its offset is pending
+            for are not read); a record is kept when its offset is wanted
             and its ``wk-key`` is the key it is pending for (design §6, issue 12
-            item 3). A pending record the log no longer holds (deleted by
-            retention) is logged and missing from the attempt.
+            item 3).
         """
         services = self.services
         log, retry_topic, partition = services.log, services.retry_topic, services.partition
-        owner: dict[int, str] = {o: key for key, offsets in snapshots.items() for o in offsets}
         wanted = sorted(owner)
-        found: dict[str, list[Record]] = {key: [] for key in snapshots}
+        read: dict[int, Record] = {}
         index = 0
         while index < len(wanted):
             start = wanted[index]
@@ -211,21 +300,11 @@ class Attempts:
             if not page:
                 break
             for record in page:
-                key = owner.get(record.offset)
-                if key is not None and header_text(record.headers, H_KEY) == key:
-                    found[key].append(record)
+                pending_for = owner.get(record.offset)
+                if pending_for is not None and header_text(record.headers, H_KEY) == pending_for:
+                    read[record.offset] = record
             index = bisect_right(wanted, page[-1].offset, index)
-        missing = len(wanted) - sum(map(len, found.values()))
-        if missing:
-            logger.warning(
-                "pending retry records are missing from the retry topic",
-                extra={
-                    **services.fields,
-                    "records": missing,
-                    "keys": [k for k, r in found.items() if len(r) != len(snapshots[k])],
-                },
-            )
-        return found
+        return read
 
     def _partial_markers(self, handled: list[Run], finished: set[str]) -> list[Marker]:
         """At a stop in the middle of an attempt round, the markers of what it did.
@@ -253,9 +332,11 @@ class Attempts:
     ) -> list[Marker]:
         """The markers of ``key``'s attempt, whose pending retry offsets were
         ``pending`` (increasing) when it started; a give-up's dead letters go
-        to the outbox."""
+        to the outbox. Kept records (:class:`~._retry.WrittenCache`) that
+        the markers resolve, or whose next attempt is not soon, are dropped."""
         services = self.services
         config = services.config
+        kept = services.written
         services.stats.attempts += 1
         at = services.times()
         now = at[0]
@@ -263,44 +344,64 @@ class Attempts:
         fields: dict[str, Any] = {**services.fields, "key": key}
         if outcome.error is None:
             logger.info("quarantine lifted", extra=fields)
+            kept.drop(pending)
             return [(resolved_marker(key, pending[-1], now, group=config.group), at)]
         services.stats.attempts_failed += 1
         error = sanitize(outcome.error, config.error_text_limit)
-        first_undone = min(r.offset for i in outcome.rest for r in i.sources)
-        done_before = pending[: bisect_left(pending, first_undone)]
+        rest = outcome.rest
+        undone = _record_offsets(rest)
+        done_before = pending[: bisect_left(pending, min(undone))]
+        kept.drop(done_before)
         # The counter belongs to the head of the key's pending work (design §6): an
         # attempt that got past the head starts the new head at its first
         # failure, so progress is never punished (issue 12 item 5).
         failures = 1 if done_before else state.failures + 1
         fields.update(
             {
-                "type": outcome.rest[0].tag,
+                "type": rest[0].tag,
                 "error_class": ErrorClass.RETRYABLE.value,
                 "error": error,
                 "attempt": failures - 1,
+                "records": len(undone),
             }
         )
         markers: list[Outgoing] = []
         if failures > len(tuple(config.retry_delays)):
-            gave_up = [r.offset for i in outcome.rest for r in i.sources]
-            fields["offsets"] = [o for i in outcome.rest for o in i.main_offsets]
+            if logger.isEnabledFor(logging.ERROR):
+                fields["offsets"] = _main_offsets(rest)
             logger.error("giving up retry", extra=fields)
             services.stats.gave_up_keys += 1
-            self.outbox.dead_letter_items(outcome.rest, ReasonCode.GAVE_UP_RETRY, error)
-            markers.append(resolved_marker(key, max(gave_up), now, group=config.group, reset=True))
+            # The records as they are in the retry topic: their own wk-src is kept.
+            self.outbox.dead_letter_items(rest, ReasonCode.GAVE_UP_RETRY, error, from_retry=True)
+            kept.drop(undone)
+            markers.append(resolved_marker(key, max(undone), now, group=config.group, reset=True))
         else:
             if done_before:
                 markers.append(resolved_marker(key, max(done_before), now, group=config.group))
             delay = config.retry_delay(failures)
+            if delay > WRITTEN_HORIZON:
+                kept.drop(pending)
             markers.append(
                 attempt_failed_marker(key, failures, now, now + delay, group=config.group)
             )
-            logger.warning(
-                "retry attempt failed",
-                extra={
-                    **fields,
-                    "offsets": [o for i in outcome.rest for o in i.main_offsets],
-                    "next_attempt_in": delay,
-                },
-            )
+            if logger.isEnabledFor(logging.WARNING):
+                fields["offsets"] = _main_offsets(rest)
+                fields["next_attempt_in"] = delay
+                logger.warning("retry attempt failed", extra=fields)
         return [(marker, at) for marker in markers]
+
+
+def _record_offsets(items: list[Item]) -> list[int]:
+    """The offsets of the records ``items`` stand for (:attr:`Item.sources`), in order."""
+    out: list[int] = []
+    for item in items:
+        if item.parts is None:
+            out.append(item.record.offset)
+        else:
+            out += [part.record.offset for part in item.parts]
+    return out
+
+
+def _main_offsets(items: list[Item]) -> list[int]:
+    """The main-topic offsets ``items`` stand for (a log line's ``offsets``)."""
+    return [offset for item in items for source in item.origins for offset in source.offsets]

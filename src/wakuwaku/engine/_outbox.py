@@ -18,15 +18,74 @@ from collections import Counter
 from collections.abc import Iterable
 from functools import partial
 from operator import attrgetter
+from typing import Any, Protocol
 
-from .._records import ReasonCode, Record, Source, message_id
+from .._events import EventType
+from .._records import (
+    H_ERROR,
+    H_FAILED_AT,
+    H_GROUP,
+    H_MARKER,
+    H_REASON,
+    H_SRC,
+    ReasonCode,
+    Record,
+    Source,
+    encode_source,
+    message_id,
+    parse_ms,
+)
 from .._sanitize import sanitize
 from ..logs import BatchWrite
-from ._plan import Item, Reject
-from ._retry import Outgoing, dead_letter_record, retry_source, retry_work_records
+from ._plan import NO_PROPS, Item, Reject, Run
+from ._retry import (
+    WRITTEN_HORIZON,
+    Outgoing,
+    dead_letter_record,
+    retry_source,
+    work_common,
+)
 from ._shared import PartitionServices, logger
 
 _count = attrgetter("count")
+
+#: What the writer of one retry work record knows of it: key, type, origin
+#: (``wk-src``), props, stored ``wk-failed-at`` (seconds) and its size in
+#: bytes (body and header values).
+_Meta = tuple[str, EventType[Any], Source, dict[str, str], float, int]
+
+
+_MARK = 7_340_981_225_603_119_847
+"""An offset no template below holds otherwise (checked)."""
+
+
+def _bare_source(topic: str, partition: int) -> bytes | None:
+    """The ``wk-src`` of a bare main record of ``topic``/``partition`` as a
+    ``%`` template of its offset (twice): the bytes :func:`encode_source`
+    makes of ``Source(topic, partition, (o,), (message_id(topic, partition, o),))``,
+    without building and encoding a source per record. Made by those very
+    functions for one offset; None when that offset's digits are not found
+    exactly twice (then every record's source is encoded)."""
+    raw = encode_source(Source(topic, partition, (_MARK,), (message_id(topic, partition, _MARK),)))
+    digits = str(_MARK).encode()
+    if raw.count(digits) != 2:
+        return None
+    return raw.replace(b"%", b"%%").replace(digits, b"%d")
+
+
+class _AddWork(Protocol):
+    """Buffers one retry work record (see :meth:`Outbox._work`)."""
+
+    def __call__(
+        self,
+        record: Record,
+        key: str,
+        etype: EventType[Any],
+        origin: Source,
+        props: dict[str, str],
+        src: bytes | None,
+        /,
+    ) -> None: ...
 
 
 class Outbox:
@@ -54,6 +113,9 @@ class Outbox:
         # taken at: applied with it, its due time becomes a monotonic deadline
         # however the wall clock steps meanwhile (design §6).
         self._retry_at: list[tuple[float, float]] = []
+        # Per buffered retry record, what its writer knows of it (None for a
+        # marker): applied and kept without parsing the record again.
+        self._retry_meta: list[_Meta | None] = []
         # The retry partition's offset as last stored (or found at a restart).
         self.retry_committed: int | None = None
 
@@ -64,15 +126,39 @@ class Outbox:
 
     # ------------------------------------------------------------ dead letters
 
-    def dead_letter_items(self, items: Iterable[Item], reason: ReasonCode, error: str) -> None:
-        """Buffer the dead-letter copies of every record ``items`` stand for (design §8)."""
+    def dead_letter_items(
+        self, items: Iterable[Item], reason: ReasonCode, error: str, *, from_retry: bool = False
+    ) -> None:
+        """Buffer the dead-letter copies of every record ``items`` stand for (design §8).
+
+        :param from_retry: the items were read from the retry topic (an
+            attempt): each record keeps its own ``wk-src`` bytes, which say
+            where it comes from, instead of having them decoded and encoded
+            again.
+        """
         items = list(items)
         group = self.services.config.group
-        self._dead_out.extend(
-            dead_letter_record(record, reason, error, origin, group=group)
-            for item in items
-            for record, origin in zip(item.sources, item.origins, strict=True)
-        )
+        if from_retry:
+            added = {
+                H_GROUP: group.encode(),
+                H_REASON: reason.value.encode(),
+                H_ERROR: error.encode(),
+            }
+            out = self._dead_out
+            for item in items:
+                for record in item.sources:
+                    headers = record.headers
+                    # A pending retry record is a work record: never a marker.
+                    if H_MARKER in headers:
+                        out.append(dead_letter_record(record, reason, error, None, group=group))
+                    else:
+                        out.append(({**headers, **added}, record.body))
+        else:
+            self._dead_out.extend(
+                dead_letter_record(record, reason, error, origin, group=group)
+                for item in items
+                for record, origin in zip(item.sources, item.origins, strict=True)
+            )
         self._dead_counts[reason.value] += sum(map(_count, items))
         self.mark(items)
 
@@ -113,13 +199,49 @@ class Outbox:
 
     # ------------------------------------------------------------- retry topic
 
-    def write_retry(self, items: list[Item], failed_at: float | None, error: str) -> None:
+    def write_retry(self, items: Iterable[Item], failed_at: float | None, error: str) -> None:
         """Buffer main-topic items for the retry topic, in order (design §5.5).
 
         :param failed_at: the key's first failure (seconds since the epoch)
             for items routed to a quarantined key; None for the failure that
             quarantines it now, whose first attempt is due after the first
             (jittered) delay.
+        """
+        work = self._work(failed_at, error)
+        for item in items:
+            for record, origin in zip(item.sources, item.origins, strict=True):
+                work(record, item.key, item.event_type, origin, item.props, None)
+
+    def write_retry_run(self, run: Run, failed_at: float | None, error: str) -> None:
+        """:meth:`write_retry` of a main batch's run, without building an item
+        for a record the run holds bare (see :class:`~._plan.Run`): routing a
+        quarantined key's records costs a few dict operations each (issue 12
+        item 7)."""
+        work = self._work(failed_at, error)
+        key, etype, where = run.key, run.event_type, run.where
+        topic, partition = where.topic, where.partition
+        src = _bare_source(topic, partition)
+        for entry in run.entries:
+            if isinstance(entry, Record):
+                offset = entry.offset
+                ident = message_id(topic, partition, offset)
+                origin = Source(topic, partition, (offset,), (ident,))
+                work(entry, key, etype, origin, NO_PROPS, src and src % (offset, offset))
+            else:
+                for record, source in zip(entry.sources, entry.origins, strict=True):
+                    work(record, key, etype, source, entry.props, None)
+
+    def _work(self, failed_at: float | None, error: str) -> _AddWork:
+        """The function that buffers one work record of this write: its common
+        headers and times are taken once for all of them.
+
+        One work record per main record (design §3, §5.5, §6), with that
+        record's headers and body bytes as they were read, then the common
+        headers (:func:`~._retry.work_common`), then its own ``wk-src``: a
+        combined event is never encoded again, so a dead letter is
+        byte-identical to what was consumed, keeps every record's own props
+        and custom headers, and the next attempt plans the reduction again
+        (issue 12 item 6).
         """
         config = self.services.config
         at = self.services.times()
@@ -130,12 +252,34 @@ class Outbox:
         else:
             # The key's state already holds its due time; this one is not read.
             due = failed_at + config.delay(1)
-        for item in items:
-            records = retry_work_records(item, failed_at, error, due, group=config.group)
-            self._retry_out.extend(records)
-            self._retry_at.extend([at] * len(records))
-            self.unflushed_work += len(records)
-            self.mark([item])
+        common = work_common(failed_at, error, due, group=config.group)
+        failed = parse_ms(common[H_FAILED_AT]) or 0.0  # as a reader finds it
+        out, times, meta, done = self._retry_out, self._retry_at, self._retry_meta, self.done
+        common_size = sum(map(len, common.values()))
+        sizes: dict[int, int] = {}  # per main headers dict (logs share them): its bytes
+
+        def add(
+            record: Record,
+            key: str,
+            etype: EventType[Any],
+            origin: Source,
+            props: dict[str, str],
+            src: bytes | None,
+        ) -> None:
+            headers = record.headers
+            if src is None:
+                src = encode_source(origin)
+            out.append(({**headers, **common, H_SRC: src}, record.body))
+            times.append(at)
+            size = sizes.get(id(headers))
+            if size is None:
+                size = sizes[id(headers)] = sum(map(len, headers.values())) + common_size
+            meta.append((key, etype, origin, props, failed, size + len(src) + len(record.body)))
+            if done is not None:
+                done.add(record.offset)
+            self.unflushed_work += 1
+
+        return add
 
     def add_markers(self, markers: Iterable[tuple[Outgoing, tuple[float, float]]]) -> None:
         """Buffer retry-topic markers, each with the (wall, monotonic) time
@@ -143,6 +287,7 @@ class Outbox:
         for marker, at in markers:
             self._retry_out.append(marker)
             self._retry_at.append(at)
+            self._retry_meta.append(None)
 
     # ------------------------------------------------------------------- store
 
@@ -185,14 +330,36 @@ class Outbox:
             self._dead_out = []
             self._dead_counts = Counter()
         if retry:
-            now = services.clock.now()
-            for (headers, body), offset, at in zip(retry, offsets, self._retry_at, strict=True):
-                services.retry.apply(Record(offset, headers, body, now), at)
-            self._retry_out = []
-            self._retry_at = []
-            self.unflushed_work = 0
+            self._apply_written(retry, offsets)
         if low != self.retry_committed:
             self.retry_committed = low
+
+    def _apply_written(self, retry: list[Outgoing], offsets: list[int]) -> None:
+        """Fold the retry records just stored at ``offsets`` into the retry
+        state, and keep the work records whose key is due soon for its
+        attempt (:class:`~._retry.WrittenCache`)."""
+        services = self.services
+        state, written = services.retry, services.written
+        now = services.clock.now()
+        soon = services.clock.monotonic() + WRITTEN_HORIZON
+        keys = state.keys
+        for (headers, body), offset, at, meta in zip(
+            retry, offsets, self._retry_at, self._retry_meta, strict=True
+        ):
+            if meta is None:  # a marker
+                state.apply(Record(offset, headers, body, now), at)
+                continue
+            key, etype, origin, props, failed, size = meta
+            state.apply_written(key, offset, headers, max(origin.offsets), at)
+            pending = keys.get(key)
+            if pending is not None and pending.due <= soon:
+                written.put(
+                    (Record(offset, headers, body, now), key, etype, origin, props, failed), size
+                )
+        self._retry_out = []
+        self._retry_at = []
+        self._retry_meta = []
+        self.unflushed_work = 0
 
     async def _store(
         self, appends: list[tuple[str, int, list[Outgoing]]], commits: list[tuple[str, int, int]]

@@ -48,7 +48,7 @@ from ._config import ConsumerConfig, DeliveryMode
 from ._executor import ChunkExecutor, SegmentOutcome
 from ._handler import Handler
 from ._outbox import Outbox
-from ._plan import Groups, Item, Run, Segment, decode_batch, group, plan_groups
+from ._plan import Groups, Run, Segment, decode_batch, group, plan_groups
 from ._retry import RetryState, load_retry_state, retry_source
 from ._shared import Abandon, PartitionServices, logger
 from ._stats import ConsumerStats
@@ -463,7 +463,8 @@ class PartitionWorker:
         Items already in the retry topic (redelivered after a crash, at or
         below the key's routed main offset) are done: routed once, they are
         never routed or run again, also when the key's retry work has ended
-        since (issue 12 item 12: one message, two outcomes).
+        since (issue 12 item 12: one message, two outcomes). Main offsets grow
+        along a key's runs, so those items are a prefix of them.
         """
         quarantined = self.retry.keys
         routed_through = self.retry.routed
@@ -476,26 +477,23 @@ class PartitionWorker:
                 else:
                     del groups[key]
                 continue
-            routed: list[Item] = []
-            for run in groups.pop(key):
-                for item in run:
-                    if max(item.main_offsets) <= state.max_main_offset:
-                        self.outbox.mark([item])  # redelivered after a crash: already routed
-                    else:
-                        routed.append(item)
-                    self.stats.routed += 1
-            if routed:
-                self.outbox.write_retry(routed, state.first_failed_at, ROUTED_ERROR)
+            runs = groups.pop(key)
+            self.stats.routed += sum(len(run.entries) for run in runs)
+            for run in self._drop_routed(runs, state.max_main_offset):
+                self.outbox.write_retry_run(run, state.first_failed_at, ROUTED_ERROR)
 
     def _drop_routed(self, runs: list[Run], through: int) -> list[Run]:
         """``runs`` without their items at or below main offset ``through`` (a
         prefix, offsets growing within a key), which are marked done."""
         for index, run in enumerate(runs):
             count = 0
-            for item in run:
-                if max(item.main_offsets) > through:
+            for entry in run.entries:
+                top = entry.offset if isinstance(entry, Record) else max(entry.main_offsets)
+                if top > through:
                     break
                 count += 1
+            if count == 0:
+                return runs[index:]
             self.outbox.mark(run[:count])
             if count < len(run):
                 return [run[count:], *runs[index + 1 :]]

@@ -20,7 +20,11 @@ import msgspec
 from .._events import Algebra, EventType
 from .._records import (
     H_ALG,
+    H_ERROR,
+    H_FAILED_AT,
+    H_GROUP,
     H_KEY,
+    H_SRC,
     H_TYPE,
     H_VERSION,
     RETRY_ONLY_HEADERS,
@@ -30,8 +34,10 @@ from .._records import (
     Record,
     Source,
     ValidHeaders,
+    checked_source,
     key_or_none,
     message_id,
+    parse_ms,
     validate_headers,
 )
 from .._sanitize import sanitize
@@ -260,9 +266,60 @@ def decode_records(
         ``wk-for-group`` names another group is a reject with reason None.
     :returns: items in input order, and rejects with their reason codes.
     """
-    items, _, rejects = decode_batch(
-        records, topic, partition, types, from_retry=from_retry, group=group
-    )
+    if from_retry:
+        return _decode_retry(records, Where(topic, partition), types)
+    items, _, rejects = decode_batch(records, topic, partition, types, group=group)
+    return items, rejects
+
+
+RETRY_WORK_HEADERS = frozenset(
+    {H_VERSION, H_TYPE, H_KEY, H_ALG, H_FAILED_AT, "wk-due-at", H_ERROR, H_GROUP, H_SRC}
+)
+"""The headers of a retry work record as the engine writes it for a main
+record with only the four producer headers (``wk-due-at`` is the retry
+state's own, see :mod:`._retry`; ``wk-group`` is the writer, checked when
+the state is built, not here)."""
+
+
+def _decode_retry(
+    records: Iterable[Record], where: Where, types: Mapping[str, EventType[Any]]
+) -> tuple[list[Item], list[Reject]]:
+    """:func:`decode_records` of retry-topic records.
+
+    A work record with exactly :data:`RETRY_WORK_HEADERS`, a known
+    ``(wk-v, wk-type, wk-alg)``, a UTF-8 key, a usable ``wk-failed-at`` and
+    ``wk-src`` and a body that decodes takes a short path (issue 12 item 7:
+    the careful path cost a failing key's attempts 4 us a record). Anything
+    else, or any exception on the way, takes the careful path of the main
+    topic's records, which gives every problem its reason (design §8): the
+    short path only ever accepts records the careful one accepts, with the
+    same item.
+    """
+    items: list[Item] = []
+    rejects: list[Reject] = []
+    fast = _fast_signatures(types)
+    expected = RETRY_WORK_HEADERS
+    append = items.append
+    for record in records:
+        headers = record.headers
+        try:
+            if headers.keys() != expected:
+                raise KeyError(H_SRC)
+            etype, decode, _ = fast[_signature(headers)]
+            key = headers[H_KEY].decode("utf-8")
+            failed_at = parse_ms(headers[H_FAILED_AT])
+            source = checked_source(headers[H_SRC])
+            if not key or failed_at is None or source is None:
+                raise ValueError(H_SRC)
+            value = decode(record.body)
+        except Exception:  # noqa: BLE001 - the careful path names the problem
+            careful = _decode_one(record, where, types, True, rejects, None)
+            if careful is not None:
+                append(careful)
+            continue
+        append(
+            Item(key, etype, value, record, source, _NO_PROPS, None, failed_at, len(source.offsets))
+        )
     return items, rejects
 
 
@@ -358,6 +415,7 @@ _signature = itemgetter(H_VERSION, H_TYPE, H_ALG)
 
 _NO_PROPS: dict[str, str] = {}
 """Shared by every item without properties; never mutated."""
+NO_PROPS = _NO_PROPS
 
 
 def _decode_one(

@@ -43,13 +43,19 @@ each), counters, due times and the highest main offset. Record bodies stay
 in the retry log: :meth:`RetryState.apply` keeps none of a record's headers
 or body, neither live nor when a restart reads the partition back, and the
 attempts (:mod:`._attempts`) read a key's pending records from the retry
-partition when its attempt runs.
+partition when its attempt runs. The one exception is bounded and outside
+the state: :class:`WrittenCache` keeps the work records a process wrote
+itself for an attempt due within :data:`WRITTEN_HORIZON` (at most 10 000
+records and 8 MiB per partition), so a failing key's records are not read
+back and checked again a second later (issue 12 item 7).
 
 One function, :meth:`RetryState.apply`, turns a record into state. The live
 consumer writes a record, then applies it with its assigned offset; a
 restart reads the retry partition from its committed offset and applies the
 same records in the same order, so pending keys, attempt counters and
 schedules come back exactly (a restart never resets a counter).
+:meth:`RetryState.apply_written` is its shortcut for a work record the
+process has just written: the same state, from what the writer knows.
 """
 
 from __future__ import annotations
@@ -59,9 +65,10 @@ from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._events import EventType
 from .._records import (
     H_ERROR,
     H_FAILED_AT,
@@ -81,7 +88,6 @@ from .._records import (
     parse_ms,
 )
 from ..logs import Log
-from ._plan import Item
 
 R = TypeVar("R")
 
@@ -150,54 +156,45 @@ def attempt_failed_marker(
     )
 
 
-def retry_work_records(
-    item: Item, failed_at: float, error: str, due: float, *, group: str
-) -> list[Outgoing]:
-    """The retry-topic records of one (possibly reduced) main-topic item (design §3, §5.5, §6).
+def work_common(failed_at: float, error: str, due: float, *, group: str) -> dict[str, bytes]:
+    """The headers every retry work record of one write shares: ``wk-failed-at``
+    and ``wk-due-at`` (seconds since the epoch, stored as ms rounded up),
+    ``wk-error`` and ``wk-group`` (``group``, the writer).
 
-    One record per main record the item stands for, each with that record's
-    headers and body bytes as they were read, plus ``wk-failed-at``,
-    ``wk-due-at``, ``wk-error``, ``wk-group`` (``group``, the writer) and its
-    own ``wk-src``: a combined event is
-    never encoded again, so a dead letter is byte-identical to what was
-    consumed, keeps every record's own props and custom headers, and the
-    next attempt plans the reduction again (issue 12 item 6).
-
-    ``due`` (seconds since the epoch) is when the key's first attempt is due,
-    were these records to quarantine it.
+    ``due`` is when the key's first attempt is due, were these records to
+    quarantine it.
     """
-    common = {
+    return {
         H_FAILED_AT: ms_text(failed_at),
         H_DUE: ms_text(due),
         H_ERROR: error.encode(),
         H_GROUP: group.encode(),
     }
-    out: list[Outgoing] = []
-    for record, origin in zip(item.sources, item.origins, strict=True):
-        headers = dict(record.headers)
-        headers.update(common)
-        headers[H_SRC] = encode_source(origin)
-        out.append((headers, record.body))
-    return out
 
 
 def dead_letter_record(
     record: Record,
     reason: ReasonCode,
     error: str,
-    source: Source,
+    source: Source | None,
     *,
     group: str,
 ) -> Outgoing:
     """The dead-letter copy of one record: raw headers and body kept, plus
     ``wk-reason``, ``wk-error`` (already sanitized), ``wk-src`` (design §8)
-    and ``wk-group`` (``group``, whose dead letter it is: design §6)."""
+    and ``wk-group`` (``group``, whose dead letter it is: design §6).
+
+    :param source: the ``wk-src`` to write; None keeps the record's own (a
+        retry work record, whose ``wk-src`` is where it comes from: its
+        bytes are kept rather than decoded and encoded again).
+    """
     headers = dict(record.headers)
     headers.pop(H_MARKER, None)
     headers[H_GROUP] = group.encode()
     headers[H_REASON] = reason.value.encode()
     headers[H_ERROR] = error.encode()
-    headers[H_SRC] = encode_source(source)
+    if source is not None:
+        headers[H_SRC] = encode_source(source)
     return headers, record.body
 
 
@@ -366,6 +363,27 @@ class RetryState:
         else:
             self._broken(record, key, f"unknown marker {bytes(marker)[:40]!r}")
 
+    def apply_written(
+        self, key: str, offset: int, headers: dict[str, bytes], top: int, at: tuple[float, float]
+    ) -> None:
+        """Fold in a work record this process just wrote at ``offset``, for
+        ``key``, standing for main offsets up to ``top``: the same state as
+        :meth:`apply` of that record (a restart reads it that way), without
+        parsing again what the writer knows. The first record of a key goes
+        through :meth:`apply` (its stored times set the schedule)."""
+        state = self.keys.get(key)
+        if state is None:
+            self.apply(Record(offset, headers, b""), at)
+            return
+        if offset >= self.end_offset:
+            self.end_offset = offset + 1
+        state.offsets.append(offset)
+        self.pending_count += 1
+        if top > state.max_main_offset:
+            state.max_main_offset = top
+        if top > self.routed.get(key, -1):
+            self.routed[key] = top
+
     def apply_all(self, records: Iterable[Record]) -> None:
         for record in records:
             self.apply(record)
@@ -430,6 +448,81 @@ class RetryState:
         # To the microsecond: a wall time of today is a float with ~0.2 us
         # of noise, which must not turn a due time of 6.0 into 6.00000001.
         state.due = round(self._at[1] + (wall - self._at[0]), 6)
+
+
+Written = tuple[Record, str, EventType[Any], Source, dict[str, str], float]
+"""A retry work record this process wrote: the record as the retry partition
+holds it (offset, headers, body), its key, type, origin (``wk-src``), props
+and stored ``wk-failed-at`` (seconds): what decoding it would find."""
+
+#: Bytes counted per kept record besides its body and header values.
+_WRITTEN_OVERHEAD = 640
+
+WRITTEN_HORIZON = 60.0
+"""A written work record is kept (:class:`WrittenCache`) while its key's
+next attempt is due within this many seconds: the default schedule (2 to
+16 s) is inside it, an hour's delay is not."""
+
+
+class WrittenCache:
+    """Retry work records written by this process, kept for an attempt that
+    comes soon, so that it need not read and check them again (issue 12
+    item 7), within a fixed bound (design §6).
+
+    Only an optimisation: a record not found here is read from the retry
+    partition (the truth); a record found here is what the partition holds at
+    its offset (a retry partition is append-only, and its offsets are
+    written under the partition's lease). Bodies are decoded again for each
+    attempt, as when read, so an event a handler changed is never seen again.
+
+    :param max_records: / :param max_bytes: the bound; past it the oldest
+        records are dropped first (bytes: bodies, header values and a fixed
+        overhead per record).
+    """
+
+    __slots__ = ("_entries", "bytes", "max_bytes", "max_records")
+
+    def __init__(self, max_records: int = 10_000, max_bytes: int = 8 << 20) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: dict[int, tuple[Written, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, written: Written, size: int) -> None:
+        """Keep ``written`` (dropping the oldest records past the bound).
+
+        :param size: its body and header values in bytes.
+        """
+        offset = written[0].offset
+        entries = self._entries
+        if offset in entries:
+            self.bytes -= entries.pop(offset)[1]
+        size += _WRITTEN_OVERHEAD
+        entries[offset] = (written, size)
+        self.bytes += size
+        while len(entries) > self.max_records or self.bytes > self.max_bytes:
+            self.bytes -= entries.pop(next(iter(entries)))[1]
+
+    def get(self, offset: int) -> Written | None:
+        found = self._entries.get(offset)
+        return None if found is None else found[0]
+
+    def drop(self, offsets: Iterable[int]) -> None:
+        """Forget the records at ``offsets`` (resolved, given up, or not due soon)."""
+        entries = self._entries
+        if not entries:
+            return
+        for offset in offsets:
+            found = entries.pop(offset, None)
+            if found is not None:
+                self.bytes -= found[1]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
 
 
 def _seconds(raw: bytes | None) -> float | None:

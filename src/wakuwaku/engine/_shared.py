@@ -37,7 +37,7 @@ from .._errors import ErrorClass, FencedError
 from .._sanitize import sanitize
 from ..logs import Lease, Log
 from ._config import ConsumerConfig
-from ._retry import RetryState
+from ._retry import RetryState, WrittenCache
 from ._stats import ConsumerStats
 
 logger = logging.getLogger("wakuwaku.consumer")
@@ -94,6 +94,8 @@ class PartitionServices:
         it is read before every chunk).
     :ivar lease_deadline: moved by the consumer's lease renewer.
     :ivar retry: the retry partition's pending work (design §6).
+    :ivar written: retry work records written by this process, kept for
+        their attempt within a fixed bound (:class:`~._retry.WrittenCache`).
     """
 
     def __init__(
@@ -125,6 +127,8 @@ class PartitionServices:
         )
         self.clock = config.clock
         self.retry = RetryState(config.delay, config.clock, group=config.group)
+        # Work records this process wrote, for attempts that come soon (issue 12 item 7).
+        self.written = WrittenCache()
         self.fields = {"topic": topic, "partition": partition}
         self.gate = Gate()
         self._stop = asyncio.Event()

@@ -94,6 +94,10 @@ def check_topic_name(topic: str) -> None:
         )
 
 
+_STR = frozenset({str})
+_BYTES = frozenset({bytes})
+
+
 def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
     """Check one outgoing record at run time (callers may be untyped).
 
@@ -101,6 +105,16 @@ def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
     :raises ConfigError: when the body is not bytes-like, or a header name is
         not a str or a header value not bytes-like; nothing is written then.
     """
+    # The common case, checked in C: a bytes body and a dict of str names and
+    # bytes values (exact types). Anything else, subclasses included, is
+    # checked one by one below.
+    if (
+        type(body) is bytes
+        and type(headers) is dict
+        and _STR.issuperset(map(type, headers))
+        and _BYTES.issuperset(map(type, headers.values()))
+    ):
+        return headers
     if not isinstance(body, bytes | bytearray | memoryview):
         raise ConfigError(f"a record body must be bytes, got {type(body).__name__}")
     if not isinstance(headers, Mapping):

@@ -75,6 +75,7 @@ logger = logging.getLogger("wakuwaku.logs.sqlite")
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
+_encode_headers_into = msgspec.msgpack.Encoder().encode_into
 _encode_headers = msgspec.msgpack.Encoder().encode
 _decode_headers = msgspec.msgpack.Decoder(dict[str, bytes]).decode
 _EMPTY_HEADERS = _encode_headers({})
@@ -398,7 +399,7 @@ class SQLiteLog(Log):
         return await self._run(self._append, topic, partition, encoded, fence)
 
     def _append(
-        self, topic: str, partition: int, encoded: list[tuple[bytes, bytes]], fence: Lease | None
+        self, topic: str, partition: int, encoded: list[_Row], fence: Lease | None
     ) -> list[int]:
         db = self._db()
         topic_id = self._partition(db, topic, partition)
@@ -415,7 +416,7 @@ class SQLiteLog(Log):
         db: sqlite3.Connection,
         topic_id: int,
         partition: int,
-        encoded: list[tuple[bytes, bytes]],
+        encoded: list[_Row],
         now: float,
     ) -> list[int]:
         """Insert records inside the caller's transaction; returns their offsets."""
@@ -428,14 +429,20 @@ class SQLiteLog(Log):
         if row is None:  # another connection deleted the topic since it was cached
             raise _TopicGone(topic_id)
         first = int(row[0])
-        db.executemany(
-            "INSERT INTO wk_records (topic_id, part, off, ts, headers, body)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (topic_id, partition, first + i, now, headers, body)
-                for i, (headers, body) in enumerate(encoded)
-            ],
-        )
+        # Rows go in by statements of up to _ROWS_PER_INSERT rows each (one
+        # VALUES list): one statement step per 64 rows instead of one per
+        # row, which the retry path of a failing key pays twice per record
+        # (issue 12 item 7).
+        done = 0
+        count = len(encoded)
+        while done < count:
+            rows = min(_ROWS_PER_INSERT, 1 << ((count - done).bit_length() - 1))
+            args: list[object] = []
+            for i in range(done, done + rows):
+                headers, body = encoded[i]
+                args += (topic_id, partition, first + i, now, headers, body)
+            db.execute(_insert_sql(rows), args)
+            done += rows
         db.execute(
             "UPDATE wk_partitions SET next_offset = ? WHERE topic_id = ? AND part = ?",
             (first + len(encoded), topic_id, partition),
@@ -473,7 +480,7 @@ class SQLiteLog(Log):
     def _store(
         self,
         group: str,
-        appends: list[tuple[str, int, list[tuple[bytes, bytes]]]],
+        appends: list[tuple[str, int, list[_Row]]],
         commits: list[tuple[str, int, int]],
         fence: Lease | None,
     ) -> list[list[int]]:
@@ -827,6 +834,23 @@ class SQLiteLog(Log):
             conn.close()
 
 
+_ROWS_PER_INSERT = 64
+"""Rows one INSERT statement writes at most (6 parameters a row: far below
+SQLite's oldest limit of 999 parameters)."""
+
+
+@functools.cache
+def _insert_sql(rows: int) -> str:
+    """An INSERT of ``rows`` records, six anonymous parameters each.
+
+    Anonymous, not numbered: the ``sqlite3`` module of Python 3.12+ asks
+    SQLite for every parameter's name, a linear search for numbered ones.
+    Called with powers of two up to :data:`_ROWS_PER_INSERT` only, so the
+    connection's statement cache holds a few of them."""
+    values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
+    return f"INSERT INTO wk_records (topic_id, part, off, ts, headers, body) VALUES {values}"
+
+
 class _TopicGone(Exception):
     """A cached topic id whose partitions are gone (the topic was deleted)."""
 
@@ -869,12 +893,26 @@ def _records(
     return out
 
 
-def _encode_record(headers: Mapping[str, bytes], body: bytes) -> tuple[bytes, bytes]:
-    """``(msgpack headers, body)`` of one record, checked by :func:`check_record`."""
+_Row = tuple[bytearray, bytearray]
+"""An encoded record as it is bound: ``(msgpack headers, body)``."""
+
+
+def _encode_record(headers: Mapping[str, bytes], body: bytes) -> _Row:
+    """``(msgpack headers, body)`` of one record, checked by :func:`check_record`.
+
+    Both are bytearrays: the ``sqlite3`` module binds a bytearray as a blob
+    at once, while it looks a ``bytes`` value up in its adapter registry
+    first (CPython's ``_need_adapt`` lists ``bytearray``, not ``bytes``),
+    which costs more than the copy: half the binding time of a row (issue 12
+    item 7, where every record of a failing key is written twice).
+    """
     checked = check_record(headers, body)
-    if not checked:
-        return _EMPTY_HEADERS, bytes(body)
-    return _encode_headers(checked), bytes(body)
+    encoded = bytearray()
+    if checked:
+        _encode_headers_into(checked, encoded)
+    else:
+        encoded += _EMPTY_HEADERS
+    return encoded, bytearray(body)
 
 
 @functools.cache
