@@ -13,7 +13,8 @@ import pytest
 
 from wakuwaku.demo.data import expected_totals, read_planes
 
-from ..conftest import NATS_URL, REDIS_URL
+from .. import kafka_support
+from ..conftest import KAFKA_BOOTSTRAP, NATS_URL, REDIS_URL
 from ..logs.test_redis import purge
 from ..nats_support import drop_prefix, fresh_prefix
 
@@ -136,12 +137,22 @@ async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
         await drop_prefix(NATS_URL, prefix)
 
 
+@contextlib.asynccontextmanager
+async def kafka_url(tmp_path: Path) -> AsyncIterator[str]:
+    prefix = kafka_support.fresh_prefix()
+    try:
+        yield f"kafka://{KAFKA_BOOTSTRAP}?prefix={prefix}"
+    finally:
+        kafka_support.drop_prefix(prefix)
+
+
 # One entry per engine: a fresh URL (unique prefix on the shared servers) and
 # its cleanup. The demo itself only uses the Log interface.
 ENGINES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[str]]] = {
     "sqlite": sqlite_url,
     "redis": redis_url,
     "nats": nats_url,
+    "kafka": kafka_url,
 }
 
 
@@ -150,6 +161,7 @@ ENGINES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[str]]
         "sqlite",
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("nats", marks=pytest.mark.nats),
+        pytest.param("kafka", marks=pytest.mark.kafka),
     ]
 )
 async def log_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
