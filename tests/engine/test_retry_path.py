@@ -49,7 +49,7 @@ from wakuwaku.engine._retry import H_DUE, RetryState, WrittenCache, load_retry_s
 from wakuwaku.logs import Log
 from wakuwaku.testing import FakeClock
 
-from .conftest import T0, Item, Running, Script, consumer, setup_topic, wait_until
+from .conftest import T0, Item, Running, Script, consumer, read_all, setup_topic, wait_until
 
 ITEM = event_type(Item)
 TYPES = {ITEM.tag: ITEM}
@@ -305,3 +305,41 @@ def test_the_wk_src_template_of_a_bare_record_is_what_encode_source_writes(
 def test_a_topic_holding_the_template_offset_gets_no_template() -> None:
     """Then every record's source is encoded (the template would be wrong)."""
     assert _bare_source(f"t{_MARK}", 0) is None
+
+
+async def test_pending_records_a_read_missed_are_read_again_not_dropped(
+    log: Log, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15: a store not yet visible to readers (Kafka's transaction
+    markers) made an attempt find none of its key's pending records, and the
+    key was closed without handling or dead-lettering them. A record the
+    retry partition still holds (at or above its start offset) is read again
+    on the retry schedule instead."""
+    monkeypatch.setattr(_shared, "WrittenCache", functools.partial(WrittenCache, 0))
+    producer = await setup_topic(log)
+    script = Script(clock)
+    script.fail[0] = [wk.Retryable("not yet")]
+    read = log.read
+    hidden = {"reads": 2}
+
+    async def lagging(
+        topic: str, partition: int, offset: int, limit: int = 500, wait: float = 0.0
+    ) -> list[wk.Record]:
+        records = await read(topic, partition, offset, limit, wait)
+        if topic.startswith("wk-retry.") and records and hidden["reads"] > 0:
+            hidden["reads"] -= 1
+            return []  # written, but not visible to this read yet
+        return records
+
+    log.read = lagging  # type: ignore[method-assign,assignment]
+    c = consumer(log, clock, [Handler(Item, script)], retry_delays=[1.0, 2.0])
+    async with Running(c):
+        await wait_until(clock, lambda: bool(c.workers))
+        [worker] = c.workers.values()
+        await wait_until(clock, lambda: worker.started)
+        await producer.publish_many([Item("a", 0), Item("a", 1)])
+        await wait_until(clock, lambda: worker.retry.quarantined("a"))
+        await wait_until(clock, lambda: not worker.retry.keys)
+    assert hidden["reads"] == 0
+    assert script.handled_ns("a") == [0, 1]
+    assert await read_all(log, "wk-dlq.g.t") == []

@@ -46,6 +46,9 @@ READ_PAGE = 1000
 #: partition reads through rather than starting a new read (one read call
 #: costs about as much as decoding a few dozen records).
 READ_GAP = 32
+#: How many times pending records the retry partition still holds but a read
+#: did not return are read again before their keys go on without them.
+MISSING_READS = 5
 
 #: A retry-topic marker and the (wall, monotonic) time its times were taken at.
 Marker = tuple[Outgoing, tuple[float, float]]
@@ -244,7 +247,7 @@ class Attempts:
                     mine.append((written[0], written))
         if not owner:
             return found
-        read = await self._read_records(owner)
+        read = await self._read_unread(owner)
         for key, offsets in snapshots.items():
             found[key] = [
                 entry if entry[0] is not _UNREAD else (read[offset], None)
@@ -253,7 +256,7 @@ class Attempts:
             ]
         missing = len(owner) - len(read)
         if missing:
-            logger.warning(
+            logger.error(
                 "pending retry records are missing from the retry topic",
                 extra={
                     **services.fields,
@@ -262,6 +265,51 @@ class Attempts:
                 },
             )
         return found
+
+    async def _read_unread(self, owner: Mapping[int, str]) -> dict[int, Record]:
+        """:meth:`_read_records`, read again while the log still holds a
+        wanted record that the read did not return.
+
+        A pending record below the retry partition's start offset was
+        deleted by retention: it is gone, and the caller logs it. One at or
+        above it must be there: a read that missed it (a store not yet
+        visible to readers, as Kafka's transaction markers can be) must not
+        close its key unhandled (issue 15). Such records are read again on
+        the retry schedule, up to :data:`MISSING_READS` times, with the
+        partition's gate closed as for any failing log call.
+        """
+        services = self.services
+        read = await self._read_records(owner)
+        for failures in range(1, MISSING_READS + 1):
+            absent = {offset: key for offset, key in owner.items() if offset not in read}
+            if not absent:
+                break
+            starts = await services.log_call(
+                "retry topic start offsets",
+                partial(services.log.start_offsets, services.retry_topic),
+            )
+            start = starts.get(services.partition, 0)
+            held = {offset: key for offset, key in absent.items() if offset >= start}
+            if not held:
+                break
+            delay = services.config.retry_delay(failures)
+            logger.warning(
+                "pending retry records not read; reading them again",
+                extra={
+                    **services.fields,
+                    "records": len(held),
+                    "first_offset": min(held),
+                    "delay": delay,
+                    "failures": failures,
+                },
+            )
+            services.gate.close()
+            try:
+                await services.sleep(delay)
+            finally:
+                services.gate.reopen()
+            read.update(await self._read_records(held))
+        return read
 
     async def _read_records(self, owner: Mapping[int, str]) -> dict[int, Record]:
         """Read pending records from the retry partition.
