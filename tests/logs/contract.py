@@ -352,6 +352,31 @@ class LogContract:
             await log.append("orders", 0, [good, (headers, body)])  # type: ignore[list-item]
         assert await log.read("orders", 0, 0) == []
 
+    async def test_bytes_like_header_values_and_bodies_are_stored_as_plain_bytes(
+        self, log: Log
+    ) -> None:
+        # A bytes subclass passed the check, then failed the encoding with a
+        # TypeError (issue 12 item 7 review): every bytes-like value is stored.
+        class Tagged(bytes):
+            pass
+
+        class Name(str):
+            pass
+
+        await log.create_topic("orders", 1)
+        headers: dict[str, bytes] = {
+            **dict(rec()[0]),
+            Name("x-tag"): Tagged(b"tagged"),
+            "x-array": bytearray(b"array"),  # type: ignore[dict-item]
+            "x-view": memoryview(b"view"),  # type: ignore[dict-item]
+        }
+        await log.append("orders", 0, [(headers, Tagged(b"{}"))])
+        [record] = await log.read("orders", 0, 0)
+        assert record.body == b"{}"
+        assert record.headers["x-tag"] == b"tagged"
+        assert record.headers["x-array"] == b"array"
+        assert record.headers["x-view"] == b"view"
+
     async def test_start_and_end_offsets(self, log: Log) -> None:
         await log.create_topic("orders", 3)
         assert await log.start_offsets("orders") == {0: 0, 1: 0, 2: 0}

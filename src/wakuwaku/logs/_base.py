@@ -101,7 +101,10 @@ _BYTES = frozenset({bytes})
 def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
     """Check one outgoing record at run time (callers may be untyped).
 
-    :returns: the headers as a dict (``headers`` itself when it is one).
+    :returns: the headers as a dict of plain ``str`` names and ``bytes``
+        values (``headers`` itself when it already is one; otherwise a copy:
+        a subclass of bytes or str, a bytearray or a memoryview becomes the
+        plain type, which every log's encoder takes).
     :raises ConfigError: when the body is not bytes-like, or a header name is
         not a str or a header value not bytes-like; nothing is written then.
     """
@@ -119,14 +122,14 @@ def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
         raise ConfigError(f"a record body must be bytes, got {type(body).__name__}")
     if not isinstance(headers, Mapping):
         raise ConfigError(f"record headers must be a mapping, got {type(headers).__name__}")
-    if not isinstance(headers, dict):
-        headers = dict(headers)
+    plain: dict[str, bytes] = {}
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, bytes | bytearray | memoryview):
             raise ConfigError(
                 f"record headers must map str to bytes; got {name!r}: {type(value).__name__}"
             )
-    return headers
+        plain[str(name)] = bytes(value)
+    return plain
 
 
 def check_commit(group: str, topic: str, partition: int, offset: int) -> int:
