@@ -26,7 +26,11 @@ def register(group: click.Group) -> None:
         "log_url",
         default=None,
         envvar="WAKUWAKU_DEMO_LOG",
-        help="Log URL (default: a fresh SQLite file in --workdir).",
+        help=(
+            "Log URL: sqlite:///file.db, redis://host:port/db, nats://host:port or "
+            "kafka://host:port, each with ?prefix=... to share a server "
+            "(default: a fresh SQLite file in --workdir)."
+        ),
     )
     @click.option(
         "--workdir",

@@ -42,7 +42,7 @@ def log_option(fn: F) -> F:
         metavar="URL",
         help=(
             f"The log (sqlite:///file.db[?fsync=0&busy_timeout=S], redis://host:port/db, "
-            f"nats://host:port, memory://); env {LOG_ENV}."
+            f"nats://host:port, kafka://host:port[,host:port], memory://); env {LOG_ENV}."
         ),
     )(fn)
 
