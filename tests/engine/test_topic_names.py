@@ -177,6 +177,31 @@ async def test_6_a_main_topic_that_is_another_groups_configured_topic_is_refused
         await reader.start()
 
 
+async def test_6_a_dead_letter_topic_named_like_another_groups_main_topic_is_refused(
+    log: Log, clock: FakeClock
+) -> None:
+    """Found by a new user: the error advised deleting 'orders', a main
+    topic full of another group's data."""
+    await setup_topic(log, topic="orders")
+    await setup_topic(log, topic="payments")
+    script = Script(clock)
+    await consumer(log, clock, [Handler(Item, script)], **NAMED).drain()
+    payments = consumer(
+        log,
+        clock,
+        [Handler(Item, script)],
+        topic="payments",
+        group="g6",
+        dead_letter_topics={"payments": "orders"},
+    )
+    with pytest.raises(wk.ConfigError) as refused:
+        await payments.start()
+    text = str(refused.value)
+    assert "it is the main topic 'orders' read by group 'billing'" in text
+    assert "configure another name" in text
+    assert "delete" not in text
+
+
 async def test_6_records_of_another_group_in_a_retry_topic_are_skipped(
     log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -223,11 +223,20 @@ def _check_conflicts(
             for theirs, (other_name, other_role) in enumerate(other.roles()):
                 if name != other_name or name not in existing or (mine, theirs) in _SHAREABLE:
                     continue
+                if theirs == 0:
+                    # Another group's main topic holds its data: never advise deleting it.
+                    other_role = f"{other_role} read by group {other.group!r}"
+                    remedy = "configure another name"
+                else:
+                    remedy = (
+                        "configure another name, or delete "
+                        f"topic {name!r} once group {other.group!r} no longer uses it"
+                    )
                 raise ConfigError(
                     f"topic {name!r} cannot be the {role}: it is the {other_role} "
-                    f"(noted in {registry!r}). A retry topic belongs to one consumer "
-                    "group and main topic (design §6): configure another name, or delete "
-                    f"topic {name!r} once group {other.group!r} no longer uses it"
+                    f"(noted in {registry!r}). The retry and "
+                    "dead-letter topics of a group and main topic are its own (design "
+                    f"§6): {remedy}"
                 )
 
 
