@@ -112,6 +112,23 @@ def test_topic_create_refuses_the_engines_topics(cli: CLI, name: str) -> None:
     assert "create the main topic instead" in err or "the consumer creates it" in err
 
 
+@pytest.mark.parametrize(
+    "name", [RETRY, DLQ, TOPIC_NAMES_TOPIC, f"wk-retry.{GROUP}.{TOPIC}", f"wk-dlq.{GROUP}.{TOPIC}"]
+)
+def test_produce_refuses_the_engines_topics(
+    cli: CLI, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a new user: one line produced into a configured retry topic
+    # quarantined a key for the whole retry delay, and one into the
+    # topic-names topic made every command warn about a broken record.
+    line = '{"type": "t", "key": "a", "body": {}}\n'
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(line))
+    code, _, err = cli("produce", name)
+    assert code == ExitCode.ERROR
+    assert "only the consumer writes it" in err or "configured topic names" in err
+    assert "produced" not in err
+
+
 def test_topic_delete_takes_a_configured_dead_letter_topics_ledger_and_names_kept_topics(
     cli: CLI,
 ) -> None:

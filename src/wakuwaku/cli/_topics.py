@@ -67,6 +67,33 @@ def topic_group() -> None:
     """Create, describe and list topics."""
 
 
+def _refuse_engine_topic(name: str, why: str, instead: str) -> None:
+    """Refuse a group's derived retry, dead-letter or replay-ledger topic and
+    the topic-names topic: only the consumer writes and creates them.
+
+    :raises ConfigError: naming the topic, its group and main topic.
+    """
+    internal = split_internal_topic(name)
+    if internal is not None:
+        kind, group, main = internal
+        raise ConfigError(
+            f"{name!r} is the {kind} topic of group {group!r} for topic {main!r}: {why}; {instead}"
+        )
+    if name == TOPIC_NAMES_TOPIC or name.endswith("." + TOPIC_NAMES_TOPIC):
+        raise ConfigError(f"{name!r} is where consumers note their configured topic names: {why}")
+
+
+async def _refuse_configured_topic(log: Log, name: str, why: str, instead: str) -> None:
+    """:func:`_refuse_engine_topic` for a configured name a consumer noted."""
+    owner = topic_owner(name, await registered_topics(log))
+    if owner is not None:
+        word, names = owner
+        raise ConfigError(
+            f"{name!r} is the {word} topic of group {names.group!r} for topic "
+            f"{names.topic!r} (configured): {why}; {instead}"
+        )
+
+
 @topic_group.command("create")
 @click.argument("name")
 @click.option(
@@ -86,29 +113,12 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
     configured name a consumer noted) and the topic-names topic are refused
     (exit 3): the consumer creates those itself, with the main topic's count.
     """
-    internal = split_internal_topic(name)
-    if internal is not None:
-        kind, group, main = internal
-        raise ConfigError(
-            f"{name!r} is the {kind} topic of group {group!r} for topic "
-            f"{main!r}: the consumer creates it with {main!r}'s partition "
-            "count; create the main topic instead"
-        )
-    if name == TOPIC_NAMES_TOPIC or name.endswith("." + TOPIC_NAMES_TOPIC):
-        raise ConfigError(
-            f"{name!r} is where consumers note their configured topic names; "
-            "the consumer creates it"
-        )
+    _refuse_engine_topic(name, "the consumer creates it", "create the main topic instead")
 
     async def work(log: Log) -> bool:
-        owner = topic_owner(name, await registered_topics(log))
-        if owner is not None:
-            word, names = owner
-            raise ConfigError(
-                f"{name!r} is the {word} topic of group {names.group!r} for topic "
-                f"{names.topic!r} (configured): the consumer creates it with "
-                f"{names.topic!r}'s partition count; create the main topic instead"
-            )
+        await _refuse_configured_topic(
+            log, name, "the consumer creates it", "create the main topic instead"
+        )
         existed = name in {t.name for t in await log.list_topics()}
         await log.create_topic(name, partitions)
         return existed
@@ -396,6 +406,7 @@ async def _produce(
     parser: _LineParser,
     refuse: Callable[[int, str], None],
 ) -> int:
+    await _refuse_configured_topic(log, topic, _ENGINE_WRITES, _REPLAY_INSTEAD)
     partitions = (await log.describe_topic(topic)).partitions
     pending: dict[int, list[OutgoingRecord]] = {}
     written = waiting = 0
@@ -421,6 +432,10 @@ async def _produce(
             await flush()
     await flush()
     return written
+
+
+_ENGINE_WRITES = "only the consumer writes it (a record there would be read as its own work)"
+_REPLAY_INSTEAD = "produce to the main topic, or replay dead letters with 'wakuwaku dlq replay'"
 
 
 @click.command("produce")
@@ -469,6 +484,7 @@ def produce_command(
         refused.append(number)
         click.echo(f"line {number}: {why}", err=True)
 
+    _refuse_engine_topic(topic, _ENGINE_WRITES, _REPLAY_INSTEAD)
     parser = _LineParser(type_tag, key_field, algebra)
     written = run_on_log(log_url, lambda log: _produce(log, topic, file, parser, refuse))
     click.echo(f"produced {written} record{'s' * (written != 1)} to {topic}", err=True)
