@@ -15,6 +15,7 @@ from wakuwaku.engine import Handler
 from wakuwaku.engine._retry import (
     MARKER_RESOLVED,
     RetryState,
+    dead_letter_record,
     resolved_marker,
 )
 from wakuwaku.inbox import SQLiteInbox
@@ -190,3 +191,50 @@ async def test_a_retry_record_without_wk_src_is_dead_lettered_as_itself(
         assert source.topic == "wk-retry.g.t"
         assert source.ids == (f"wk-retry.g.t/0/{offset}",)
         assert letter.headers["wk-reason"] == b"malformed_header"
+
+
+class CallByCall:
+    """A log that stores a batch call by call, as NATS does (``atomic_store``
+    false), whatever log it wraps."""
+
+    atomic_store = False
+
+    def __init__(self, inner: Log) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+async def test_a_give_up_cut_short_by_a_crash_is_not_given_up_or_run_again(
+    log: Log, clock: FakeClock
+) -> None:
+    """A SIGKILL between a give-up's dead letters and its resolved marker, on
+    a log that stores call by call: the restarted consumer gave the same
+    retry work up again (NATS demo: 931 dead letters for 808 flights), or,
+    with a handler that now succeeds, applied a dead-lettered record."""
+    wrapped = CallByCall(log)
+    producer = await setup_topic(log)
+    script = Script(clock)
+    script.fail[1] = [wk.Retryable("not yet")] * 100
+    first = consumer(wrapped, clock, [Handler(Item, script)], retry_delays=[3600.0])  # type: ignore[arg-type]
+    async with Running(first):
+        await producer.publish(Item("k", 1))
+        await wait_until(clock, lambda: bool(first.workers))
+        [worker] = first.workers.values()
+        await wait_until(clock, lambda: worker.retry.quarantined("k"))
+    # What the crashed give-up left: its dead letter, no resolved marker, and
+    # the dead-letter partition's offset not stored past it.
+    [work] = [r for r in await read_all(log, "wk-retry.g.t") if H_MARKER not in r.headers]
+    letter = dead_letter_record(work, wk.ReasonCode.GAVE_UP_RETRY, "gave up", None, group="g")
+    await log.append("wk-dlq.g.t", 0, [letter])
+    clock.advance(3600.0)  # the attempt is due
+    again = Script(clock)
+    second = consumer(wrapped, clock, [Handler(Item, again)], retry_delays=[0.0])  # type: ignore[arg-type]
+    async with Running(second):
+        await wait_until(clock, lambda: bool(second.workers))
+        [worker] = second.workers.values()
+        await wait_until(clock, lambda: worker.started and not worker.retry.keys)
+    assert again.handled_ns("k") == []  # dead-lettered once, never applied
+    assert len(await read_all(log, "wk-dlq.g.t")) == 1
+    assert not second.stats.dead_letters

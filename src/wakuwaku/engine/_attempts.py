@@ -156,6 +156,18 @@ class Attempts:
             # Once: they count as done from now on.
             self.outbox.dead_letter_rejects(rejects, from_retry=True)
             skip.update(r.record.offset for r in rejects)
+            gone = retry.dead_lettered
+            if gone:
+                # Dead-lettered before a crash that kept their resolved marker
+                # from the retry topic (a log that stores call by call): done.
+                done = [i for i in items if i.ids and gone.issuperset(i.ids)]
+                if done:
+                    skip.update(i.record.offset for i in done)
+                    items = [i for i in items if not (i.ids and gone.issuperset(i.ids))]
+                    logger.info(
+                        "retry records dead-lettered before a restart are not run again",
+                        extra={**self.services.fields, "key": key, "records": len(done)},
+                    )
             by_key[key] = items
             fresh.extend(i for i in items if i.record.offset > checked)
             state.checked_through = max(checked, snapshots[key][-1])

@@ -306,8 +306,11 @@ class PartitionWorker:
         The group's offset in its dead-letter partition is stored after the
         main offset; dead letters past it whose main offsets are at or past
         ``position`` stand for records already done. They are remembered
-        like routed records (:attr:`RetryState.routed`). A partition without
-        that offset yet gets its end stored, so tracking starts now.
+        like routed records (:attr:`RetryState.routed`); their message ids
+        (:attr:`RetryState.dead_lettered`) keep a retry round from giving the
+        same retry work up again when the crash came between a give-up's dead
+        letters and its resolved marker. A partition without that offset yet
+        gets its end stored, so tracking starts now.
         """
         log_call = self.services.log_call
         group, dead_letter_topic, partition = (
@@ -355,6 +358,9 @@ class PartitionWorker:
                 top = max(source.offsets)
                 if top >= position:
                     routed[key] = max(routed.get(key, -1), top)
+                # A give-up's dead letters (main offsets long stored) whose
+                # resolved marker the crash kept from the retry topic.
+                self.retry.dead_lettered.update(source.ids)
             offset = page[-1].offset + 1
 
     async def _consume(self, records: list[Record]) -> None:

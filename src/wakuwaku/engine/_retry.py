@@ -294,6 +294,12 @@ class RetryState:
         # what is wrong). They never stop the state from being rebuilt
         # (issue 12 item 8: the worker crash-looped on them).
         self.broken: list[tuple[int, str, str]] = []
+        # Message ids dead-lettered past the group's stored dead-letter offset,
+        # read at a restart on a log that stores call by call: a give-up whose
+        # dead letters were written but whose resolved marker was not (a crash
+        # between the two calls) must not dead-letter them again. Small: one
+        # store's worth of dead letters.
+        self.dead_lettered: set[str] = set()
 
     def quarantined(self, key: str) -> bool:
         return key in self.keys
