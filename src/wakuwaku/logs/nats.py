@@ -14,7 +14,9 @@ Layout (docs/logs.md, "The NATS JetStream log"):
   (:meth:`NatsLog.append`); offsets there skip the fence records' sequences;
 - **one message per record**: a msgpack envelope ``[headers, body]`` in the
   message body, so any header name and bytes value round-trips (NATS
-  headers are only used for the server's own ``Nats-*`` controls);
+  headers are only used for the server's own ``Nats-*`` controls); a message
+  another publisher wrote (a header of its own, or data that is no
+  envelope) is read as a plain record: its data and its NATS headers;
 - records too large for one message are split into chunks kept in a side
   stream ``<partition stream>_B``; the record's message names the chunks;
 - **one key-value bucket** ``<prefix>_state`` holds topics (``t.<topic>``),
