@@ -122,7 +122,11 @@ def _envelope(msg: Msg) -> _Envelope | None:
     publisher wrote: one with a header of its own (not ``Nats-*``), or whose
     data is not an envelope."""
     headers = msg.headers
-    if headers and any(not name.startswith("Nats-") for name in headers):
+    if (
+        headers
+        and (len(headers) != 1 or "Nats-Msg-Id" not in headers)  # the log's own: at once
+        and any(not name.startswith("Nats-") for name in headers)
+    ):
         return None
     try:
         return _decode_envelope(msg.data)

@@ -17,9 +17,10 @@ A record at offset ``n`` is the stream entry ``0-<n+1>`` (dense offsets,
 assigned by the append script; ``0-0`` is not a valid id) with the fields
 ``t`` (append time, the server's clock), ``b`` (body) and one ``:<name>``
 field per header, so any bytes round-trip. An entry the log cannot read
-back is returned marked ``wk-unreadable`` (docs/logs.md), never raised. Writes run as Lua scripts beside
-this module (``redis_write.lua``, ``redis_lease.lua``, ``redis_retain.lua``):
-the fencing check and the write are one script.
+back is returned marked ``wk-unreadable`` (docs/logs.md), never raised.
+Writes run as Lua scripts beside this module (``redis_write.lua``,
+``redis_lease.lua``, ``redis_retain.lua``): the fencing check and the write
+are one script.
 """
 
 from __future__ import annotations
