@@ -352,3 +352,34 @@ def test_status_given_a_derived_topic_names_the_main_topic(
     assert main(["status", given, "-g", GROUP, "--log", quarantined_log]) == ExitCode.ERROR
     err = capsys.readouterr().err
     assert f"{given!r} is the" in err and f"give the main topic {TOPIC!r}" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "value", "problem"),
+    [
+        (["demo", "flights", "--limit", "10"], "nan", "finite seconds"),
+        (["demo", "flights", "--limit", "10"], "inf", "finite seconds"),
+        (["demo", "flights", "--limit", "10"], "99999999", "at most 2592000 seconds"),
+        (["demo", "flights", "--limit", "10"], "-1", "finite seconds >= 0"),
+        (["status", TOPIC, "-g", GROUP], "nan", "finite seconds"),
+        (["status", TOPIC, "-g", GROUP], "1e12", "at most 2592000 seconds"),
+    ],
+)
+def test_every_retry_delays_option_is_checked_as_the_consumer_checks_it(
+    command: list[str],
+    value: str,
+    problem: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The demo accepted nan, inf and 99999999, and its consumer then failed
+    # after the producers had run (found by a new user).
+    args = [*command, "--retry-delays", value]
+    if command[0] == "demo":
+        args += ["--workdir", str(tmp_path)]
+    else:
+        args += ["--log", f"sqlite:///{tmp_path / 'log.db'}"]
+    assert main(args) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "--retry-delays" in err and problem in err
+    assert not (tmp_path / "log.db").exists()

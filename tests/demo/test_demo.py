@@ -199,3 +199,19 @@ def test_a_memory_log_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     result = demo("--log", "memory://", "--workdir", str(tmp_path), timeout=120)
     assert result.returncode == 3
     assert "another process" in result.stderr
+
+
+@pytest.mark.redis
+async def test_the_password_in_the_log_url_is_never_printed(tmp_path: Path) -> None:
+    # The report's log line and the refusal of a used log printed the URL whole.
+    async with redis_url(tmp_path) as url:
+        secret = url.replace("redis://", "redis://default:S3cr3tPW@", 1)
+        args = ("--log", secret, "--workdir", str(tmp_path / "demo"), "--progress", "none")
+        first = demo(*args, "--limit", "300")
+        assert_verified(first)
+        again = demo(*args, "--limit", "300")
+        assert again.returncode == 3
+        assert "already holds" in again.stderr
+        for result in (first, again):
+            assert "S3cr3tPW" not in result.stdout + result.stderr
+        assert "redis://***@" in first.stdout

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 
 import wakuwaku as wk
-from wakuwaku._records import H_MARKER, Source, build_headers, encode_source
+from wakuwaku._records import H_MARKER, Source, build_headers, decode_source, encode_source
 from wakuwaku.engine import Handler
 from wakuwaku.engine._retry import (
     MARKER_RESOLVED,
@@ -162,3 +162,31 @@ async def test_a_message_in_one_batch_twice_is_applied_once_on_an_empty_inbox(
     stats = await consumer(log, clock, [Handler(Item, apply, inbox=inbox)]).drain()
     assert seen == [("t/0/5",)]
     assert stats.inbox_skipped == 1
+
+
+async def test_a_retry_record_without_wk_src_is_dead_lettered_as_itself(
+    log: Log, clock: FakeClock
+) -> None:
+    """A work record in the retry topic without ``wk-src`` (written by hand)
+    was dead-lettered as the *main* record at its offset: a replay would have
+    carried the identity of a record already handled (found by a new user)."""
+    producer = await setup_topic(log)
+    seen: list[int] = []
+
+    def apply(run: Sequence[Item]) -> None:
+        seen.extend(e.n for e in run)
+
+    await consumer(log, clock, [Handler(Item, apply)]).drain()  # creates the retry topic
+    forged = dict(build_headers(wk.event_type(Item), "x"))
+    forged["wk-failed-at"] = b"1700000000000"
+    await log.append("wk-retry.g.t", 0, [(forged, b'{"key":"x","n":99}')] * 3)
+    await producer.publish_many([Item("m", n) for n in range(5)])
+    await consumer(log, clock, [Handler(Item, apply)], retry_delays=[1.0]).drain()
+    assert seen == [0, 1, 2, 3, 4]  # the main records, each handled once
+    dead = await read_all(log, "wk-dlq.g.t")
+    assert len(dead) == 3
+    for offset, letter in enumerate(dead):
+        source = decode_source(letter.headers["wk-src"])
+        assert source.topic == "wk-retry.g.t"
+        assert source.ids == (f"wk-retry.g.t/0/{offset}",)
+        assert letter.headers["wk-reason"] == b"malformed_header"

@@ -8,16 +8,11 @@ from pathlib import Path
 import click
 
 from ..demo.run import DEFAULT_DELAYS, DemoOptions
+from ._options import parse_retry_delays
 
 
 def _delays(ctx: click.Context, param: click.Parameter, value: str) -> tuple[float, ...]:
-    try:
-        delays = tuple(float(part) for part in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of seconds") from None
-    if not delays or any(d < 0 for d in delays):
-        raise click.BadParameter("retry delays must be seconds >= 0")
-    return delays
+    return parse_retry_delays(value)
 
 
 def register(group: click.Group) -> None:

@@ -22,6 +22,7 @@ from ..admin import Status, consumer_status
 from ..engine import DEFAULT_RETRY_DELAYS
 from ..logs import DEFAULT_LOG_URL, Log, open_log, sqlite_log_path
 from ._exit import ExitCode
+from ._options import parse_retry_delays
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -121,21 +122,6 @@ def printable(text: str, limit: int | None = None) -> str:
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
 
 
-def _parse_delays(raw: str) -> tuple[float, ...]:
-    try:
-        delays = tuple(float(part) for part in raw.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(
-            f"{raw!r} is not a comma-separated list of seconds (e.g. 2,4,8,16)",
-            param_hint="--retry-delays",
-        ) from None
-    if not delays or any(d < 0 for d in delays):
-        raise click.BadParameter(
-            f"{raw!r}: need at least one delay, none negative", param_hint="--retry-delays"
-        )
-    return delays
-
-
 def _relative(at: float, now: float) -> str:
     delta = at - now
     if delta <= 0:
@@ -227,7 +213,7 @@ def status_command(
     when a broken retry record was met, or when GROUP never committed on
     TOPIC (the groups that did are named).
     """
-    delays = _parse_delays(retry_delays)
+    delays = parse_retry_delays(retry_delays)
     status = with_log(
         log_url,
         lambda log: consumer_status(log, topic, group, retry_delays=delays, namespace=namespace),

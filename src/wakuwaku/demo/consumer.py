@@ -28,6 +28,10 @@ from ..logs import open_log
 from .flights import FLIGHTS_TOPIC, GROUP, PLANES_TOPIC, Projection
 
 STATS_EVERY = 0.1
+LOG_URL_ENV = "WAKUWAKU_DEMO_LOG"
+"""The environment variable that gives the consumer its log URL when ``--log``
+is not given (the demo passes it there: a command line is visible to every
+user of the machine, with the URL's password)."""
 
 
 def build(
@@ -103,12 +107,14 @@ async def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m wakuwaku.demo.consumer")
-    parser.add_argument("--log", required=True)
+    parser.add_argument("--log", default=os.environ.get(LOG_URL_ENV))
     parser.add_argument("--projection", type=Path, required=True)
     parser.add_argument("--retry-delays", required=True)
     parser.add_argument("--stats", type=Path, required=True)
     parser.add_argument("--done", type=Path, required=True)
     args = parser.parse_args(argv)
+    if not args.log:
+        parser.error(f"--log (or the environment variable {LOG_URL_ENV}) is required")
     logging.basicConfig(
         level=logging.ERROR, stream=sys.stderr, format="consumer %(levelname)s %(message)s"
     )

@@ -38,9 +38,11 @@ import msgspec
 from .._errors import ConfigError, MissingKeyError
 from .._events import event_type
 from .._producer import Producer
+from .._sanitize import redact_url
 from ..admin import DeadLetter, list_dead_letters, replay_dead_letters
 from ..engine import ConsumerConfig
 from ..logs import Log, open_log
+from .consumer import LOG_URL_ENV
 from .data import (
     Expected,
     FlightRow,
@@ -223,8 +225,6 @@ class ConsumerProcess:
                 sys.executable,
                 "-m",
                 "wakuwaku.demo.consumer",
-                "--log",
-                self.log_url,
                 "--projection",
                 str(self.projection),
                 "--stats",
@@ -236,7 +236,9 @@ class ConsumerProcess:
             ],
             stdout=logfile,
             stderr=logfile,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # The URL goes in the environment, not on the command line, where
+            # any user of the machine could read its password (ps).
+            env={**os.environ, "PYTHONUNBUFFERED": "1", LOG_URL_ENV: self.log_url},
         )
         logfile.close()
 
@@ -548,8 +550,9 @@ async def prepare_log(log: Log, log_url: str, *, reset: bool) -> None:
     existing = sorted({t.name for t in await log.list_topics()} & set(names))
     if existing and not reset:
         raise LogInUseError(
-            f"{log_url} already holds the flights demo's topics ({', '.join(existing)}) "
-            "from an earlier run; add --reset to delete them and the group's offsets first"
+            f"{redact_url(log_url)} already holds the flights demo's topics "
+            f"({', '.join(existing)}) from an earlier run; "
+            "add --reset to delete them and the group's offsets first"
         )
     if reset:
         # The group first: on Kafka its committed offsets are only found
@@ -575,7 +578,7 @@ def report(
     """Print the demo's report (the README explains each line)."""
     events = produced.events
     attempts = stats.get("attempts", 0)
-    out(f"log                      {log_url} ({opts.partitions} partitions per topic)")
+    out(f"log                      {redact_url(log_url)} ({opts.partitions} partitions per topic)")
     out(
         f"produced                 {produced.planes:,} PlaneRegistered, {produced.registers} "
         f"RegisterPublished, {produced.flown:,} FlightFlown, {produced.cancelled:,} "

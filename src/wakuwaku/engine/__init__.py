@@ -8,6 +8,7 @@ from ._config import DeliveryMode as DeliveryMode
 from ._config import GroupTopics as GroupTopics
 from ._config import check_configured_topic_name as check_configured_topic_name
 from ._config import check_group_name as check_group_name
+from ._config import check_retry_delays as check_retry_delays
 from ._config import dead_letter_topic_name as dead_letter_topic_name
 from ._config import default_error_class as default_error_class
 from ._config import replay_ledger_topic_name as replay_ledger_topic_name
@@ -44,6 +45,7 @@ __all__ = (
     "RetryPartitionState",
     "check_configured_topic_name",
     "check_group_name",
+    "check_retry_delays",
     "current_chunk",
     "dead_letter_topic_name",
     "default_error_class",

@@ -153,7 +153,8 @@ class Attempts:
             checked, skip = state.checked_through, state.skip
             usable = [e for e in found[key] if e[0].offset > checked or e[0].offset not in skip]
             items, rejects = self._items(usable, topic, partition)
-            self.outbox.dead_letter_rejects(rejects)  # once: they count as done from now on
+            # Once: they count as done from now on.
+            self.outbox.dead_letter_rejects(rejects, from_retry=True)
             skip.update(r.record.offset for r in rejects)
             by_key[key] = items
             fresh.extend(i for i in items if i.record.offset > checked)

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, ErrorClass
@@ -119,6 +120,33 @@ def check_configured_topic_name(name: object, what: str) -> str:
             "derived name)"
         )
     return name
+
+
+def check_retry_delays(value: Any) -> tuple[float, ...]:
+    """``value`` as a retry schedule: a non-empty sequence of finite seconds
+    ``>= 0``, each at most :data:`MAX_RETRY_DELAY` (design §6, issue 12 item 4).
+
+    The one check of every schedule: ``ConsumerConfig`` and the CLI's
+    ``--retry-delays`` options.
+
+    :raises ConfigError: naming the value and the rule it breaks.
+    """
+    try:
+        if isinstance(value, str | bytes):
+            raise TypeError
+        delays = tuple(float(d) for d in value)
+    except (TypeError, ValueError):
+        delays = ()
+    if not delays or any(not math.isfinite(d) or d < 0 for d in delays):
+        raise ConfigError(
+            f"retry_delays must be a non-empty sequence of finite seconds >= 0, got {value!r}"
+        )
+    if max(delays) > MAX_RETRY_DELAY:
+        raise ConfigError(
+            f"retry_delays must each be at most {MAX_RETRY_DELAY:.0f} seconds (30 days), "
+            f"got {max(delays)!r}"
+        )
+    return delays
 
 
 def retry_topic_name(topic: str, group: str) -> str:
@@ -372,23 +400,7 @@ class ConsumerConfig:
             seen[name] = role
 
     def _check_schedule(self) -> None:
-        try:
-            if isinstance(self.retry_delays, str | bytes):
-                raise TypeError
-            delays = tuple(float(d) for d in self.retry_delays)
-        except (TypeError, ValueError):
-            delays = ()
-        if not delays or any(not math.isfinite(d) or d < 0 for d in delays):
-            raise ConfigError(
-                "retry_delays must be a non-empty sequence of finite seconds >= 0, "
-                f"got {self.retry_delays!r}"
-            )
-        if max(delays) > MAX_RETRY_DELAY:
-            raise ConfigError(
-                f"retry_delays must each be at most {MAX_RETRY_DELAY:.0f} seconds (30 days), "
-                f"got {max(delays)!r}"
-            )
-        object.__setattr__(self, "retry_delays", delays)
+        object.__setattr__(self, "retry_delays", check_retry_delays(self.retry_delays))
         jitter = self.retry_jitter
         if (
             not isinstance(jitter, int | float)

@@ -162,18 +162,27 @@ class Outbox:
         self._dead_counts[reason.value] += sum(map(_count, items))
         self.mark(items)
 
-    def dead_letter_rejects(self, rejects: list[Reject]) -> None:
-        """Buffer the dead-letter copies of records that cannot reach a handler (design §8)."""
+    def dead_letter_rejects(self, rejects: list[Reject], *, from_retry: bool = False) -> None:
+        """Buffer the dead-letter copies of records that cannot reach a handler (design §8).
+
+        :param from_retry: the records were read from the retry partition: one
+            without a usable ``wk-src`` is identified by its place there
+            (``wk-retry.<group>.<topic>/<partition>/<offset>``), never as the
+            main record at the same offset (whose identity, already handled,
+            a replay would then carry), and it marks no main offset done.
+        """
         services = self.services
         for reject in rejects:
+            main_offset = None if from_retry else reject.record.offset
             if reject.reason is None:  # a replayed dead letter of another group
                 services.stats.other_group_skipped += 1
-                if self.done is not None:
-                    self.done.add(reject.record.offset)
+                if self.done is not None and main_offset is not None:
+                    self.done.add(main_offset)
                 continue
             origin = retry_source(reject.record)
             if origin is None:
-                topic, partition = services.topic, services.partition
+                topic = services.retry_topic if from_retry else services.topic
+                partition = services.partition
                 ident = message_id(topic, partition, reject.record.offset)
                 origin = Source(topic, partition, (reject.record.offset,), (ident,))
             detail = sanitize(reject.detail, services.config.error_text_limit)
@@ -194,8 +203,8 @@ class Outbox:
                 )
             )
             self._dead_counts[reject.reason.value] += 1
-            if self.done is not None:
-                self.done.add(reject.record.offset)
+            if self.done is not None and main_offset is not None:
+                self.done.add(main_offset)
 
     # ------------------------------------------------------------- retry topic
 
