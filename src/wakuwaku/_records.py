@@ -38,6 +38,14 @@ consumer group that wrote it. Readers skip another group's records, so a
 topic two groups were configured with by accident (or a dead-letter topic
 shared on purpose) never mixes their work (design §6)."""
 
+H_UNREADABLE = "wk-unreadable"
+"""Reserved: set by a log on a stored record it could not decode (design §8),
+to what was wrong; such a record is dead-lettered as ``malformed_header``.
+A producer's record carrying it is refused the same way."""
+H_RAW_HEADERS = "wk-raw-headers"
+"""On an unreadable record: the stored header bytes the log could not decode,
+kept as they were (absent when there were none)."""
+
 RETRY_ONLY_HEADERS = frozenset(
     {H_FAILED_AT, "wk-marker", "wk-through", "wk-reset", "wk-failures", "wk-at"}
 )
@@ -83,11 +91,30 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     timestamp: float = 0.0
 
 
+def unreadable_record(
+    offset: int, what: str, body: bytes, raw_headers: bytes | None = None, timestamp: float = 0.0
+) -> Record:
+    """The record a log returns for a stored record it cannot decode (design §8).
+
+    Nothing is dropped: ``body`` is the stored body, or the raw stored bytes
+    when no body could be found; ``raw_headers`` (the stored header bytes,
+    when there are any) goes into ``wk-raw-headers``. ``wk-unreadable`` says
+    what was wrong (``what``: the log's own words, never record contents or
+    connection details). The consumer dead-letters it as ``malformed_header``
+    and goes on with the next record instead of failing the read forever.
+    """
+    headers = {H_UNREADABLE: what.encode("utf-8", "replace")}
+    if raw_headers is not None:
+        headers[H_RAW_HEADERS] = bytes(raw_headers)
+    return Record(offset, headers, bytes(body), timestamp)
+
+
 class ReasonCode(enum.StrEnum):
     """Why a record was dead-lettered (``wk-reason``, design §8)."""
 
     MALFORMED_HEADER = "malformed_header"
-    """Type tag, key or props missing or broken; unknown header version."""
+    """Type tag, key or props missing or broken; unknown header version; a
+    record the log could not decode (``wk-unreadable``)."""
     UNKNOWN_TYPE = "unknown_type"
     """No handler is registered for the type tag."""
     ALGEBRA_MISMATCH = "algebra_mismatch"
@@ -194,7 +221,8 @@ def validate_headers(
     """Check every header of wire format version 1 (design §3, §8).
 
     One check per header, in a fixed order (the first problem found is the
-    reason given): ``wk-v``, ``wk-type``, ``wk-key``, ``wk-props``,
+    reason given): ``wk-unreadable`` (the log could not decode the stored
+    record, or a producer used the reserved name), ``wk-v``, ``wk-type``, ``wk-key``, ``wk-props``,
     ``wk-alg``, ``wk-failed-at``, ``wk-for-group``, ``wk-src``, then the type
     tag against ``types``.
 
@@ -206,6 +234,13 @@ def validate_headers(
         ``algebra_mismatch`` (marker differs from the registered type's).
     """
     malformed = ReasonCode.MALFORMED_HEADER
+    if H_UNREADABLE in headers:
+        what = header_text(headers, H_UNREADABLE) or "no reason given"
+        return InvalidHeaders(
+            malformed,
+            f"the log could not read the stored record ({H_UNREADABLE}, a reserved "
+            f"header): {what[:300]}",
+        )
     try:
         version, tag, key, alg_raw, failed_raw, for_group = (
             _text(headers, name)

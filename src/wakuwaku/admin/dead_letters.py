@@ -53,6 +53,7 @@ from .._records import (
     H_REASON,
     H_SRC,
     H_TYPE,
+    H_UNREADABLE,
     H_VERSION,
     WIRE_VERSION,
     ReasonCode,
@@ -193,6 +194,9 @@ def parse_dead_letter(partition: int, record: Record) -> DeadLetter:
     broken headers become :attr:`DeadLetter.problems`."""
     headers = record.headers
     problems: list[str] = []
+    unreadable = header_text(headers, H_UNREADABLE)
+    if unreadable is not None and header_text(headers, H_REASON) is None:
+        problems.append(f"the log could not read this record: {sanitize(unreadable, 200)}")
     reason = header_text(headers, H_REASON)
     if reason is None:
         problems.append("no wk-reason header")

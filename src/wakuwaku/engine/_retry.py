@@ -77,6 +77,7 @@ from .._records import (
     H_MARKER,
     H_REASON,
     H_SRC,
+    H_UNREADABLE,
     H_VERSION,
     WIRE_VERSION,
     ReasonCode,
@@ -84,6 +85,7 @@ from .._records import (
     Source,
     decode_source,
     encode_source,
+    header_text,
     key_or_none,
     parse_ms,
 )
@@ -339,6 +341,10 @@ class RetryState:
         owner = record.headers.get(H_GROUP)
         if owner is not None and self._group is not None and bytes(owner) != self._group:
             self.foreign += 1
+            return
+        unreadable = header_text(record.headers, H_UNREADABLE)
+        if unreadable is not None:
+            self.broken.append((record.offset, "", f"the log could not read it: {unreadable}"))
             return
         key = key_or_none(record.headers)
         if key is None:

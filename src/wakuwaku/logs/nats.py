@@ -14,7 +14,9 @@ Layout (docs/logs.md, "The NATS JetStream log"):
   (:meth:`NatsLog.append`); offsets there skip the fence records' sequences;
 - **one message per record**: a msgpack envelope ``[headers, body]`` in the
   message body, so any header name and bytes value round-trips (NATS
-  headers are only used for the server's own ``Nats-*`` controls);
+  headers are only used for the server's own ``Nats-*`` controls); a message
+  another publisher wrote (a header of its own, or data that is no
+  envelope) is read as a plain record: its data and its NATS headers;
 - records too large for one message are split into chunks kept in a side
   stream ``<partition stream>_B``; the record's message names the chunks;
 - **one key-value bucket** ``<prefix>_state`` holds topics (``t.<topic>``),
@@ -61,7 +63,7 @@ from .._errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from .._records import Record
+from .._records import Record, unreadable_record
 from ._base import (
     Lease,
     Log,
@@ -95,6 +97,10 @@ _KEY_NOT_FOUND = 404
 _CAS_ATTEMPTS = 64
 
 
+class _MissingChunk(LogError):
+    """A chunk a large record's message names is not in the chunk stream."""
+
+
 class _NoResponders(LogUnavailableError):
     """Nothing answered a request: for a partition's subject, its stream is gone."""
 
@@ -109,6 +115,34 @@ class _Envelope(msgspec.Struct, array_like=True, gc=False):
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_envelope = msgspec.msgpack.Decoder(_Envelope).decode
+
+
+def _envelope(msg: Msg) -> _Envelope | None:
+    """The envelope a message of this log holds, or None for a message another
+    publisher wrote: one with a header of its own (not ``Nats-*``), or whose
+    data is not an envelope."""
+    headers = msg.headers
+    if (
+        headers
+        and (len(headers) != 1 or "Nats-Msg-Id" not in headers)  # the log's own: at once
+        and any(not name.startswith("Nats-") for name in headers)
+    ):
+        return None
+    try:
+        return _decode_envelope(msg.data)
+    except msgspec.DecodeError:
+        return None
+
+
+def _foreign_record(offset: int, msg: Msg, timestamp: float) -> Record:
+    """A message another publisher wrote to a partition's stream, read as a plain
+    record (docs/logs.md): its data is the body, its NATS headers the headers
+    (UTF-8 values; a header given several values keeps the last)."""
+    headers = {
+        name: value.encode("utf-8", "surrogateescape")
+        for name, value in (msg.headers or {}).items()
+    }
+    return Record(offset, headers, bytes(msg.data), timestamp)
 
 
 class _Lease(msgspec.Struct, gc=False):
@@ -217,6 +251,8 @@ class NatsLog(Log):
         self._closed = False
         self._topics: dict[str, int] = {}
         self._readers: dict[tuple[str, int], _Reader] = {}
+        # Chunk streams seen to exist (a direct get on a missing one gets no answer).
+        self._chunk_streams: set[str] = set()
         self._max_payload = 0
         self._bucket_ready = False
         # Fenced appends (see append): per lease (group, topic, partition,
@@ -525,6 +561,7 @@ class NatsLog(Log):
         for partition in range(partitions):
             await self._delete_stream(self.stream_name(topic, partition))
             await self._delete_stream(self.stream_name(topic, partition) + _BLOB_SUFFIX)
+            self._chunk_streams.discard(self.stream_name(topic, partition) + _BLOB_SUFFIX)
         # Extra (empty) streams a losing concurrent create_topic left past the count.
         partition = partitions
         while await self._delete_stream(self.stream_name(topic, partition)):
@@ -903,6 +940,18 @@ class NatsLog(Log):
         return _encode(_Envelope({}, b"", seqs))
 
     async def _load_chunks(self, stream: str, seqs: list[int]) -> bytes:
+        """The chunks ``seqs`` of ``stream``, joined.
+
+        :raises _MissingChunk: when one of them, or the stream, is not there.
+        :raises LogUnavailableError: when the server does not answer.
+        """
+        if stream not in self._chunk_streams:
+            err = self._error(await self._api(f"$JS.API.STREAM.INFO.{stream}"))
+            if err is not None and err[0] == _STREAM_NOT_FOUND:
+                raise _MissingChunk(f"the chunk stream {stream} is missing")
+            if err is not None:
+                raise LogError(f"NATS log {self.url}: cannot read {stream}: {err[1]}")
+            self._chunk_streams.add(stream)
         nc = await self._conn()
         parts: list[bytes] = []
         for seq in seqs:
@@ -913,7 +962,7 @@ class NatsLog(Log):
                 )
             )
             if (msg.headers or {}).get("Status"):
-                raise LogError(f"NATS log {self.url}: chunk {seq} of {stream} is missing")
+                raise _MissingChunk(f"chunk {seq} of {stream} is missing")
             parts.append(msg.data)
         return b"".join(parts)
 
@@ -1073,7 +1122,9 @@ class NatsLog(Log):
         """The record of a message that holds it whole; None when it names chunks."""
         # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>
         tokens = msg.reply.rsplit(".", 4)
-        envelope = _decode_envelope(msg.data)
+        envelope = _envelope(msg)
+        if envelope is None:
+            return _foreign_record(int(tokens[1]) - 1, msg, int(tokens[3]) / 1e9)
         if envelope.chunks is not None:
             return None
         return Record(int(tokens[1]) - 1, envelope.headers, envelope.body, int(tokens[3]) / 1e9)
@@ -1082,11 +1133,22 @@ class NatsLog(Log):
         # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>
         tokens = msg.reply.split(".")
         seq, stamp = int(tokens[-4]), int(tokens[-2])
-        envelope = _decode_envelope(msg.data)
+        envelope = _envelope(msg)
+        if envelope is None:
+            return _foreign_record(seq - 1, msg, stamp / 1e9)
         if envelope.chunks is not None:
-            envelope = _decode_envelope(
-                await self._load_chunks(stream + _BLOB_SUFFIX, envelope.chunks)
-            )
+            try:
+                whole = await self._load_chunks(stream + _BLOB_SUFFIX, envelope.chunks)
+                envelope = _decode_envelope(whole)
+            except (_MissingChunk, msgspec.DecodeError) as exc:
+                what = (
+                    str(exc)
+                    if isinstance(exc, _MissingChunk)
+                    else f"its chunks do not hold a record ({exc})"
+                )
+                return unreadable_record(
+                    seq - 1, f"NATS log: a large record: {what}", msg.data, None, stamp / 1e9
+                )
         return Record(seq - 1, envelope.headers, envelope.body, stamp / 1e9)
 
     async def _scan(self, stream: str, subject: str) -> list[tuple[str, bytes]]:
@@ -1394,7 +1456,8 @@ class NatsLog(Log):
         try:
             while msgs := await self._fetch(stream, answer["name"], 1000, 0.0):
                 for msg in msgs:
-                    chunks = _decode_envelope(msg.data).chunks
+                    envelope = _envelope(msg)
+                    chunks = None if envelope is None else envelope.chunks
                     if chunks:
                         low = min(chunks) if low is None else min(low, *chunks)
         finally:

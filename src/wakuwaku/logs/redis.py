@@ -16,9 +16,11 @@ default) so that several logs share one Redis database:
 A record at offset ``n`` is the stream entry ``0-<n+1>`` (dense offsets,
 assigned by the append script; ``0-0`` is not a valid id) with the fields
 ``t`` (append time, the server's clock), ``b`` (body) and one ``:<name>``
-field per header, so any bytes round-trip. Writes run as Lua scripts beside
-this module (``redis_write.lua``, ``redis_lease.lua``, ``redis_retain.lua``):
-the fencing check and the write are one script.
+field per header, so any bytes round-trip. An entry the log cannot read
+back is returned marked ``wk-unreadable`` (docs/logs.md), never raised.
+Writes run as Lua scripts beside this module (``redis_write.lua``,
+``redis_lease.lua``, ``redis_retain.lua``): the fencing check and the write
+are one script.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import msgspec
+
 from .._clock import BLOCKING_CALLS
 from .._errors import (
     ConfigError,
@@ -42,7 +46,7 @@ from .._errors import (
     PartitionCountMismatch,
     UnknownTopicError,
 )
-from .._records import Record
+from .._records import Record, unreadable_record
 from .._sanitize import redact_url
 from ._base import (
     BatchWrite,
@@ -589,37 +593,85 @@ def _records(entries: list[list[Any]]) -> list[Record]:
     Records of one page whose header fields are equal share one headers dict
     (as the SQLite log does): fewer objects to build, and the engine's
     planner, which memoizes per headers dict, checks each distinct one once.
-    Records and their headers are read-only.
+    Records and their headers are read-only. An entry the write script did
+    not write (no ``b`` or ``t`` field, a header name that is not UTF-8, a
+    ``t`` that is no number) becomes an unreadable record (:func:`_unreadable`),
+    never an error that would fail every read of the partition.
     """
     out: list[Record] = []
     append = out.append
     shared: dict[tuple[bytes, ...], dict[str, bytes]] = {}
     get = shared.get
     for ident, fields in entries:
-        if fields[0] != b"t" or fields[2] != b"b":  # not the write script's order
-            append(_record(ident, fields))
-            continue
-        extra = tuple(fields[4:])
-        headers = get(extra)
-        if headers is None:
-            headers = shared[extra] = {
-                extra[i][1:].decode("utf-8", "surrogatepass"): extra[i + 1]
-                for i in range(0, len(extra), 2)
-                if extra[i][:1] == b":"
-            }
-        append(Record(int(ident[2:]) - 1, headers, fields[3], float(fields[1])))
+        offset = int(ident[2:]) - 1
+        try:
+            if fields[0] != b"t" or fields[2] != b"b":  # not the write script's order
+                append(_record(offset, fields))
+                continue
+            extra = tuple(fields[4:])
+            headers = get(extra)
+            if headers is None:
+                headers = {
+                    extra[i][1:].decode("utf-8", "surrogatepass"): extra[i + 1]
+                    for i in range(0, len(extra), 2)
+                    if extra[i][:1] == b":"
+                }
+                shared[extra] = headers
+            append(Record(offset, headers, fields[3], float(fields[1])))
+        except (IndexError, KeyError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            append(_unreadable(offset, fields, exc))
     return out
 
 
-def _record(ident: bytes, fields: list[bytes]) -> Record:
-    """One record of an entry whose fields are in any order."""
+def _record(offset: int, fields: list[bytes]) -> Record:
+    """One record of an entry whose fields are in any order.
+
+    :raises KeyError: without a ``b`` or ``t`` field; :raises ValueError: for
+        a header name that is not UTF-8 or a ``t`` that is no number.
+    """
     pairs = dict(zip(fields[0::2], fields[1::2], strict=True))
     headers = {
         name[1:].decode("utf-8", "surrogatepass"): value
         for name, value in pairs.items()
         if name[:1] == b":"
     }
-    return Record(int(ident[2:]) - 1, headers, pairs[b"b"], float(pairs[b"t"]))
+    return Record(offset, headers, pairs[b"b"], float(pairs[b"t"]))
+
+
+_encode_fields = msgspec.msgpack.Encoder().encode
+
+
+def _unreadable(offset: int, fields: list[bytes], exc: Exception) -> Record:
+    """The record of an entry :func:`_records` cannot read, kept whole
+    (design §8): its ``b`` field as the body (all its fields, msgpack-encoded
+    as a flat list of byte strings, when it has none), every other field but
+    ``t`` in ``wk-raw-headers`` (the same encoding), and ``wk-unreadable``."""
+    if isinstance(exc, KeyError):
+        field = bytes(exc.args[0]).decode("ascii", "replace") if exc.args else "?"
+        what = f"the stream entry has no {field!r} field"
+    elif isinstance(exc, UnicodeDecodeError):
+        what = "a header field name of the stream entry is not UTF-8"
+    elif isinstance(exc, IndexError) or len(fields) % 2:
+        what = "the stream entry's fields are not name and value pairs"
+    else:
+        what = "the stream entry's 't' field is not a time"
+    names, values = fields[0::2], fields[1::2]
+    body: bytes | None = None
+    stamp = 0.0
+    raw: list[bytes] = []
+    for name, value in zip(names, values, strict=False):
+        if name == b"b" and body is None:
+            body = bytes(value)
+        elif name == b"t":
+            with contextlib.suppress(ValueError):
+                stamp = float(value)
+        else:
+            raw += [bytes(name), bytes(value)]
+    if body is None:
+        body = _encode_fields([bytes(f) for f in fields])
+    return unreadable_record(
+        offset, f"Redis log: {what}", body, _encode_fields(raw) if raw else None, stamp
+    )
 
 
 def _timeout(raw: str, url: str) -> float:

@@ -41,7 +41,7 @@ from .._errors import (
     PartitionCountMismatch,
     UnknownTopicError,
 )
-from .._records import Record
+from .._records import Record, unreadable_record
 from ._base import (
     BatchWrite,
     Lease,
@@ -888,9 +888,27 @@ def _records(
     for off, raw, body, ts in rows:
         headers = get(raw)
         if headers is None:
-            headers = shared[raw] = decode(raw)
+            try:
+                headers = shared[raw] = decode(raw)
+            except (msgspec.DecodeError, TypeError) as exc:
+                append(_unreadable(off, raw, body, ts, exc))
+                continue
         append(Record(off, headers, body, ts))
     return out
+
+
+def _unreadable(off: int, raw: object, body: object, ts: object, exc: Exception) -> Record:
+    """The record of a row whose headers blob (or another column) is not what
+    :func:`_encode_record` writes: kept whole, marked ``wk-unreadable`` (design §8)."""
+    what = f"SQLite log: the stored headers are not a msgpack map of str to bytes ({exc})"
+    raw_headers = bytes(raw) if isinstance(raw, bytes | bytearray | memoryview) else None
+    if raw_headers is None and raw is not None:
+        what = f"SQLite log: the headers column holds a {type(raw).__name__}, not a blob"
+        raw_headers = str(raw).encode("utf-8", "replace")
+    if not isinstance(body, bytes | bytearray | memoryview):
+        body = b"" if body is None else str(body).encode("utf-8", "replace")
+    stamp = float(ts) if isinstance(ts, int | float) else 0.0
+    return unreadable_record(int(off), what, bytes(body), raw_headers, stamp)
 
 
 _Row = tuple[bytearray, bytearray]
