@@ -31,6 +31,7 @@ from .._records import (
     ReasonCode,
     Record,
     Source,
+    checked_source,
     encode_source,
     message_id,
     parse_ms,
@@ -42,7 +43,6 @@ from ._retry import (
     WRITTEN_HORIZON,
     Outgoing,
     dead_letter_record,
-    retry_source,
     work_common,
 )
 from ._shared import PartitionServices, logger
@@ -108,6 +108,9 @@ class Outbox:
         # dead letters first: one append per topic instead of one per key.
         self._dead_out: list[Outgoing] = []
         self._dead_counts: Counter[str] = Counter()
+        # Per buffered dead letter: its reason and the main offset it is a
+        # copy of (None for a record read from the retry topic).
+        self._dead_meta: list[tuple[str, int | None]] = []
         self._retry_out: list[Outgoing] = []
         # Per buffered retry record, the (wall, monotonic) time its times were
         # taken at: applied with it, its due time becomes a monotonic deadline
@@ -118,6 +121,11 @@ class Outbox:
         self._retry_meta: list[_Meta | None] = []
         # The retry partition's offset as last stored (or found at a restart).
         self.retry_committed: int | None = None
+        # Main offsets at or past the stored one whose dead letters a restart
+        # found already written (a crash between a batch's dead letters and
+        # its offset, on a log that stores call by call): delivered again,
+        # they are done, never dead-lettered twice.
+        self.recovered: set[int] = set()
 
     def mark(self, items: Iterable[Item]) -> None:
         """Note main-batch items as done (see :attr:`done`)."""
@@ -138,6 +146,7 @@ class Outbox:
         """
         items = list(items)
         group = self.services.config.group
+        meta = self._dead_meta
         if from_retry:
             added = {
                 H_GROUP: group.encode(),
@@ -153,12 +162,14 @@ class Outbox:
                         out.append(dead_letter_record(record, reason, error, None, group=group))
                     else:
                         out.append(({**headers, **added}, record.body))
+                    meta.append((reason.value, None))
         else:
-            self._dead_out.extend(
-                dead_letter_record(record, reason, error, origin, group=group)
-                for item in items
-                for record, origin in zip(item.sources, item.origins, strict=True)
-            )
+            for item in items:
+                for record, origin in zip(item.sources, item.origins, strict=True):
+                    self._dead_out.append(
+                        dead_letter_record(record, reason, error, origin, group=group)
+                    )
+                    meta.append((reason.value, record.offset))
         self._dead_counts[reason.value] += sum(map(_count, items))
         self.mark(items)
 
@@ -172,19 +183,18 @@ class Outbox:
             a replay would then carry), and it marks no main offset done.
         """
         services = self.services
+        done = self.done
         for reject in rejects:
             main_offset = None if from_retry else reject.record.offset
             if reject.reason is None:  # a replayed dead letter of another group
                 services.stats.other_group_skipped += 1
-                if self.done is not None and main_offset is not None:
-                    self.done.add(main_offset)
+                if done is not None and main_offset is not None:
+                    done.add(main_offset)
                 continue
-            origin = retry_source(reject.record)
-            if origin is None:
-                topic = services.retry_topic if from_retry else services.topic
-                partition = services.partition
-                ident = message_id(topic, partition, reject.record.offset)
-                origin = Source(topic, partition, (reject.record.offset,), (ident,))
+            if main_offset is not None and main_offset in self.recovered:
+                done = self._done_again(main_offset)
+                continue
+            origin = self._reject_origin(reject.record, from_retry)
             detail = sanitize(reject.detail, services.config.error_text_limit)
             logger.error(
                 "record dead-lettered: %s",
@@ -202,9 +212,51 @@ class Outbox:
                     reject.record, reject.reason, detail, origin, group=services.config.group
                 )
             )
+            self._dead_meta.append((reject.reason.value, main_offset))
             self._dead_counts[reject.reason.value] += 1
-            if self.done is not None and main_offset is not None:
-                self.done.add(main_offset)
+            if done is not None and main_offset is not None:
+                done.add(main_offset)
+
+    def _done_again(self, main_offset: int) -> set[int] | None:
+        """Note a main record whose dead letter a restart found as done (see
+        :attr:`recovered`); returns :attr:`done`."""
+        self.recovered.discard(main_offset)
+        if self.done is not None:
+            self.done.add(main_offset)
+        return self.done
+
+    def _reject_origin(self, record: Record, from_retry: bool) -> Source:
+        """The ``wk-src`` of a rejected record's dead letter: always the
+        record's own place (design §8: a dead letter names the record it is
+        a copy of).
+
+        A main-topic record is named by its topic, partition and offset; it
+        keeps the message ids of a ``wk-src`` that passes the consumer's
+        check (a replayed dead letter's identity, design §9), never the
+        offsets or place such a header claims: a forged or broken one must
+        not give the dead letter, or its replay, another record's name. A
+        retry record keeps the ``wk-src`` that says where it comes from when
+        that one is valid, and is otherwise named by its place in the retry
+        partition (never as the main record at the same offset, whose
+        identity, already handled, a replay would then carry).
+        """
+        services = self.services
+        offset = record.offset
+        raw = record.headers.get(H_SRC)
+        claimed = None if raw is None else checked_source(bytes(raw))
+        if from_retry:
+            if claimed is not None:
+                return claimed
+            topic = services.retry_topic
+            return Source(
+                topic,
+                services.partition,
+                (offset,),
+                (message_id(topic, services.partition, offset),),
+            )
+        topic, partition = services.topic, services.partition
+        ids = claimed.ids if claimed is not None else (message_id(topic, partition, offset),)
+        return Source(topic, partition, (offset,), ids)
 
     # ------------------------------------------------------------- retry topic
 
@@ -298,6 +350,34 @@ class Outbox:
             self._retry_at.append(at)
             self._retry_meta.append(None)
 
+    def drop_from(self, main_offset: int) -> None:
+        """Forget the buffered dead letters and retry work of main records at
+        or past ``main_offset``: a stop in the middle of a batch stores that
+        offset, so those records are delivered again and get their outcome
+        then (design §7, §14: one record, one outcome).
+
+        Written now, each would get a second outcome at the restart: a
+        dead letter written twice, retry work routed twice. Every buffered
+        copy stands for one main record, so a reduced run that straddles the
+        offset keeps the copies below it and loses the rest. Dead letters of
+        retry records and markers are kept: they belong to no main offset.
+        """
+        kept = [
+            (out, meta)
+            for out, meta in zip(self._dead_out, self._dead_meta, strict=True)
+            if meta[1] is None or meta[1] < main_offset
+        ]
+        if len(kept) != len(self._dead_out):
+            self._dead_out = [out for out, _ in kept]
+            self._dead_meta = [meta for _, meta in kept]
+            self._dead_counts = Counter(reason for reason, _ in self._dead_meta)
+        keep = [meta is None or min(meta[2].offsets) < main_offset for meta in self._retry_meta]
+        if not all(keep):
+            self._retry_out = [r for r, k in zip(self._retry_out, keep, strict=True) if k]
+            self._retry_at = [r for r, k in zip(self._retry_at, keep, strict=True) if k]
+            self._retry_meta = [r for r, k in zip(self._retry_meta, keep, strict=True) if k]
+            self.unflushed_work = sum(1 for meta in self._retry_meta if meta is not None)
+
     # ------------------------------------------------------------------- store
 
     async def flush(self, main_offset: int | None = None) -> None:
@@ -337,6 +417,7 @@ class Outbox:
         if dead:
             services.stats.dead_letters.update(self._dead_counts)
             self._dead_out = []
+            self._dead_meta = []
             self._dead_counts = Counter()
         if retry:
             self._apply_written(retry, offsets)

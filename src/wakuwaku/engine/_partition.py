@@ -358,6 +358,10 @@ class PartitionWorker:
                 top = max(source.offsets)
                 if top >= position:
                     routed[key] = max(routed.get(key, -1), top)
+                    # A record that never reached a handler (a reject) is
+                    # dead-lettered before planning, where routing is not
+                    # asked: its offset says it is done.
+                    self.outbox.recovered.update(o for o in source.offsets if o >= position)
                 # A give-up's dead letters (main offsets long stored) whose
                 # resolved marker the crash kept from the retry topic.
                 self.retry.dead_lettered.update(source.ids)
@@ -384,6 +388,8 @@ class PartitionWorker:
         await self.outbox.flush(following if mode is DeliveryMode.NO_EVENT_LOSE else None)
         self.position = following
         self.retry.forget_routed(following)
+        if self.outbox.recovered:
+            self.outbox.recovered = {o for o in self.outbox.recovered if o >= following}
 
     async def _store_partial(self, records: list[Record]) -> None:
         """At a stop in the middle of a batch, store what the delivery mode allows (design §14).
@@ -412,6 +418,9 @@ class PartitionWorker:
                         extra={**self._fields, "records": lost},
                     )
                 target = following
+        # Outcomes of records the stored offset leaves undone are not stored:
+        # delivered again, they get theirs then, once (design §7).
+        self.outbox.drop_from(target)
         try:
             await self.outbox.flush(target if target != stored else None)
         except Abandon:
