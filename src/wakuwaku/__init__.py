@@ -21,6 +21,7 @@ from ._errors import PartitionCountMismatch as PartitionCountMismatch
 from ._errors import ProtocolError as ProtocolError
 from ._errors import ResultError as ResultError
 from ._errors import Retryable as Retryable
+from ._errors import SetupError as SetupError
 from ._errors import StepError as StepError
 from ._errors import Transient as Transient
 from ._errors import UnknownPartitionError as UnknownPartitionError
@@ -111,6 +112,7 @@ __all__ = (
     "Retryable",
     "SQLiteInbox",
     "SQLiteLog",
+    "SetupError",
     "Source",
     "StepError",
     "StructuredFormatter",

@@ -14,6 +14,7 @@
     │   ├── CorruptLogError                     a damaged or foreign log file
     │   ├── FencedError                         a stale partition owner (design §15)
     │   └── LogUnavailableError                 the log cannot be reached now
+    ├── SetupError                              a fault no retry fixes stopped the consumer
     ├── HandleError                             a handler's classified failure
     │   ├── Transient                           (design §1, §5.6)
     │   │   └── CircuitOpenError                an open circuit breaker (design §12)
@@ -149,6 +150,43 @@ class FencedError(LogError):
 
 class LogUnavailableError(LogError):
     """The log cannot be reached right now; the consumer treats this as Transient."""
+
+
+class SetupError(WakuwakuError):
+    """A fault no retry can fix stopped the consumer: a missing table or
+    topic, a refused credential or permission (design §7).
+
+    Raised by :meth:`Consumer.run <wakuwaku.Consumer.run>` (and ``drain``)
+    when one of the consumer's own log or inbox calls meets one, instead of
+    retrying it forever as Transient. An adapter or inbox may raise it
+    itself for a fault it knows to be permanent.
+
+    :param what: the fault in a few words.
+    :param hint: what fixes it.
+    :param operation: the consumer's call that met it ("inbox lookup",
+        "poll", "store"...), or None.
+    :param topic: the topic whose partition worker met it, or None.
+    :param partition: that partition, or None.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        hint: str = "",
+        *,
+        operation: str | None = None,
+        topic: str | None = None,
+        partition: int | None = None,
+    ) -> None:
+        self.what = what
+        self.hint = hint
+        self.operation = operation
+        self.topic = topic
+        self.partition = partition
+        where = "" if topic is None else f" on {topic}/{partition}"
+        during = "" if operation is None else f" during {operation!r}"
+        advice = f"; {hint}" if hint else ""
+        super().__init__(f"setup error{during}{where}: {what}{advice}")
 
 
 class HandleError(WakuwakuError):

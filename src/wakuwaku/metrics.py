@@ -39,6 +39,7 @@ metric                                                 type     labels
 ``wakuwaku_retry_give_ups_total``                      counter  group
 ``wakuwaku_transient_pauses_total``                    counter  group
 ``wakuwaku_log_call_retries_total``                    counter  group
+``wakuwaku_partition_stalls_total``                    counter  group
 ``wakuwaku_handler_seconds`` (count: every call)       summary  group
 ``wakuwaku_retry_backlog_records``                     gauge    group, topic, partition
 ``wakuwaku_quarantined_keys``                          gauge    group, topic, partition
@@ -125,6 +126,11 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
         "Transient handler failures that paused a partition (each in-place retry counts).",
     ),
     ("log_call_retries", "log_call_retries", "Failed log calls of the consumer that were retried."),
+    (
+        "stalls",
+        "partition_stalls",
+        "Partition workers restarted after making no progress while their log answered.",
+    ),
 )
 
 _ATTEMPTS = 3

@@ -283,6 +283,13 @@ class ConsumerConfig:
     :param shutdown_timeout: how long running chunks may take to finish after
         a stop was requested, before they are cancelled.
     :param lease_ttl: how long a partition lease lasts without renewal (design §15).
+    :param stall_timeout: how long (seconds) a partition with records to read
+        may make no progress (no log call answered, no chunk started, no
+        deliberate wait) while its log answers before its worker is logged
+        at error as stalled and restarted (design §7; default 300, like
+        Kafka's ``max.poll.interval.ms``). A handler call that runs longer
+        than this counts as a stall. Measured on the process's monotonic
+        time, never on ``clock`` (a fake clock's jumps are no stall).
     :param member_id: this process's name in the group (default host-pid-random).
     :param error_text_limit: the longest sanitized error text stored in headers.
     :raises ConfigError: for an empty topic, a retry or dead-letter topic
@@ -315,6 +322,7 @@ class ConsumerConfig:
     poll_interval: float = 0.05
     shutdown_timeout: float = 30.0
     lease_ttl: float = 15.0
+    stall_timeout: float = 300.0
     member_id: str = field(default_factory=_default_member)
     error_text_limit: int = 1024
 
@@ -421,7 +429,7 @@ class ConsumerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ConsumerConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("poll_interval", "shutdown_timeout", "lease_ttl"):
+        for name in ("poll_interval", "shutdown_timeout", "lease_ttl", "stall_timeout"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(

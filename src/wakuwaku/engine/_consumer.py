@@ -18,6 +18,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,10 +26,11 @@ from typing import Any
 from .._errors import (
     ConfigError,
     PartitionCountMismatch,
+    SetupError,
     UnknownPartitionError,
     WakuwakuError,
 )
-from ..logs import Log
+from ..logs import Lease, Log
 from ._config import ConsumerConfig
 from ._handler import Handler
 from ._ownership import ownership_for
@@ -145,6 +147,9 @@ class Consumer:
             call :meth:`stop` (only possible in the main thread).
         :raises WakuwakuError: when this consumer has already run (its
             workers are spent: a second run would consume nothing).
+        :raises SetupError: when one of its log or inbox calls met a fault no
+            retry fixes (a missing table or topic, a refused credential); the
+            other partitions stop gracefully first (design §7).
         :raises: what :meth:`start` raises.
         """
         if self._ran:
@@ -368,41 +373,7 @@ class Consumer:
             self.workers[(topic, partition)] = worker
             if self._stop.is_set():
                 worker.stop()
-            renewer = asyncio.create_task(self._ownership.watch(lease, worker))
-            try:
-                await worker.run()
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # this supervisor is being cancelled for real
-                # A driver leaked a CancelledError nobody asked for: a crash.
-                logger.error(
-                    "partition worker ended by a stray CancelledError; restarting it",
-                    extra={"topic": topic, "partition": partition},
-                )
-                await self._wait_or_stop(self.config.delay(1))
-            except Exception:
-                # A bug must not stall the partition silently: log it, start
-                # again from the stored offsets after the first retry delay.
-                logger.exception(
-                    "partition worker crashed; restarting it",
-                    extra={"topic": topic, "partition": partition},
-                )
-                await self._wait_or_stop(self.config.delay(1))
-            except BaseException as exc:
-                # SystemExit, KeyboardInterrupt or another BaseException: the
-                # consumer stops and run() raises it, rather than idling.
-                logger.critical(
-                    "partition worker ended by %s; stopping the consumer",
-                    type(exc).__name__,
-                    extra={"topic": topic, "partition": partition},
-                )
-                self.stop()
-                raise
-            finally:
-                lost = renewer.done() and not renewer.cancelled()
-                renewer.cancel()
-                await asyncio.gather(renewer, return_exceptions=True)
+            lost = await self._run_worker(worker, lease)
             if self._stop.is_set():
                 await self._ownership.release(lease)
                 return
@@ -410,6 +381,109 @@ class Consumer:
                 # Revoked: the worker stored what was done; let the partition go now.
                 await self._ownership.release(lease)
             await clock.sleep(0)
+
+    async def _run_worker(self, worker: PartitionWorker, lease: Lease) -> bool:
+        """Run ``worker`` beside its lease renewer and its watchdog until it
+        ends; True when the renewer found the lease lost.
+
+        A crash is logged and the worker is started again by the caller after
+        the first retry delay (a bug must not stall a partition silently); a
+        stall the watchdog found is started again at once.
+
+        :raises SetupError: what the worker raised (the consumer stops).
+        :raises BaseException: SystemExit, KeyboardInterrupt and the like
+            (the consumer stops and run() raises it).
+        """
+        topic, partition = worker.topic, worker.partition
+        renewer = asyncio.create_task(self._ownership.watch(lease, worker))
+        running = asyncio.ensure_future(worker.run())
+        watchdog = asyncio.create_task(self._watchdog(worker, running))
+        try:
+            await running
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this supervisor is being cancelled for real
+            if not worker.stalled:
+                # A driver leaked a CancelledError nobody asked for: a crash.
+                logger.error(
+                    "partition worker ended by a stray CancelledError; restarting it",
+                    extra={"topic": topic, "partition": partition},
+                )
+                await self._wait_or_stop(self.config.delay(1))
+        except SetupError:
+            # No retry fixes it (design §7): the consumer stops, run() raises it.
+            self.stop()
+            raise
+        except Exception:
+            logger.exception(
+                "partition worker crashed; restarting it",
+                extra={"topic": topic, "partition": partition},
+            )
+            await self._wait_or_stop(self.config.delay(1))
+        except BaseException as exc:
+            logger.critical(
+                "partition worker ended by %s; stopping the consumer",
+                type(exc).__name__,
+                extra={"topic": topic, "partition": partition},
+            )
+            self.stop()
+            raise
+        finally:
+            lost = renewer.done() and not renewer.cancelled()
+            renewer.cancel()
+            watchdog.cancel()
+            await asyncio.gather(renewer, watchdog, return_exceptions=True)
+        return lost
+
+    async def _watchdog(self, worker: PartitionWorker, running: asyncio.Future[None]) -> None:
+        """Restart ``worker`` when its partition stalls in silence (design §7).
+
+        Every ``min(stall_timeout / 4, 5)`` seconds: when the worker has made
+        no progress (:attr:`PartitionServices.progress_at
+        <wakuwaku.engine._shared.PartitionServices.progress_at>`) for
+        ``stall_timeout`` seconds, the log is asked for the partition's end
+        offset (bounded by 10 s). When it answers and the partition has
+        records to read (or the worker never finished restoring, or keys
+        wait in its retry partition) and no chunk is retrying a Transient
+        failure in place (a pause the handler asked for), ``partition stalled; restarting its
+        worker`` is logged at error with the lag and for how long, counted
+        in :attr:`ConsumerStats.stalls`, and the worker is cancelled: the
+        supervisor starts a new one from the stored offsets and retry state.
+        A log that does not answer is an outage, which the worker's own
+        retried calls report; no restart helps it.
+        """
+        limit = self.config.stall_timeout
+        check = min(limit / 4, 5.0)
+        services = worker.services
+        while not running.done():
+            # Real time, not the configured clock: see PartitionServices.progress_at.
+            await asyncio.sleep(check)
+            stalled_for = time.monotonic() - services.progress_at
+            if services.stopping or services.paused or stalled_for < limit:
+                continue
+            try:
+                ends = await asyncio.wait_for(self.log.end_offsets(worker.topic), 10.0)
+            except Exception:  # noqa: BLE001 - the log does not answer: an outage
+                continue
+            lag = ends.get(worker.partition, 0) - worker.position
+            if lag <= 0 and worker.started and not worker.retry.keys:
+                continue
+            logger.error(
+                "partition stalled; restarting its worker",
+                extra={
+                    "topic": worker.topic,
+                    "partition": worker.partition,
+                    "lag": lag,
+                    "stalled_for": round(stalled_for, 3),
+                    "position": worker.position,
+                    "stall_timeout": limit,
+                },
+            )
+            self.stats.stalls += 1
+            worker.stalled = True
+            running.cancel()
+            return
 
     async def _wait_or_stop(self, seconds: float) -> None:
         await self._until_stop(self.config.clock.sleep(seconds))

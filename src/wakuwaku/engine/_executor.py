@@ -162,7 +162,7 @@ class ChunkExecutor:
         stats, handlers, gate = services.stats, self.handlers, services.gate
         topic, partition = services.topic, services.partition
         set_context, reset_context, perf_counter = _current.set, _current.reset, time.perf_counter
-        monotonic = services.clock.monotonic
+        monotonic, real_now = services.clock.monotonic, time.monotonic
         # Main-topic items stand for one record each unless reduction merged them.
         single = attempts is None and not self.reduces
         # Counted here and added to the shared stats when the lane ends.
@@ -185,6 +185,9 @@ class ChunkExecutor:
                     count = len(run.events)  # not len(run): a Python-level __len__
                     for start in range(0, count, size):
                         chunk = run if count <= size else run[start : start + size]
+                        # A chunk starting is the partition's progress (the watchdog
+                        # restarts a worker that makes none: design §7).
+                        services.progress_at = real_now()
                         if (
                             services.stopping
                             or not gate.is_open
@@ -292,6 +295,7 @@ class ChunkExecutor:
         forever, with the partition's gate closed (design §5.6)."""
         services = self.services
         services.gate.close()
+        services.paused += 1
         try:
             failures = 1
             while True:
@@ -318,6 +322,7 @@ class ChunkExecutor:
                 failure = again
                 failures += 1
         finally:
+            services.paused -= 1
             services.gate.reopen()
 
     async def _call(
@@ -456,7 +461,7 @@ class ChunkExecutor:
         claimed: set[str] = set()
         for inbox, wanted in by_inbox.values():
             found: set[str] = await self.services.log_call(
-                "inbox lookup", partial(inbox.claimed, wanted)
+                "inbox lookup", partial(inbox.claimed, wanted), service="inbox"
             )
             claimed |= found
         if not claimed:

@@ -32,9 +32,11 @@ import abc
 import logging
 from typing import Protocol, runtime_checkable
 
+from .._errors import SetupError
 from ..logs._base import Lease, Log
 from ._config import ConsumerConfig
 from ._partition import PartitionWorker
+from ._setup import setup_fault
 
 logger = logging.getLogger("wakuwaku.consumer")
 
@@ -69,12 +71,21 @@ class Ownership(abc.ABC):
 
     async def acquire(self, topic: str, partition: int) -> Lease | None:
         """The lease when this member owns the partition now, else None
-        (also when the log cannot be reached: asked again later)."""
+        (also when the log cannot be reached: asked again later).
+
+        :raises SetupError: when the log refuses for a reason no retry fixes
+            (a refused credential or permission).
+        """
         try:
             return await self.log.acquire_partition(
                 self.config.group, topic, partition, self.config.member_id, self.config.lease_ttl
             )
-        except Exception as exc:  # noqa: BLE001 - the log is down: try again later
+        except Exception as exc:
+            fault = setup_fault(exc)
+            if fault is not None and fault.tries == 1:  # no retry fixes it (design §7)
+                raise SetupError(
+                    fault.what, fault.hint, operation="take lease", topic=topic, partition=partition
+                ) from exc
             logger.warning(
                 "cannot take partition lease; retrying",
                 extra={"topic": topic, "partition": partition, "error": str(exc)},

@@ -121,6 +121,8 @@ class PartitionWorker:
         self.caught_up = False
         self._on_caught_up = on_caught_up
         self.started = False
+        # Set by the consumer's watchdog when it cancels this worker as stalled.
+        self.stalled = False
         # The handled chunks of the current main batch: a graceful stop stores
         # the offset of the first record that is neither handled nor done.
         self._handled: list[Run] = []

@@ -6,7 +6,7 @@ the lease deadline and fence (design §15), the retrying log call, the retry
 partition's state (:class:`~wakuwaku.engine._retry.RetryState`) and the
 consumer's shared counters.
 
-May call: the log, the clock, :mod:`._retry`. Nothing here calls the
+May call: the log, the clock, :mod:`._retry`, :mod:`._setup`. Nothing here calls the
 partition loop (:mod:`._partition`), the attempts (:mod:`._attempts`), the
 executor (:mod:`._executor`) or the outbox (:mod:`._outbox`): they all call
 down into it, so the five modules form layers, not a ring. Each layer may
@@ -30,14 +30,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
-from .._errors import ErrorClass, FencedError
+from .._errors import ErrorClass, FencedError, SetupError
 from .._sanitize import sanitize
 from ..logs import Lease, Log
 from ._config import ConsumerConfig
 from ._retry import RetryState, WrittenCache
+from ._setup import SetupFault, setup_fault
 from ._stats import ConsumerStats
 
 logger = logging.getLogger("wakuwaku.consumer")
@@ -133,6 +135,15 @@ class PartitionServices:
         self.gate = Gate()
         self._stop = asyncio.Event()
         self.stopping = False  # mirrors _stop, read before every chunk
+        # The partition's last progress (a log call answered, a chunk
+        # started, a deliberate wait's end), in the process's own monotonic
+        # seconds (time.monotonic, never the configured clock: a stall is
+        # real time passing, and a test's fake clock jumps): what the
+        # consumer's watchdog reads (design §7).
+        self.progress_at = time.monotonic()
+        # Chunks retrying a Transient failure in place: a pause the handler
+        # asked for, however long its delays, is no stall.
+        self.paused = 0
 
     # ------------------------------------------------------------------ control
 
@@ -149,10 +160,18 @@ class PartitionServices:
         :meth:`RetryState.apply`)."""
         return self.clock.now(), self.clock.monotonic()
 
-    async def sleep(self, seconds: float) -> None:
-        """Sleep on the clock; raise :class:`Abandon` as soon as a stop is asked."""
+    async def sleep(self, seconds: float, *, progress: bool = True) -> None:
+        """Sleep on the clock; raise :class:`Abandon` as soon as a stop is asked.
+
+        :param progress: the wait is deliberate (an idle poll interval, a
+            Transient retry's delay): the partition counts as progressing
+            until it ends. False for a wait after a failed log call, which
+            is no progress.
+        """
         if self._stop.is_set():
             raise Abandon
+        if progress:
+            self.progress_at = max(self.progress_at, time.monotonic() + seconds)
         # The deadline is taken now, not when the sleeping task first runs: a
         # clock that moves in between (a FakeClock advanced by a test, shown
         # by asyncio debug mode's other task order) would push it later.
@@ -197,18 +216,30 @@ class PartitionServices:
         if self._stop.is_set():
             raise Abandon
 
-    async def log_call(self, operation: str, call: Callable[[], Awaitable[R]]) -> R:
-        """Run one of the consumer's own log calls; on failure retry it on the
-        schedule, forever, with the gate closed (design §5.6).
+    async def log_call(
+        self, operation: str, call: Callable[[], Awaitable[R]], *, service: str = "log"
+    ) -> R:
+        """Run one of the consumer's own log (or inbox) calls; on failure retry
+        it on the schedule, forever, with the gate closed (design §5.6).
 
+        Each failure is logged at warning as ``<service> call failed;
+        retrying``. A failure no retry can fix (:func:`~._setup.setup_fault`:
+        a missing table or topic, a refused credential) is not retried: it
+        is logged once at error, ``setup error; stopping the consumer``, and
+        raised (design §7).
+
+        :param service: what is called, for the log line: ``log`` or ``inbox``.
         :raises Abandon: when the log refuses the lease (another member owns
             the partition), or at a stop while waiting to retry.
+        :raises SetupError: when the call meets a setup fault (as many times
+            in a row as the fault's ``tries``).
         """
         failures = 0
+        setup_failures = 0
         try:
             while True:
                 try:
-                    return await call()
+                    result = await call()
                 except FencedError as exc:
                     logger.warning(
                         "partition lease lost; stopping",
@@ -220,19 +251,48 @@ class PartitionServices:
                     self.stats.log_call_retries += 1
                     if failures == 1:
                         self.gate.close()
+                    error = sanitize(exc, self.config.error_text_limit)
+                    fault = setup_fault(exc)
+                    setup_failures = setup_failures + 1 if fault is not None else 0
+                    if fault is not None and setup_failures >= fault.tries:
+                        self._setup_failed(operation, service, fault, error, exc)
                     delay = self.config.retry_delay(failures)
                     logger.warning(
-                        "log call failed; retrying",
+                        f"{service} call failed; retrying",
                         extra={
                             **self.fields,
                             "operation": operation,
                             "delay": delay,
                             "failures": failures,
                             "error_class": ErrorClass.TRANSIENT.value,
-                            "error": sanitize(exc, self.config.error_text_limit),
+                            "error": error,
                         },
                     )
-                    await self.sleep(delay)
+                    await self.sleep(delay, progress=False)
+                else:
+                    self.progress_at = max(self.progress_at, time.monotonic())
+                    return result
         finally:
             if failures:
                 self.gate.reopen()
+
+    def _setup_failed(
+        self, operation: str, service: str, fault: SetupFault, error: str, exc: Exception
+    ) -> NoReturn:
+        logger.error(
+            "setup error; stopping the consumer",
+            extra={
+                **self.fields,
+                "operation": operation,
+                "service": service,
+                "error": error,
+                "hint": fault.hint,
+            },
+        )
+        raise SetupError(
+            sanitize(fault.what, self.config.error_text_limit),
+            fault.hint,
+            operation=operation,
+            topic=self.topic,
+            partition=self.partition,
+        ) from exc

@@ -33,6 +33,8 @@ class ConsumerStats:
     :param transient_pauses: Transient failures that paused a partition (one
         per failed call, in-place retries included).
     :param log_call_retries: failed log calls of the consumer itself that were retried.
+    :param stalls: partition workers restarted because their partition made
+        no progress for ``stall_timeout`` seconds while the log answered.
     :param failed_by_class: handler failures by error class.
     :param dead_letters: dead-lettered records by reason code.
     :param handler_seconds: total time spent in handlers (seconds).
@@ -57,6 +59,7 @@ class ConsumerStats:
     gave_up_keys: int = 0
     transient_pauses: int = 0
     log_call_retries: int = 0
+    stalls: int = 0
     failed_by_class: Counter[str] = field(default_factory=Counter)
     dead_letters: Counter[str] = field(default_factory=Counter)
     handler_seconds: float = 0.0

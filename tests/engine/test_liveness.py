@@ -1,0 +1,122 @@
+"""Liveness: a partition never stalls in silence (design §7), on every log.
+
+A partition with records to read whose worker makes no progress while the
+log answers is logged at error (``partition stalled; restarting its
+worker`` with topic, partition, lag and for how long), counted
+(``ConsumerStats.stalls``) and its worker restarted from the stored offsets.
+The small input: a read whose reply never comes (what a NATS restart did to
+a pull request), the consumer stuck on it for good while ``status`` showed
+lag 1 600. Deliberate waits (an idle partition, a Transient retry in place)
+are progress, never a stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+import wakuwaku as wk
+from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.logs import Log
+
+from .conftest import Item, setup_topic
+
+
+class LostReply:
+    """``inner``, except that main-topic reads from ``hang_at`` on hang
+    once, forever, as a request whose reply is lost does."""
+
+    def __init__(self, inner: Log, hang_at: int) -> None:
+        self.inner = inner
+        self.hang_at = hang_at
+        self.hung = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def read(self, topic: str, partition: int, offset: int, limit: int = 500) -> Any:
+        if topic == "t" and offset >= self.hang_at and not self.hung.is_set():
+            self.hung.set()
+            await asyncio.Event().wait()  # the reply that never comes
+        return await self.inner.read(topic, partition, offset, limit)
+
+
+def _config(**overrides: Any) -> ConsumerConfig:
+    options: dict[str, Any] = {
+        "topic": "t",
+        "group": "g",
+        "max_poll_records": 10,
+        "poll_interval": 0.01,
+        "retry_delays": (0.05,),
+        "stall_timeout": 0.5,
+        "lease_ttl": 30.0,
+    }
+    options.update(overrides)
+    return ConsumerConfig(**options)
+
+
+async def test_a_read_whose_reply_never_comes_restarts_the_worker_loudly(
+    log: Log, caplog: pytest.LogCaptureFixture
+) -> None:
+    producer = await setup_topic(log, partitions=2)
+    events = [Item(f"k{n % 6}", n) for n in range(120)]
+    await producer.publish_many(events)
+    seen: list[int] = []
+
+    async def handle(run: Sequence[Item]) -> None:
+        seen.extend(e.n for e in run)
+
+    wrapped = LostReply(log, hang_at=20)
+    consumer = Consumer(_config(), [Handler(Item, handle)], wrapped)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="wakuwaku"):
+        stats = await asyncio.wait_for(consumer.drain(), 90)
+    assert wrapped.hung.is_set()
+    assert sorted(set(seen)) == list(range(120))
+    assert stats.stalls == 1
+    [stall] = [
+        r for r in caplog.records if r.getMessage() == "partition stalled; restarting its worker"
+    ]
+    assert stall.levelno == logging.ERROR
+    fields = stall.__dict__
+    assert fields["topic"] == "t" and fields["partition"] in (0, 1)
+    assert fields["lag"] > 0 and fields["stalled_for"] >= 0.5
+
+
+async def test_deliberate_waits_are_not_stalls(caplog: pytest.LogCaptureFixture) -> None:
+    """A Transient retry in place that waits longer than ``stall_timeout``,
+    and an idle partition, make progress: no restart."""
+    log = wk.MemoryLog()
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("k", n) for n in range(3)])
+    failures = [wk.Transient("database down")] * 2
+    handled: list[int] = []
+
+    async def handle(run: Sequence[Item]) -> None:
+        if failures:
+            raise failures.pop()
+        handled.extend(e.n for e in run)
+
+    consumer = Consumer(
+        _config(retry_delays=(0.8,), stall_timeout=0.3), [Handler(Item, handle)], log
+    )
+    with caplog.at_level(logging.WARNING, logger="wakuwaku"):
+        task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+        while len(handled) < 3:
+            assert not task.done()
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.8)  # the condition under test: idle for > stall_timeout
+        consumer.stop()
+        stats = await task
+    assert handled == [0, 1, 2]
+    assert stats.stalls == 0
+    assert not [r for r in caplog.records if "stalled" in r.getMessage()]
+
+
+def test_stall_timeout_is_checked() -> None:
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(wk.ConfigError, match="stall_timeout"):
+            _config(stall_timeout=bad)
