@@ -298,6 +298,25 @@ def test_events_per_second_is_the_growth_of_committed_offsets() -> None:
     assert View(Target(TOPIC, GROUP)).partition_rate(0) is None
 
 
+def test_a_partition_whose_committed_offset_holds_while_it_has_lag_is_stalled() -> None:
+    """What a silent stall looks like from outside (design §7): lag, and a
+    committed offset that does not move; a partition caught up is not stalled."""
+    view = View(Target(TOPIC, GROUP))
+    view.samples = deque(
+        [
+            Sample(100.0, {0: (10, 50), 1: (5, 5), 2: (0, 9)}),
+            Sample(140.0, {0: (30, 60), 1: (5, 5), 2: (0, 9)}),
+            Sample(180.0, {0: (30, 70), 1: (5, 5), 2: (0, 9)}),
+            Sample(220.0, {0: (30, 80), 1: (5, 5), 2: (9, 9)}),
+        ]
+    )
+    assert view.stalled_for(0) == 80.0  # held at 30 since 140 while records waited
+    assert view.stalled_for(1) is None  # no lag: idle, not stalled
+    assert view.stalled_for(2) is None  # moved in the last round
+    assert view.stalled_for(3) is None
+    assert View(Target(TOPIC, GROUP)).stalled_for(0) is None
+
+
 def test_the_consumers_metrics_are_linked_and_shown(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry, Counter, start_http_server
 

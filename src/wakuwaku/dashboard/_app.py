@@ -60,6 +60,11 @@ PARTIAL_HEADER = "x-wakuwaku-partial"
 """A request with this header gets only the page's live part (the polling script)."""
 
 
+STALL_SHOWN = 30.0
+"""A partition whose committed offset has not moved for this many seconds
+while it has lag is marked "no progress" on the topic page (design §7)."""
+
+
 @dataclass(frozen=True, slots=True)
 class DashboardSettings:
     """How ``wakuwaku dashboard`` runs.
@@ -328,6 +333,7 @@ class Dashboard:
             now=datetime.datetime.now(datetime.UTC).timestamp(),
             sampler_error=sampler.error,
             relative=relative,
+            stall_shown=STALL_SHOWN,
         )
         return self.templates.TemplateResponse(request, name, context, status_code=status_code)
 

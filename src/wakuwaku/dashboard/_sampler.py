@@ -134,6 +134,31 @@ class View:
             return None
         return _moved(first.offsets.get(partition), last.offsets.get(partition)) / span
 
+    def stalled_for(self, partition: int) -> float | None:
+        """Seconds ``partition``'s committed offset has not moved while it had
+        records to read (lag > 0), over the rounds kept; None when it moved
+        in the last round, has no lag, or fewer than two rounds were taken.
+
+        What a stalled consumer looks like from outside (design §7): the
+        engine's watchdog restarts a worker after its ``stall_timeout``; a
+        partition shown stalled for longer has no live worker at all (its
+        consumer is down, frozen or stuck).
+        """
+        samples = list(self.samples)
+        if len(samples) < 2:
+            return None
+        last = samples[-1].offsets.get(partition)
+        if last is None or last[0] is None or last[1] - last[0] <= 0:
+            return None
+        since = samples[-1].at
+        for sample in reversed(samples[:-1]):
+            offsets = sample.offsets.get(partition)
+            if offsets is None or offsets[0] != last[0] or offsets[1] - (offsets[0] or 0) <= 0:
+                break
+            since = sample.at
+        held = samples[-1].at - since
+        return held if held > 0 else None
+
     @property
     def letters(self) -> Sequence[LetterEntry]:
         """Every dead letter read so far, by partition then offset."""
