@@ -199,3 +199,84 @@ def test_run_drain_exits_non_zero_on_a_missing_inbox_table(
     assert "error: setup error during 'inbox lookup'" in err
     assert "no such table" in err
     assert "call failed; retrying" not in err
+
+
+async def test_a_consumer_started_during_an_outage_starts_when_the_log_answers(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker restarting while the consumer starts: start() waits for it
+    on the retry schedule instead of failing the process (design §7)."""
+
+    class Restarting:
+        def __init__(self, inner: Log) -> None:
+            self.inner = inner
+            self.down = 2
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        async def describe_topic(self, topic: str) -> object:
+            if self.down:
+                self.down -= 1
+                raise LogUnavailableError("no answer within 1 s")
+            return await self.inner.describe_topic(topic)
+
+    log = wk.MemoryLog()
+    producer = await setup_topic(log)
+    await producer.publish(Item("k", 1))
+    handled: list[int] = []
+
+    async def apply(run: Sequence[Item]) -> None:
+        handled.extend(e.n for e in run)
+
+    with caplog.at_level(logging.WARNING, logger="wakuwaku"):
+        task = asyncio.create_task(
+            consumer(Restarting(log), clock, [Handler(Item, apply)], retry_delays=[1.0]).drain()  # type: ignore[arg-type]
+        )
+        while not task.done():
+            clock.advance(1.0)
+            await asyncio.sleep(0.01)
+        await task
+    assert handled == [1]
+    waits = [r for r in caplog.records if r.getMessage() == "log call failed; retrying"]
+    assert [getattr(r, "operation", None) for r in waits] == ["describe topic"] * 2
+
+
+@pytest.mark.redis
+async def test_a_refused_password_stops_the_consumer_at_start(tmp_path: Path) -> None:
+    """A Redis server that refuses the password: one SetupError at start,
+    not a LogUnavailableError (which reads as an outage)."""
+    import shutil
+    import socket
+    import subprocess
+
+    from wakuwaku.logs.redis import RedisLog
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (make services)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [server, "--port", str(port), "--bind", "127.0.0.1", "--requirepass", "secret"]
+    process = subprocess.Popen(  # noqa: ASYNC220 - starts at once; waited on below
+        [*argv, "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL
+    )
+    log = RedisLog(f"redis://:wrong@127.0.0.1:{port}")
+    try:
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert process.poll() is None, "redis-server exited"
+                await asyncio.sleep(0.05)
+        consumer_ = wk.Consumer(
+            wk.ConsumerConfig(topic="t", group="g"), [Handler(Item, _noop)], log
+        )
+        with pytest.raises(SetupError, match="refused the credentials"):
+            await asyncio.wait_for(consumer_.drain(), 30)
+    finally:
+        await log.close()
+        process.kill()
+        process.wait(10)

@@ -19,12 +19,15 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from .._errors import (
     ConfigError,
+    ErrorClass,
+    LogUnavailableError,
     PartitionCountMismatch,
     SetupError,
     UnknownPartitionError,
@@ -36,10 +39,13 @@ from ._handler import Handler
 from ._ownership import ownership_for
 from ._partition import PartitionWorker
 from ._registry import check_and_note
+from ._setup import setup_fault
 from ._stats import ConsumerStats
 from ._view import PartitionView
 
 logger = logging.getLogger("wakuwaku.consumer")
+
+R = TypeVar("R")
 
 
 class Consumer:
@@ -103,20 +109,28 @@ class Consumer:
         :raises PartitionCountMismatch: when a retry or dead-letter topic exists
             with another partition count than its main topic.
         :raises UnknownPartitionError: when a configured partition does not exist.
+        :raises SetupError: when the log refuses the credentials or a
+            permission (a log that cannot be reached is waited for, logged
+            as ``log call failed; retrying``, until it answers or
+            :meth:`stop` is called).
         :raises ConfigError: when a configured name is a topic another
             consumer group or main topic noted in a role it may not share
             (:func:`check_and_note`).
         """
-        counts = {
-            topic: (await self.log.describe_topic(topic)).partitions for topic in self.config.topics
-        }
-        await check_and_note(self.log, self.config)
+        counts = {}
+        for topic in self.config.topics:
+            info = await self._start_call("describe topic", partial(self.log.describe_topic, topic))
+            counts[topic] = info.partitions
+        await self._start_call("note topic names", partial(check_and_note, self.log, self.config))
         assignment: list[tuple[str, int]] = []
         for topic, partitions in counts.items():
             names = self.config.group_topics(topic)
             for extra in (names.retry, names.dead_letter):
                 try:
-                    await self.log.create_topic(extra, partitions, derived_from=topic)
+                    await self._start_call(
+                        "create topic",
+                        partial(self.log.create_topic, extra, partitions, derived_from=topic),
+                    )
                 except PartitionCountMismatch as exc:
                     raise PartitionCountMismatch(extra, exc.existing, partitions) from None
             wanted = self.config.partitions
@@ -128,6 +142,43 @@ class Consumer:
         self._assignment = assignment
         self._started = True
         return assignment
+
+    async def _start_call(self, operation: str, call: Callable[[], Awaitable[R]]) -> R:
+        """One log call of :meth:`start`: a log that cannot be reached is
+        waited for on the retry schedule (logged at warning, like the
+        workers' calls), so a consumer started during a broker restart
+        starts once it is back; a refused credential or permission raises
+        :class:`SetupError` at once; any other error is raised as it is.
+
+        :raises LogUnavailableError: when :meth:`stop` was asked while waiting.
+        """
+        failures = 0
+        while True:
+            try:
+                return await call()
+            except LogUnavailableError as exc:
+                fault = setup_fault(exc)
+                if fault is not None:
+                    logger.error(
+                        "setup error; stopping the consumer",
+                        extra={"operation": operation, "error": str(exc), "hint": fault.hint},
+                    )
+                    raise SetupError(fault.what, fault.hint, operation=operation) from exc
+                if self._stop.is_set():
+                    raise
+                failures += 1
+                delay = self.config.retry_delay(failures)
+                logger.warning(
+                    "log call failed; retrying",
+                    extra={
+                        "operation": operation,
+                        "delay": delay,
+                        "failures": failures,
+                        "error_class": ErrorClass.TRANSIENT.value,
+                        "error": str(exc),
+                    },
+                )
+                await self._wait_or_stop(delay)
 
     # -------------------------------------------------------------------- run
 
