@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 import wakuwaku as wk
+from wakuwaku._partitioner import partition_for
 from wakuwaku.engine import Handler
 from wakuwaku.engine._config import MAX_RETRY_DELAY
 from wakuwaku.engine._retry import ms_text
@@ -358,6 +360,32 @@ async def test_max_concurrency_sync_handlers_all_run_at_once(memory_log: Log) ->
     stats = await c.drain()
     assert stats.handled == width and await dead_letters(log) == []
     assert len(threads) == width and all(t.startswith("wakuwaku-g") for t in threads)
+
+
+async def test_max_concurrency_sync_handlers_of_every_partition_run_at_once(
+    memory_log: Log,
+) -> None:
+    # max_concurrency is per partition: with one pool of max_concurrency
+    # threads for the whole consumer, a partition's sync calls waited behind
+    # the other partitions' and these keys, no more than max_concurrency in
+    # any partition, could never all meet at the barrier.
+    log = memory_log
+    clock = FakeClock(T0)
+    partitions = 4
+    keys = [f"k{i}" for i in range(24)]
+    width = max(Counter(partition_for(k, partitions) for k in keys).values())
+    assert width < len(keys)
+    producer = await setup_topic(log, partitions)
+    await producer.publish_many([Item(k, i) for i, k in enumerate(keys)])
+    barrier = threading.Barrier(len(keys), timeout=10.0)
+
+    def body(run: Sequence[Item]) -> None:
+        barrier.wait()
+
+    c = consumer(log, clock, [Handler(Item, body)], max_concurrency=width)
+    stats = await c.drain()
+    assert stats.handled == len(keys)
+    assert [await dead_letters(log, partition=p) for p in range(partitions)] == [[]] * partitions
 
 
 async def test_sync_handlers_see_the_chunk_context_on_the_pool(memory_log: Log) -> None:

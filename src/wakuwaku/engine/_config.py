@@ -274,8 +274,9 @@ class ConsumerConfig:
     :param max_poll_records: the most records one poll of a partition returns.
     :param max_concurrency: how many keys of one partition run at once.
         Sync handlers run on the consumer's own thread pool of
-        ``max_concurrency`` threads, so this bound, not asyncio's default
-        pool, limits them (issue 12 item 13).
+        ``max_concurrency`` threads per partition it is assigned, so this
+        bound, not asyncio's default pool nor another partition's calls,
+        limits them; threads start only when used.
     :param classify: maps an exception that is not a ``HandleError`` to an
         :class:`ErrorClass` (design §5.8); default :func:`default_error_class`.
     :param clock: where time comes from (a :class:`~wakuwaku.testing.FakeClock` in tests).

@@ -88,7 +88,7 @@ class Consumer:
         # Set by a worker each time it reads to the end of its partition, so
         # that drain() notices idleness at once instead of on its next tick.
         self._caught_up = asyncio.Event()
-        # Sync handlers' threads, made by run() (issue 12 item 13).
+        # Sync handlers' threads, made by run().
         self._executor: ThreadPoolExecutor | None = None
         # Leases of ours, or assignments the log pushes (Kafka): _ownership.py.
         self._ownership = ownership_for(log, config)
@@ -212,11 +212,13 @@ class Consumer:
         if not self._started:
             await self.start()
         installed = self._install_signals() if install_signal_handlers else []
-        # Sync handlers run on a pool of max_concurrency threads (issue 12
-        # item 13): asyncio's default pool (min(32, cpus + 4) threads) capped
-        # them whatever the config said. Threads start only when used.
+        # max_concurrency keys of each partition may run a sync handler at
+        # once, so no call waits for a thread behind another partition's
+        # (asyncio's default pool, min(32, cpus + 4) threads, capped them
+        # whatever the config said). Threads start only when used: at most
+        # as many as ever ran at once.
         self._executor = executor = ThreadPoolExecutor(
-            max_workers=self.config.max_concurrency,
+            max_workers=self.config.max_concurrency * max(1, len(self._assignment)),
             thread_name_prefix=f"wakuwaku-{self.config.group}",
         )
         supervisors = [

@@ -4,7 +4,7 @@ Either subclass :class:`Handler` or decorate a function with :func:`handler`.
 ``handle`` receives one chunk: at most ``max_batch`` events of one run (one
 key, one type, in order, already reduced). An async ``handle`` runs on the
 event loop; a plain function runs in a worker thread of the consumer's own
-pool (``max_concurrency`` threads per partition; issue 12 item 13).
+pool (``max_concurrency`` threads per partition).
 """
 
 from __future__ import annotations
