@@ -120,3 +120,45 @@ def test_stall_timeout_is_checked() -> None:
     for bad in (0, -1.0, float("nan"), float("inf")):
         with pytest.raises(wk.ConfigError, match="stall_timeout"):
             _config(stall_timeout=bad)
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_a_stall_inside_a_handler_call_is_reported_once_and_never_run_twice(
+    sync: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler call that outlives ``stall_timeout`` is logged at error and
+    counted, but its worker is not restarted: a new one would run the same
+    key beside the old call (a thread cannot be stopped)."""
+    import threading
+
+    log = wk.MemoryLog()
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("k", n) for n in range(3)])
+    calls: list[int] = []
+    release = threading.Event()
+
+    def blocking(run: Sequence[Item]) -> None:
+        calls.extend(e.n for e in run)
+        if run[0].n == 0:
+            release.wait(60)
+
+    async def waiting(run: Sequence[Item]) -> None:
+        calls.extend(e.n for e in run)
+        if run[0].n == 0:
+            await asyncio.to_thread(release.wait, 60)
+
+    consumer = Consumer(
+        _config(stall_timeout=0.3), [Handler(Item, blocking if sync else waiting)], log
+    )
+    with caplog.at_level(logging.WARNING, logger="wakuwaku"):
+        task = asyncio.create_task(consumer.drain())
+        while consumer.stats.stalls == 0:
+            assert not task.done()
+            await asyncio.sleep(0.02)
+        release.set()
+        stats = await asyncio.wait_for(task, 30)
+    assert calls == [0, 1, 2]  # the stuck chunk ran once, the key in order
+    assert stats.stalls == 1
+    [line] = [r for r in caplog.records if "stalled" in r.getMessage()]
+    assert line.getMessage() == "partition stalled in a handler call; not restarted"
+    assert line.levelno == logging.ERROR

@@ -505,10 +505,18 @@ class Consumer:
         supervisor starts a new one from the stored offsets and retry state.
         A log that does not answer is an outage, which the worker's own
         retried calls report; no restart helps it.
+
+        A stall inside a handler call (a call running longer than
+        ``stall_timeout``) is logged at error once, ``partition stalled in
+        a handler call; not restarted``, and counted, but the worker is left
+        running: a sync handler's thread cannot be stopped, so a new worker
+        would run the same key's chunk beside it, twice at once and out of
+        order (design §5.4); an async one might be mid-effect.
         """
         limit = self.config.stall_timeout
         check = min(limit / 4, 5.0)
         services = worker.services
+        reported = -1.0  # the progress_at of the last stall reported in a handler call
         while not running.done():
             # Real time, not the configured clock: see PartitionServices.progress_at.
             await asyncio.sleep(check)
@@ -521,6 +529,23 @@ class Consumer:
                 continue
             lag = ends.get(worker.partition, 0) - worker.position
             if lag <= 0 and worker.started and not worker.retry.keys:
+                continue
+            if services.in_handler:
+                if reported != services.progress_at:
+                    reported = services.progress_at
+                    self.stats.stalls += 1
+                    logger.error(
+                        "partition stalled in a handler call; not restarted",
+                        extra={
+                            "topic": worker.topic,
+                            "partition": worker.partition,
+                            "lag": lag,
+                            "stalled_for": round(stalled_for, 3),
+                            "position": worker.position,
+                            "stall_timeout": limit,
+                            "calls": services.in_handler,
+                        },
+                    )
                 continue
             logger.error(
                 "partition stalled; restarting its worker",

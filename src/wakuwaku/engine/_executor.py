@@ -201,6 +201,7 @@ class ChunkExecutor:
                         )
                         started = perf_counter()
                         failure = None
+                        services.in_handler += 1
                         try:
                             called = invoke(chunk.events.copy())
                             if called is not None:
@@ -209,6 +210,7 @@ class ChunkExecutor:
                         except BaseException as exc:  # noqa: BLE001 - see _failure
                             failure = self._failure(exc, handler, key, chunk)
                         finally:
+                            services.in_handler -= 1
                             seconds += perf_counter() - started
                             reset_context(token)
                             span.end(failure)

@@ -144,6 +144,9 @@ class PartitionServices:
         # Chunks retrying a Transient failure in place: a pause the handler
         # asked for, however long its delays, is no stall.
         self.paused = 0
+        # Handler calls running now (first calls of chunks): a stall inside
+        # one is reported, never cancelled (see Consumer._watchdog).
+        self.in_handler = 0
 
     # ------------------------------------------------------------------ control
 
