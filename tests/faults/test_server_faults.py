@@ -106,8 +106,8 @@ _KAFKA_RESTORE = (
     "Kafka: after a SIGKILLed broker is restarted, the group's session timed out, "
     "every partition's lease is lost and restarts, and its restore calls "
     "committed() for the retry topic ('load retry offset'), which answers "
-    "'no answer within 3.0 s' forever although the broker is up: no event is "
-    "handled after the fault"
+    "'no answer within 3.0 s' forever although the broker is up (a new "
+    "AdminClient gets the same offsets at once): no event is handled after the fault"
 )
 KNOWN: dict[tuple[str, str], str] = {
     ("kafka", "kill"): _KAFKA_RESTORE,
