@@ -1,7 +1,8 @@
 """The Kafka log when its broker goes away: a broker this test starts on its own ports.
 
 The shared broker (127.0.0.1:9092) is never touched: the test formats and
-starts its own single-node KRaft broker from the same jars
+starts its own single-node KRaft broker (:class:`tests.faults.servers.KafkaBroker`)
+from the same jars
 (``$WAKUWAKU_SERVICES_DIR/kafka/lib``, default ``.services/kafka/lib``, as
 ``ci/services.sh`` installs them) with ``ci/kafka/server.properties`` on two
 free loopback ports and a data folder of its own, stops it in the middle of
@@ -14,11 +15,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
@@ -29,110 +25,25 @@ import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs.kafka import KafkaLog
 
+from ..faults.servers import KafkaBroker
+
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-LIB = Path(os.environ.get("WAKUWAKU_SERVICES_DIR", ROOT / ".services")) / "kafka" / "lib"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _answers(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-class Broker:
-    """A single-node broker of our own (start, stop, start again on its data)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.port, self.controller = _free_port(), _free_port()
-        self.folder = folder
-        text = (ROOT / "ci" / "kafka" / "server.properties").read_text()
-        text = text.replace("9093", str(self.controller)).replace("9092", str(self.port))
-        self.config = folder / "server.properties"
-        self.config.write_text(text + f"\nlog.dirs={folder / 'data'}\n")
-        self.java = [
-            shutil.which("java") or "java",
-            "-Xms64m",
-            "-Xmx384m",
-            f"-Dlog4j2.configurationFile={ROOT / 'ci' / 'kafka' / 'log4j2.properties'}",
-            "-cp",
-            f"{LIB}/*",
-        ]
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def format(self) -> None:
-        cluster = (
-            subprocess.run(
-                [*self.java, "kafka.tools.StorageTool", "random-uuid"],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
-            .stdout.decode()
-            .split()[-1]
-        )
-        subprocess.run(
-            [
-                *self.java,
-                "kafka.tools.StorageTool",
-                "format",
-                "-t",
-                cluster,
-                "-c",
-                str(self.config),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-
-    def start(self) -> None:
-        with open(self.folder / "broker.log", "ab") as out:
-            self.process = subprocess.Popen(
-                [*self.java, "kafka.Kafka", str(self.config)], stdout=out, stderr=out
-            )
-        deadline = time.monotonic() + 90
-        while not _answers(self.port):
-            assert self.process.poll() is None, "the test broker exited; see broker.log"
-            assert time.monotonic() < deadline, "the test broker did not start in 90 s"
-            time.sleep(0.25)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    if not LIB.is_dir() or shutil.which("java") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no Kafka jars in {LIB} or no java: run ci/services.sh kafka")
-        pytest.skip(f"no Kafka jars in {LIB} or no java (set WAKUWAKU_SERVICES_DIR)")
-    own = Broker(tmp_path)
-    own.format()
+def broker(tmp_path: Path) -> Iterator[KafkaBroker]:
+    own = KafkaBroker(tmp_path)
     own.start()
     try:
         yield own
     finally:
         own.stop()
+        own.close()
 
 
 @pytest.fixture
-async def log(broker: Broker) -> AsyncIterator[KafkaLog]:
-    created = KafkaLog(f"127.0.0.1:{broker.port}", timeout=3.0)
+async def log(broker: KafkaBroker) -> AsyncIterator[KafkaLog]:
+    created = KafkaLog(broker.url, timeout=3.0)
     try:
         yield created
     finally:
@@ -146,7 +57,7 @@ class Step(msgspec.Struct, frozen=True):
 
 
 async def test_a_broker_restart_pauses_the_consumer_and_loses_nothing(
-    broker: Broker, log: KafkaLog, caplog: pytest.LogCaptureFixture
+    broker: KafkaBroker, log: KafkaLog, caplog: pytest.LogCaptureFixture
 ) -> None:
     events = 600
     await log.create_topic("steps", 2)

@@ -1,14 +1,12 @@
 """The NATS log when its server fails: a private nats-server the test starts on
-another loopback port (never the shared one on 4222) is SIGKILLed while a
-consumer runs, then started again on the same store directory."""
+another loopback port (never the shared one on 4222,
+:class:`tests.faults.servers.NatsServer`) is SIGKILLed while a consumer runs,
+then started again on the same store directory."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,56 +19,19 @@ from wakuwaku import LogUnavailableError
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs.nats import NatsLog
 
-pytestmark = [
-    pytest.mark.nats,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        shutil.which("nats-server") is None, reason="nats-server is not installed (make services)"
-    ),
-]
+from ..faults.servers import NatsServer
 
-
-class Server:
-    """A nats-server with JetStream on 127.0.0.1:<free port>, storing in ``store``."""
-
-    def __init__(self, store: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.store = store
-        self.url = f"nats://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"nats-server did not start on port {self.port}")
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(10)
-            self.process = None
+pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    started = Server(tmp_path / "js")
+def server(tmp_path: Path) -> Iterator[NatsServer]:
+    started = NatsServer(tmp_path)
     started.start()
     try:
         yield started
     finally:
-        started.kill()
+        started.close()
 
 
 @wk.event("tests.nats.fault", key="key")
@@ -79,7 +40,7 @@ class Tick(msgspec.Struct, frozen=True):
     n: int
 
 
-async def test_calls_on_a_lost_server_are_log_unavailable_and_bounded(server: Server) -> None:
+async def test_calls_on_a_lost_server_are_log_unavailable_and_bounded(server: NatsServer) -> None:
     log = NatsLog(server.url, timeout=1.0)
     try:
         await log.create_topic("orders", 1)
@@ -110,7 +71,7 @@ async def test_calls_on_a_lost_server_are_log_unavailable_and_bounded(server: Se
 
 
 async def test_a_server_killed_mid_consumption_loses_nothing_and_keeps_key_order(
-    server: Server, caplog: pytest.LogCaptureFixture
+    server: NatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     keys, per_key = 8, 60
     log = NatsLog(server.url, timeout=1.0)

@@ -1,16 +1,14 @@
 """A Redis server that dies mid-consumption: the consumer pauses, resumes, loses nothing.
 
 The test starts its own ``redis-server`` on a free loopback port (append-only
-file, fsync on every write, in ``tmp_path``), never the shared one.
+file, fsync on every write, in ``tmp_path``: :class:`tests.faults.servers.RedisServer`),
+never the shared one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import signal
-import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -21,62 +19,19 @@ from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs.redis import RedisLog
 
 from ..engine.conftest import Item
-from .test_redis import free_port
+from ..faults.servers import RedisServer
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        shutil.which("redis-server") is None, reason="redis-server is not installed (make services)"
-    ),
-]
-
-
-class Server:
-    """One private redis-server process, started and killed by the test."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--dir",
-                str(self.directory),
-                "--daemonize",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    server = Server(tmp_path)
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
     server.start()
     try:
         yield server
     finally:
-        if server.process is not None and server.process.poll() is None:
-            server.kill()
+        server.close()
 
 
 async def until_up(log: RedisLog) -> None:
@@ -90,7 +45,7 @@ async def until_up(log: RedisLog) -> None:
 
 
 async def test_a_killed_and_restarted_server_pauses_the_consumer_and_loses_nothing(
-    server: Server, caplog: pytest.LogCaptureFixture
+    server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     log = RedisLog(f"redis://127.0.0.1:{server.port}/0?timeout=1")
     await until_up(log)

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from tests.faults.servers import RedisServer
 from wakuwaku import ProtocolError, StepError
 from wakuwaku.reliability.waiter import (
     Backoff,
@@ -25,7 +26,6 @@ from wakuwaku.reliability.waiter import (
     wait_for_result,
 )
 
-from .conftest import OwnRedis
 from .test_waiter_unit import CONTRACT
 
 pytestmark = pytest.mark.redis
@@ -305,7 +305,7 @@ async def test_decode_responses_clients_work_too(prefix: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_redis_restart_is_transient_then_the_result_arrives(
-    own_redis: OwnRedis, mode: ReadMode
+    own_redis: RedisServer, mode: ReadMode
 ) -> None:
     def client() -> aioredis.Redis:
         return aioredis.Redis(
@@ -332,7 +332,7 @@ async def test_a_redis_restart_is_transient_then_the_result_arrives(
             )
         )
         await events.subscribed_event.wait()
-        own_redis.stop()
+        own_redis.kill()
         await events.transient_event.wait()
         assert not waiting.done()
         own_redis.start()  # empty: nothing was saved
