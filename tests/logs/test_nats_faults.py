@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +22,8 @@ import wakuwaku as wk
 from wakuwaku import LogUnavailableError
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs.nats import NatsLog
+
+from .contract import read_all
 
 pytestmark = [
     pytest.mark.nats,
@@ -55,6 +59,15 @@ class Server:
             except OSError:
                 time.sleep(0.05)
         raise AssertionError(f"nats-server did not start on port {self.port}")
+
+    def freeze(self) -> None:
+        """SIGSTOP: the server keeps its connections but answers nothing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
 
     def kill(self) -> None:
         if self.process is not None:
@@ -258,4 +271,39 @@ async def test_a_restarted_server_is_read_again_by_every_partition_at_once(
     finally:
         consumer.stop()
         await task
+        await log.close()
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
+async def test_an_append_whose_reply_was_lost_is_completed_by_its_retry(
+    server: Server, fenced: bool
+) -> None:
+    """A 3-record append to a server frozen mid-call (SIGSTOP) gets no answer and
+    raises; the server, thawed (SIGCONT), stores what reached it: a prefix of
+    the records (the first one, or more when the signal landed late), which
+    readers see. Sent again with the same token, the append stores the rest
+    and nothing twice, and returns the offsets where the three are."""
+    log = NatsLog(server.url, timeout=1.0)
+    try:
+        await log.create_topic("orders", 1)
+        lease = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) if fenced else None
+        assert await log.append("orders", 0, [({}, b"before")], fence=lease) == [0]
+        records = [({}, b"a"), ({}, b"b"), ({}, b"c")]
+        token = uuid.uuid4().hex
+        server.freeze()
+        try:
+            with pytest.raises(LogUnavailableError):
+                await log.append("orders", 0, records, fence=lease, token=token)
+        finally:
+            server.thaw()
+        deadline = time.monotonic() + 20.0
+        while (await log.end_offsets("orders"))[0] < 2:  # the frozen publish lands
+            assert time.monotonic() < deadline, "the first record never landed"
+            await asyncio.sleep(0.05)
+        half = [r.body for r in await read_all(log, "orders", 0)]
+        assert half == [b"before", b"a", b"b", b"c"][: len(half)]  # a prefix: readers see it
+        assert await log.append("orders", 0, records, fence=lease, token=token) == [1, 2, 3]
+        bodies = [r.body for r in await read_all(log, "orders", 0)]
+        assert bodies == [b"before", b"a", b"b", b"c"]
+    finally:
         await log.close()

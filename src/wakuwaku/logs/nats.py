@@ -72,6 +72,7 @@ from ._base import (
     check_commit,
     check_partition,
     check_record,
+    check_token,
     check_topic_name,
 )
 from ._url import check_servers
@@ -748,15 +749,23 @@ class NatsLog(Log):
         records: Sequence[OutgoingRecord],
         *,
         fence: Lease | None = None,
+        token: str | None = None,
     ) -> list[int]:
         """Publish ``records`` to the partition's stream, in order; see :meth:`Log.append`.
 
-        Each record is one message with a fresh ``Nats-Msg-Id``; a publish
-        whose answer is lost is sent again with the same id within
-        ``timeout``, and the server's deduplication (2 minutes) stores it
-        once. Records are published one after another, not as one
-        transaction: a lost connection midway leaves the records before it
-        stored (NATS 2.9 has no atomic batch).
+        Each record is one message whose ``Nats-Msg-Id`` is ``<token>:<i>``
+        (its index in the append; a chunk of a large record
+        ``<token>:<i>:<j>``), ``token`` being the caller's or a fresh uuid4.
+        A publish whose answer is lost is sent again with the same id
+        within ``timeout``, and the server's deduplication (the streams'
+        2-minute window) stores it once. Records are published one after
+        another, not as one transaction (NATS 2.9 has no atomic batch): an
+        append that raises :class:`~wakuwaku.LogUnavailableError` part way
+        may have stored a prefix of its records, which readers see. Sent
+        again with the same ``token`` within 2 minutes, it completes: the
+        server drops the records already stored as duplicates (answering
+        their sequences) and stores the rest, so each record is stored
+        exactly once and the offsets returned are where they are.
 
         A fenced append is refused by the server itself once another member
         holds the lease (docs/logs.md, "Offsets, leases and fencing"): each
@@ -774,25 +783,28 @@ class NatsLog(Log):
         stored, all of them before the new owner's fence record.
 
         :raises ConfigError: when a record is not str -> bytes headers and a
-            bytes body; nothing is written then.
+            bytes body, or for a bad token; nothing is written then.
         :raises FencedError: when ``fence`` is no longer the current lease.
         :raises UnknownTopicError: also when this instance had the topic
             cached and another one deleted it (its stream is gone).
         :raises LogUnavailableError: when the server does not answer in time.
         """
+        check_token(token)
         encoded = [_encode(_Envelope(check_record(h, b), bytes(b))) for h, b in records]
         check_partition(topic, partition, await self._partitions(topic))
         stream = self.stream_name(topic, partition)
+        base = token or uuid.uuid4().hex
         offsets: list[int] = []
         try:
             last = None if fence is None else await self._fenced_last(fence, stream)
-            for payload in encoded:
+            for index, payload in enumerate(encoded):
+                msg_id = f"{base}:{index}"
                 if len(payload) > self._max_payload - _CHUNK_MARGIN:
-                    payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload)
+                    payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload, msg_id)
                 if fence is None or last is None:
-                    offsets.append(await self._publish_once(stream, payload) - 1)
+                    offsets.append(await self._publish_once(stream, payload, msg_id) - 1)
                 else:
-                    last = await self._publish_fenced(stream, payload, fence, last)
+                    last = await self._publish_fenced(stream, payload, fence, last, msg_id)
                     offsets.append(last - 1)
         except _NoResponders as exc:  # the stream is gone: deleted by another instance?
             raise await self._missing(topic, partition) from exc
@@ -860,7 +872,9 @@ class NatsLog(Log):
             if held.generation > fence.generation:
                 raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
 
-    async def _publish_fenced(self, stream: str, payload: bytes, fence: Lease, last: int) -> int:
+    async def _publish_fenced(
+        self, stream: str, payload: bytes, fence: Lease, last: int, msg_id: str
+    ) -> int:
         """Publish one record expecting ``last`` as the stream's last sequence; its sequence.
 
         On a "wrong last sequence" refusal the new last sequence comes from
@@ -873,7 +887,6 @@ class NatsLog(Log):
         :raises FencedError: when a newer generation fenced the stream.
         """
         key = (fence.group, fence.topic, fence.partition, fence.generation, stream)
-        msg_id = uuid.uuid4().hex
         lost: list[int] = []  # expected sequences of publishes whose answer was lost
         deadline = time.monotonic() + self.timeout
         for _ in range(_CAS_ATTEMPTS):
@@ -986,9 +999,14 @@ class NatsLog(Log):
         if err is not None:
             raise LogError(f"NATS log {self.url}: cannot add fence subjects to {stream}: {err[1]}")
 
-    async def _publish_once(self, subject: str, payload: bytes) -> int:
-        """Publish with a message id, resending on a lost answer; returns the sequence."""
-        headers = {"Nats-Msg-Id": uuid.uuid4().hex}
+    async def _publish_once(self, subject: str, payload: bytes, msg_id: str) -> int:
+        """Publish with the message id ``msg_id``, resending on a lost answer.
+
+        :returns: the message's sequence: where it is stored now, or, for a
+            duplicate of one stored earlier (same id, within the window),
+            where that one is.
+        """
+        headers = {"Nats-Msg-Id": msg_id}
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -1005,13 +1023,17 @@ class NatsLog(Log):
                 raise LogError(f"NATS log {self.url}: publish to {subject} refused: {err[1]}")
             return int(answer["seq"])
 
-    async def _store_chunks(self, stream: str, payload: bytes) -> bytes:
-        """Store ``payload`` in chunks in ``stream``; returns the envelope naming them."""
+    async def _store_chunks(self, stream: str, payload: bytes, msg_id: str) -> bytes:
+        """Store ``payload`` in chunks in ``stream``; returns the envelope naming them.
+
+        Chunk ``j`` has the message id ``<msg_id>:<j>``, so the chunks of a
+        record sent again are the ones stored the first time.
+        """
         await self._create_stream(stream, fenced=False)
         size = self._max_payload - _CHUNK_MARGIN
         seqs = [
-            await self._publish_once(stream, payload[i : i + size])
-            for i in range(0, len(payload), size)
+            await self._publish_once(stream, payload[i : i + size], f"{msg_id}:{j}")
+            for j, i in enumerate(range(0, len(payload), size))
         ]
         return _encode(_Envelope({}, b"", seqs))
 
