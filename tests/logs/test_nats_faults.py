@@ -21,6 +21,7 @@ import pytest
 import wakuwaku as wk
 from wakuwaku import LogUnavailableError
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.logs import OutgoingRecord
 from wakuwaku.logs.nats import NatsLog
 
 from .contract import read_all
@@ -288,7 +289,7 @@ async def test_an_append_whose_reply_was_lost_is_completed_by_its_retry(
         await log.create_topic("orders", 1)
         lease = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) if fenced else None
         assert await log.append("orders", 0, [({}, b"before")], fence=lease) == [0]
-        records = [({}, b"a"), ({}, b"b"), ({}, b"c")]
+        records: list[OutgoingRecord] = [({}, b"a"), ({}, b"b"), ({}, b"c")]
         token = uuid.uuid4().hex
         server.freeze()
         try:

@@ -18,6 +18,7 @@ import pytest
 
 import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.logs import OutgoingRecord
 from wakuwaku.logs.redis import RedisLog
 
 from ..engine.conftest import Item
@@ -154,7 +155,7 @@ async def test_an_append_whose_reply_was_lost_is_not_stored_twice_by_its_retry(
     try:
         await until_up(log)
         await log.create_topic("orders", 1)
-        records = [({}, b"a"), ({}, b"b"), ({}, b"c")]
+        records: list[OutgoingRecord] = [({}, b"a"), ({}, b"b"), ({}, b"c")]
         assert server.process is not None
         server.process.send_signal(signal.SIGSTOP)
         try:
