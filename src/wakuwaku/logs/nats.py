@@ -254,7 +254,10 @@ class NatsLog(Log):
 
     The connection is made by the first operation. While it is lost, every
     call raises :class:`~wakuwaku.LogUnavailableError` (the consumer treats
-    it as Transient) and the client reconnects in the background.
+    it as Transient; a call waiting for an answer when the connection drops
+    raises at once, not after ``timeout``) and the client reconnects in the
+    background. Pull consumers made for reads before a reconnection are not
+    used after it (a restarted server has lost them).
 
     :raises ConfigError: for a bad prefix or a timeout not above 0.
     """
