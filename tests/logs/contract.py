@@ -182,6 +182,46 @@ class LogContract:
             (4, b"e"),
         ]
 
+    async def test_an_append_sent_again_with_its_token_stores_each_record_once(
+        self, log: Log
+    ) -> None:
+        """An append whose reply was lost is sent again with the same token (here
+        the first reply was not lost, the portable form): nothing is stored twice,
+        and the offsets returned are the first ones. Other tokens, or none, store."""
+        await log.create_topic("orders", 2)
+        await log.append("orders", 0, [rec(b"before")])
+        records = [rec(b"a"), rec(b"b"), rec(b"c")]
+        first = await log.append("orders", 0, records, token="append-1")
+        assert await log.append("orders", 0, records, token="append-1") == first
+        await log.append("orders", 0, records, token="append-2")
+        await log.append("orders", 0, [rec(b"d")])
+        assert [r.body for r in await read_all(log, "orders", 0)] == [
+            b"before",
+            *(b"a", b"b", b"c"),
+            *(b"a", b"b", b"c"),
+            b"d",
+        ]
+        assert await log.end_offsets("orders") == {0: 8, 1: 0}
+        # A token names an append to one partition: the other partition stores.
+        assert await log.append("orders", 1, records, token="append-1") == [0, 1, 2]
+        # Under a fence too (the engine's retry and dead-letter writes).
+        lease = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        assert lease is not None
+        await log.create_topic("retry_orders", 1)
+        once = await log.append("retry_orders", 0, records, fence=lease, token="fenced-1")
+        again = await log.append("retry_orders", 0, records, fence=lease, token="fenced-1")
+        assert again == once
+        assert [r.body for r in await read_all(log, "retry_orders", 0)] == [b"a", b"b", b"c"]
+
+    @pytest.mark.parametrize("token", ["", "a b", "x" * 65, "naïve", "a.b"])
+    async def test_a_bad_append_token_is_refused_and_nothing_written(
+        self, log: Log, token: str
+    ) -> None:
+        await log.create_topic("orders", 1)
+        with pytest.raises(ConfigError):
+            await log.append("orders", 0, [rec()], token=token)
+        assert await log.end_offsets("orders") == {0: 0}
+
     async def test_read_from_an_offset_bounded_and_past_the_end(self, log: Log) -> None:
         await log.create_topic("orders", 1)
         await log.append("orders", 0, [rec(str(i).encode()) for i in range(10)])

@@ -16,6 +16,7 @@ import pytest
 
 import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.logs import OutgoingRecord
 from wakuwaku.logs.redis import RedisLog
 
 from ..engine.conftest import Item
@@ -94,3 +95,31 @@ async def test_a_killed_and_restarted_server_pauses_the_consumer_and_loses_nothi
     assert pauses and all(getattr(r, "error_class", None) == "transient" for r in pauses)
     assert len(pauses) < 200, "the consumer spun on the dead server"
     assert any("unavailable" in str(getattr(r, "error", "")) for r in pauses)
+
+
+async def test_an_append_whose_reply_was_lost_is_not_stored_twice_by_its_retry(
+    server: RedisServer,
+) -> None:
+    """A 3-record append to a server frozen mid-call (SIGSTOP) times out. Whether
+    the thawed server (SIGCONT) ran the script it had received (redis-py drops
+    a connection that timed out, and Redis then drops what it had not read: so
+    far it never ran) or not, the append sent again with the same token leaves
+    each record stored once: the script writes all or nothing, and a token it
+    has seen returns the first run's offsets."""
+    log = RedisLog(f"redis://127.0.0.1:{server.port}/0?timeout=1")
+    try:
+        await until_up(log)
+        await log.create_topic("orders", 1)
+        records: list[OutgoingRecord] = [({}, b"a"), ({}, b"b"), ({}, b"c")]
+        server.freeze()
+        try:
+            with pytest.raises(wk.LogUnavailableError):
+                await log.append("orders", 0, records, token="lost-reply")
+        finally:
+            server.thaw()
+        assert (await log.end_offsets("orders"))[0] in (0, 3)  # all or nothing
+        assert await log.append("orders", 0, records, token="lost-reply") == [0, 1, 2]
+        stored = await log.read("orders", 0, 0)
+        assert [r.body for r in stored] == [b"a", b"b", b"c"]
+    finally:
+        await log.close()

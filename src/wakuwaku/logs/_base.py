@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import abc
 import operator
+import re
+import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -132,6 +135,62 @@ def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
     return plain
 
 
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_token(token: str | None) -> None:
+    """Check an append's idempotency token (see :meth:`Log.append`).
+
+    :raises ConfigError: for a token that is not 1-64 of ``[A-Za-z0-9_-]``.
+    """
+    if token is not None and (not isinstance(token, str) or not _TOKEN_RE.fullmatch(token)):
+        raise ConfigError(
+            f"an append token must be 1-64 characters of [A-Za-z0-9_-], got {token!r}"
+        )
+
+
+class AppendTokens:
+    """The offsets of token-carrying appends, remembered in this process.
+
+    For logs whose append either stores everything and answers, or stores
+    nothing (a local transaction, a lock hold): a lost answer cannot leave
+    records behind there, so the appends this process saw succeed are all
+    a retry can repeat. Keeps the newest ``limit`` tokens for ``ttl`` seconds.
+    """
+
+    def __init__(self, limit: int = 10_000, ttl: float = 300.0) -> None:
+        self.limit = limit
+        self.ttl = ttl
+        self._seen: OrderedDict[tuple[str, int, str], tuple[float, list[int]]] = OrderedDict()
+
+    def get(self, topic: str, partition: int, token: str | None, count: int) -> list[int] | None:
+        """The offsets an earlier append with ``token`` got, or None.
+
+        :raises ConfigError: when that append had another number of records
+            (a token names one append: it is never reused for others).
+        """
+        if token is None:
+            return None
+        found = self._seen.get((topic, partition, token))
+        if found is None or found[0] < time.monotonic():
+            return None
+        if len(found[1]) != count:
+            raise ConfigError(
+                f"append token {token!r} on {topic}/{partition} was used for an append "
+                f"of {len(found[1])} records, now {count}: a token names one append"
+            )
+        return list(found[1])
+
+    def put(self, topic: str, partition: int, token: str | None, offsets: list[int]) -> None:
+        if token is None:
+            return
+        key = (topic, partition, token)
+        self._seen[key] = (time.monotonic() + self.ttl, list(offsets))
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+
+
 def check_commit(group: str, topic: str, partition: int, offset: int) -> int:
     """Check a commit's arguments (the next offset to read is never negative).
 
@@ -213,16 +272,40 @@ class Log(abc.ABC):
         records: Sequence[OutgoingRecord],
         *,
         fence: Lease | None = None,
+        token: str | None = None,
     ) -> list[int]:
-        """Append ``records`` to one partition, atomically and in order.
+        """Append ``records`` to one partition, in order.
+
+        All or nothing on the memory, SQLite and Redis logs (a lock hold, a
+        transaction, a script). On NATS (2.9 has no atomic batch) and Kafka
+        (outside :meth:`store`'s transaction) the records are written one
+        after another: an append that fails part way (its
+        :class:`~wakuwaku.LogUnavailableError` says so) may have stored a
+        *prefix* of its records, which readers see. Sending it again with
+        the same ``token`` completes it (see below).
 
         :param fence: the lease this write is made under (see the module
             docstring); None for a write that needs no ownership (producers).
+        :param token: an idempotency token naming this append (1-64 of
+            ``[A-Za-z0-9_-]``, unique per append: a uuid4 hex). An append
+            whose answer was lost (it raised ``LogUnavailableError``), sent
+            again with the same token, the same records and the same
+            partition, stores each record exactly once: what the first try
+            stored is not stored again, what it did not store is, and the
+            offsets returned are those the records have. Kept for a window:
+            NATS 2 minutes (the streams' duplicate window), Redis 5 minutes
+            (a key beside the partition); memory, SQLite and Kafka remember
+            the tokens of the appends that answered in this process, for 5
+            minutes (their appends store all or nothing, or, on Kafka, the
+            idempotent producer resends within the call). A retry after the
+            window may store the records again.
         :returns: the offsets given to the records, in order.
         :raises UnknownTopicError: when the topic does not exist.
         :raises UnknownPartitionError: when the partition does not exist.
         :raises FencedError: when ``fence`` is no longer the current lease of
             its partition; nothing is written.
+        :raises ConfigError: for a bad token, or a token sent again with
+            another number of records (memory, SQLite, Kafka).
         """
 
     @abc.abstractmethod

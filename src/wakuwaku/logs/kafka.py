@@ -65,6 +65,7 @@ from .._errors import (
 )
 from .._records import Record
 from ._base import (
+    AppendTokens,
     BatchWrite,
     Lease,
     Log,
@@ -73,6 +74,7 @@ from ._base import (
     check_commit,
     check_partition,
     check_record,
+    check_token,
     check_topic_name,
 )
 from ._url import check_servers, option_bool, option_seconds, parse_log_url
@@ -452,6 +454,7 @@ class KafkaLog(Log):
         self._members: dict[tuple[str, str], _Member] = {}
         self._readers: dict[tuple[str, int], _Reader] = {}
         self._topics: dict[str, int] = {}
+        self._tokens = AppendTokens()
         self._limits: dict[str, int] = {}
         self._closed = False
         self._stop = threading.Event()
@@ -819,13 +822,18 @@ class KafkaLog(Log):
         records: Sequence[OutgoingRecord],
         *,
         fence: Lease | None = None,
+        token: str | None = None,
     ) -> list[int]:
         """Produce ``records`` to one partition with the idempotent producer.
 
         Records are in order; they are not atomic as a group (a failure
         part way leaves the first ones; the engine's fenced batches go
         through :meth:`store`). With ``fence``, the member must own the
-        fence's partition in its generation.
+        fence's partition in its generation. A ``token`` is remembered by
+        this instance once every record is acknowledged: an append sent
+        again with it returns those offsets and produces nothing. Kafka
+        keeps no token: an append that raised may have stored records, and
+        sending it again may store them twice.
 
         :raises ConfigError: for a record over the topic's
             ``max.message.bytes`` (less framing), naming the limit; nothing
@@ -833,12 +841,18 @@ class KafkaLog(Log):
         :raises LogUnavailableError: when the brokers do not acknowledge
             within ``timeout``.
         """
+        check_token(token)
         checked = [check_record(h, b) for h, b in records]
         count = await self._partitions(topic)
         check_partition(topic, partition, count)
         outgoing = [(h, b) for h, (_, b) in zip(checked, records, strict=True)]
         if not outgoing:
             return []
+        done = self._tokens.get(topic, partition, token, len(outgoing))
+        if done is not None:
+            if fence is not None:
+                self._fence_owner(fence)
+            return done
         await self._check_size(topic, partition, outgoing)
         if fence is not None:
             self._fence_owner(fence)
@@ -860,6 +874,7 @@ class KafkaLog(Log):
                 await self._drop_producer()  # its metadata knows a topic that is gone
                 raise UnknownTopicError(topic) from exc
             raise self._error(f"append to {topic}/{partition}", exc) from exc
+        self._tokens.put(topic, partition, token, list(offsets))
         return list(offsets)
 
     async def _produce_all(

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from .._errors import ConfigError, FencedError, PartitionCountMismatch, UnknownTopicError
 from .._records import Record
 from ._base import (
+    AppendTokens,
     BatchWrite,
     Lease,
     Log,
@@ -22,6 +23,7 @@ from ._base import (
     check_commit,
     check_partition,
     check_record,
+    check_token,
     check_topic_name,
 )
 
@@ -36,6 +38,7 @@ class MemoryLog(Log):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._tokens = AppendTokens()
         self._topics: dict[str, list[list[Record]]] = {}
         self._start: dict[tuple[str, int], int] = {}
         self._offsets: dict[tuple[str, str, int], int] = {}
@@ -77,11 +80,19 @@ class MemoryLog(Log):
         records: Sequence[OutgoingRecord],
         *,
         fence: Lease | None = None,
+        token: str | None = None,
     ) -> list[int]:
+        """Append under one lock hold; see :meth:`Log.append` (``token``: remembered here)."""
+        check_token(token)
         checked = [(check_record(headers, body), bytes(body)) for headers, body in records]
         with self._lock:
             self._check_fence(fence)
-            return self._append(topic, partition, checked, time.time())
+            done = self._tokens.get(topic, partition, token, len(checked))
+            if done is not None:
+                return done
+            offsets = self._append(topic, partition, checked, time.time())
+            self._tokens.put(topic, partition, token, offsets)
+            return offsets
 
     def _append(
         self, topic: str, partition: int, checked: list[tuple[dict[str, bytes], bytes]], now: float

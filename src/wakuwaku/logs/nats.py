@@ -72,6 +72,7 @@ from ._base import (
     check_commit,
     check_partition,
     check_record,
+    check_token,
     check_topic_name,
 )
 from ._url import check_servers
@@ -196,7 +197,47 @@ class _Reader:
     stream: str
     consumer: str
     next_seq: int
+    connection: int  # the connection it was made on (see NatsLog._connection)
     next_delivery: int = 1  # the consumer sequence of the next delivery
+
+
+_END_OF_BATCH = frozenset({"404", "408"})  # no messages (now) / the pull's wait ran out
+_HEARTBEAT = "100"  # idle heartbeat or flow control: not an answer to a pull
+
+
+class _Batch:
+    """What one pull request brought: messages, and why it ended."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.out: list[Msg] = []
+        self.refused = ""  # why the consumer cannot deliver (a status, a lost connection)
+        self.arrived = asyncio.Event()  # a message or a status came
+        self.done = asyncio.Event()  # ``count`` messages, or what ends the batch
+
+    async def collect(self, msg: Msg) -> None:
+        if self.done.is_set():
+            return
+        status = msg.headers.get("Status") if msg.headers else None
+        if status == _HEARTBEAT:
+            return
+        self.arrived.set()
+        if status:
+            if status not in _END_OF_BATCH:
+                description = (msg.headers or {}).get("Description", "")
+                self.refused = f"{status} {description}".rstrip()
+            self.done.set()
+            return
+        self.out.append(msg)
+        if len(self.out) >= self.count:
+            self.done.set()
+
+    def lost(self, _: object) -> None:
+        """The connection is lost: no more messages come, stop waiting."""
+        if not self.done.is_set():
+            self.refused = "the connection was lost"
+        self.arrived.set()
+        self.done.set()
 
 
 class NatsLog(Log):
@@ -213,7 +254,10 @@ class NatsLog(Log):
 
     The connection is made by the first operation. While it is lost, every
     call raises :class:`~wakuwaku.LogUnavailableError` (the consumer treats
-    it as Transient) and the client reconnects in the background.
+    it as Transient; a call waiting for an answer when the connection drops
+    raises at once, not after ``timeout``) and the client reconnects in the
+    background. Pull consumers made for reads before a reconnection are not
+    used after it (a restarted server has lost them).
 
     :raises ConfigError: for a bad prefix or a timeout not above 0.
     """
@@ -251,6 +295,14 @@ class NatsLog(Log):
         self._closed = False
         self._topics: dict[str, int] = {}
         self._readers: dict[tuple[str, int], _Reader] = {}
+        # Counts connections lost and made again: a pull consumer lives in the
+        # server's memory, so one made before a reconnection may be gone (a
+        # restarted server lost it) and is never used after it.
+        self._connection = 0
+        # Resolved when the connection is lost: a request in flight then is
+        # never answered (the server that restarted has forgotten it), so it
+        # fails at once instead of waiting out its timeout.
+        self._lost: asyncio.Future[None] | None = None
         # Chunk streams seen to exist (a direct get on a missing one gets no answer).
         self._chunk_streams: set[str] = set()
         self._max_payload = 0
@@ -321,11 +373,16 @@ class NatsLog(Log):
         connected = False
 
         async def on_disconnect() -> None:
+            self._connection += 1
+            lost = self._lost
+            if lost is not None and not lost.done():
+                lost.set_result(None)
             if self._closed or not connected:
                 return  # a first connection that failed is reported by the raise below
             logger.warning("NATS log %s: connection lost, reconnecting", self.url)
 
         async def on_reconnect() -> None:
+            self._connection += 1
             logger.warning("NATS log %s: reconnected", self.url)
 
         nc = Client()
@@ -359,11 +416,34 @@ class NatsLog(Log):
         connected = True
         return nc
 
+    def _lost_signal(self) -> asyncio.Future[None]:
+        """A future resolved when the current connection is lost."""
+        lost = self._lost
+        if lost is None or lost.done():
+            lost = self._lost = asyncio.get_running_loop().create_future()
+        return lost
+
     async def _call(self, op: Callable[[], Awaitable[_T]]) -> _T:
-        """Run one bounded exchange with the server, translating lost connections."""
+        """Run one bounded exchange with the server, translating lost connections.
+
+        :raises LogUnavailableError: when no answer comes within ``timeout``,
+            or at once when the connection is lost while waiting for it.
+        """
+        lost = self._lost_signal()
         try:
             with BLOCKING_CALLS.track():  # a fake clock waits for the network
-                return await asyncio.wait_for(op(), self.timeout)
+                task = asyncio.ensure_future(op())
+                try:
+                    await asyncio.wait(
+                        (task, lost), timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    if not task.done():
+                        task.cancel()
+                if not task.done() or task.cancelled():
+                    why = "the connection was lost" if lost.done() else "no answer in time"
+                    raise LogUnavailableError(f"NATS log {self.url} did not answer: {why}")
+                return task.result()
         except nats.errors.NoRespondersError as exc:
             raise _NoResponders(
                 f"NATS log {self.url}: nothing answered (no stream or JetStream not ready)"
@@ -672,15 +752,23 @@ class NatsLog(Log):
         records: Sequence[OutgoingRecord],
         *,
         fence: Lease | None = None,
+        token: str | None = None,
     ) -> list[int]:
         """Publish ``records`` to the partition's stream, in order; see :meth:`Log.append`.
 
-        Each record is one message with a fresh ``Nats-Msg-Id``; a publish
-        whose answer is lost is sent again with the same id within
-        ``timeout``, and the server's deduplication (2 minutes) stores it
-        once. Records are published one after another, not as one
-        transaction: a lost connection midway leaves the records before it
-        stored (NATS 2.9 has no atomic batch).
+        Each record is one message whose ``Nats-Msg-Id`` is ``<token>:<i>``
+        (its index in the append; a chunk of a large record
+        ``<token>:<i>:<j>``), ``token`` being the caller's or a fresh uuid4.
+        A publish whose answer is lost is sent again with the same id
+        within ``timeout``, and the server's deduplication (the streams'
+        2-minute window) stores it once. Records are published one after
+        another, not as one transaction (NATS 2.9 has no atomic batch): an
+        append that raises :class:`~wakuwaku.LogUnavailableError` part way
+        may have stored a prefix of its records, which readers see. Sent
+        again with the same ``token`` within 2 minutes, it completes: the
+        server drops the records already stored as duplicates (answering
+        their sequences) and stores the rest, so each record is stored
+        exactly once and the offsets returned are where they are.
 
         A fenced append is refused by the server itself once another member
         holds the lease (docs/logs.md, "Offsets, leases and fencing"): each
@@ -698,25 +786,28 @@ class NatsLog(Log):
         stored, all of them before the new owner's fence record.
 
         :raises ConfigError: when a record is not str -> bytes headers and a
-            bytes body; nothing is written then.
+            bytes body, or for a bad token; nothing is written then.
         :raises FencedError: when ``fence`` is no longer the current lease.
         :raises UnknownTopicError: also when this instance had the topic
             cached and another one deleted it (its stream is gone).
         :raises LogUnavailableError: when the server does not answer in time.
         """
+        check_token(token)
         encoded = [_encode(_Envelope(check_record(h, b), bytes(b))) for h, b in records]
         check_partition(topic, partition, await self._partitions(topic))
         stream = self.stream_name(topic, partition)
+        base = token or uuid.uuid4().hex
         offsets: list[int] = []
         try:
             last = None if fence is None else await self._fenced_last(fence, stream)
-            for payload in encoded:
+            for index, payload in enumerate(encoded):
+                msg_id = f"{base}:{index}"
                 if len(payload) > self._max_payload - _CHUNK_MARGIN:
-                    payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload)
+                    payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload, msg_id)
                 if fence is None or last is None:
-                    offsets.append(await self._publish_once(stream, payload) - 1)
+                    offsets.append(await self._publish_once(stream, payload, msg_id) - 1)
                 else:
-                    last = await self._publish_fenced(stream, payload, fence, last)
+                    last = await self._publish_fenced(stream, payload, fence, last, msg_id)
                     offsets.append(last - 1)
         except _NoResponders as exc:  # the stream is gone: deleted by another instance?
             raise await self._missing(topic, partition) from exc
@@ -784,7 +875,9 @@ class NatsLog(Log):
             if held.generation > fence.generation:
                 raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
 
-    async def _publish_fenced(self, stream: str, payload: bytes, fence: Lease, last: int) -> int:
+    async def _publish_fenced(
+        self, stream: str, payload: bytes, fence: Lease, last: int, msg_id: str
+    ) -> int:
         """Publish one record expecting ``last`` as the stream's last sequence; its sequence.
 
         On a "wrong last sequence" refusal the new last sequence comes from
@@ -797,7 +890,6 @@ class NatsLog(Log):
         :raises FencedError: when a newer generation fenced the stream.
         """
         key = (fence.group, fence.topic, fence.partition, fence.generation, stream)
-        msg_id = uuid.uuid4().hex
         lost: list[int] = []  # expected sequences of publishes whose answer was lost
         deadline = time.monotonic() + self.timeout
         for _ in range(_CAS_ATTEMPTS):
@@ -910,9 +1002,14 @@ class NatsLog(Log):
         if err is not None:
             raise LogError(f"NATS log {self.url}: cannot add fence subjects to {stream}: {err[1]}")
 
-    async def _publish_once(self, subject: str, payload: bytes) -> int:
-        """Publish with a message id, resending on a lost answer; returns the sequence."""
-        headers = {"Nats-Msg-Id": uuid.uuid4().hex}
+    async def _publish_once(self, subject: str, payload: bytes, msg_id: str) -> int:
+        """Publish with the message id ``msg_id``, resending on a lost answer.
+
+        :returns: the message's sequence: where it is stored now, or, for a
+            duplicate of one stored earlier (same id, within the window),
+            where that one is.
+        """
+        headers = {"Nats-Msg-Id": msg_id}
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -929,13 +1026,17 @@ class NatsLog(Log):
                 raise LogError(f"NATS log {self.url}: publish to {subject} refused: {err[1]}")
             return int(answer["seq"])
 
-    async def _store_chunks(self, stream: str, payload: bytes) -> bytes:
-        """Store ``payload`` in chunks in ``stream``; returns the envelope naming them."""
+    async def _store_chunks(self, stream: str, payload: bytes, msg_id: str) -> bytes:
+        """Store ``payload`` in chunks in ``stream``; returns the envelope naming them.
+
+        Chunk ``j`` has the message id ``<msg_id>:<j>``, so the chunks of a
+        record sent again are the ones stored the first time.
+        """
         await self._create_stream(stream, fenced=False)
         size = self._max_payload - _CHUNK_MARGIN
         seqs = [
-            await self._publish_once(stream, payload[i : i + size])
-            for i in range(0, len(payload), size)
+            await self._publish_once(stream, payload[i : i + size], f"{msg_id}:{j}")
+            for j, i in enumerate(range(0, len(payload), size))
         ]
         return _encode(_Envelope({}, b"", seqs))
 
@@ -996,15 +1097,22 @@ class NatsLog(Log):
         return found
 
     async def _reader(self, topic: str, partition: int, seq: int) -> _Reader:
+        """The pull consumer that delivers ``topic``/``partition`` from ``seq``.
+
+        The kept one when it continues there and was made on the current
+        connection; otherwise a new one (the old one is deleted, best effort).
+        A consumer made before the connection was lost is never used again:
+        it lives in the server's memory, and a server that restarted has
+        none of it, so a pull sent to it would never be answered.
+        """
         key = (topic, partition)
         reader = self._readers.get(key)
-        if reader is not None and reader.next_seq == seq:
+        if reader is not None and reader.next_seq == seq and reader.connection == self._connection:
             return reader
         self._readers.pop(key, None)
         stream = self.stream_name(topic, partition)
         if reader is not None:
-            nc = await self._conn()
-            await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{reader.consumer}")
+            await self._delete_consumer(stream, reader.consumer)
         config = {
             "ack_policy": "none",
             "deliver_policy": "by_start_sequence",
@@ -1015,6 +1123,7 @@ class NatsLog(Log):
             "num_replicas": 1,
             "max_waiting": 8,
         }
+        connection = self._connection  # taken before the request: a reconnection meanwhile shows
         answer = await self._api(
             f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config}
         )
@@ -1023,8 +1132,18 @@ class NatsLog(Log):
             raise await self._missing(topic, partition)
         if err is not None:
             raise LogError(f"NATS log {self.url}: cannot read {stream}: {err[1]}")
-        reader = self._readers[key] = _Reader(stream, answer["name"], seq)
+        reader = self._readers[key] = _Reader(stream, answer["name"], seq, connection)
         return reader
+
+    async def _delete_consumer(self, stream: str, consumer: str) -> None:
+        """Ask the server to delete a pull consumer, unanswered and best effort.
+
+        A consumer that stays (the connection is lost) is removed by the
+        server once idle (its ``inactive_threshold``).
+        """
+        with contextlib.suppress(LogUnavailableError):
+            nc = await self._conn()
+            await self._call(lambda: nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}"))
 
     async def _pull(
         self, topic: str, partition: int, seq: int, count: int, wait: float
@@ -1062,29 +1181,24 @@ class NatsLog(Log):
         first message may take ``wait + timeout``; after it, every
         ``timeout`` that passes without a message raises
         :class:`~wakuwaku.LogUnavailableError`.
+
+        Only the statuses "no messages" (404) and "request timeout" (408)
+        end a batch as the end of what is there. Any other status (409
+        "consumer deleted", 503 "no responders", ...) says the consumer
+        cannot deliver: it raises :class:`~wakuwaku.LogUnavailableError`
+        (the caller makes a new consumer), never passes for an empty page,
+        which a consumer would take for "caught up" and never read again.
         """
         nc = await self._conn()
-        out: list[Msg] = []
-        arrived = asyncio.Event()  # a message or a status came
-        done = asyncio.Event()  # ``count`` messages, or the status that ends the batch
-
-        async def collect(msg: Msg) -> None:
-            if done.is_set():
-                return
-            arrived.set()
-            if msg.headers and msg.headers.get("Status"):
-                done.set()
-                return
-            out.append(msg)
-            if len(out) >= count:
-                done.set()
-
-        sub = await self._call(lambda: nc.subscribe(nc.new_inbox(), cb=collect))
+        lost = self._lost_signal()
+        batch = _Batch(count)
+        sub = await self._call(lambda: nc.subscribe(nc.new_inbox(), cb=batch.collect))
         request: dict[str, Any] = {"batch": count}
         if wait > 0:
             request["expires"] = int(wait * 1e9)
         else:
             request["no_wait"] = True
+        lost.add_done_callback(batch.lost)
         try:
             await self._call(
                 lambda: nc.publish(
@@ -1094,21 +1208,26 @@ class NatsLog(Log):
                 )
             )
             if wait > 0:
-                await self._wait_first(arrived, wait + self.timeout)
-            while not done.is_set():
-                before = len(out)
+                await self._wait_first(batch.arrived, wait + self.timeout)
+            while not batch.done.is_set():
+                before = len(batch.out)
                 try:
                     with BLOCKING_CALLS.track():  # a fake clock waits for the network
-                        await asyncio.wait_for(done.wait(), self.timeout)
+                        await asyncio.wait_for(batch.done.wait(), self.timeout)
                 except TimeoutError:
-                    if len(out) == before:
+                    if len(batch.out) == before:
                         raise LogUnavailableError(
                             f"NATS log {self.url} did not answer a read"
                         ) from None
         finally:
+            lost.remove_done_callback(batch.lost)
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
-        return out
+        if batch.refused:
+            raise LogUnavailableError(
+                f"NATS log {self.url}: a read of {stream} was refused: {batch.refused}"
+            )
+        return batch.out
 
     async def _wait_first(self, arrived: asyncio.Event, limit: float) -> None:
         """The first message of a waiting pull: real waiting, not a blocking call."""
@@ -1177,8 +1296,7 @@ class NatsLog(Log):
                     break
                 out.extend((m.subject, m.data) for m in msgs if m.data)
         finally:
-            nc = await self._conn()
-            await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}")
+            await self._delete_consumer(stream, consumer)
         return out
 
     async def _stream_state(self, topic: str, partition: int) -> tuple[int, int, dict[str, int]]:
@@ -1461,8 +1579,7 @@ class NatsLog(Log):
                     if chunks:
                         low = min(chunks) if low is None else min(low, *chunks)
         finally:
-            nc = await self._conn()
-            await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{answer['name']}")
+            await self._delete_consumer(stream, answer["name"])
         return low
 
     async def close(self) -> None:

@@ -57,6 +57,7 @@ from ._base import (
     check_commit,
     check_partition,
     check_record,
+    check_token,
     check_topic_name,
 )
 
@@ -303,13 +304,22 @@ class RedisLog(Log):
         records: Sequence[OutgoingRecord],
         *,
         fence: Lease | None = None,
+        token: str | None = None,
     ) -> list[int]:
         """Append ``records`` in one script; see :meth:`Log.append`.
 
-        :raises ConfigError: as :func:`~wakuwaku.logs._base.check_record`.
+        The script stores all the records or none. Its idempotency token
+        (``<partition>:tok:<token>``, 5 minutes) is ``token`` when given:
+        an append sent again with it, after a lost reply, returns the first
+        one's offsets and writes nothing; without one, a fresh token covers
+        the log's own resend on a new connection.
+
+        :raises ConfigError: as :func:`~wakuwaku.logs._base.check_record`, or
+            for a bad token.
         """
-        (assigned,) = await self.store(
-            BatchWrite("", appends=[(topic, partition, records)]), fence=fence
+        check_token(token)
+        (assigned,) = await self._store(
+            BatchWrite("", appends=[(topic, partition, records)]), fence, token
         )
         return assigned
 
@@ -320,6 +330,11 @@ class RedisLog(Log):
         lost and it is sent again, the second run returns the first run's
         offsets and writes nothing (for 5 minutes).
         """
+        return await self._store(write, fence, None)
+
+    async def _store(
+        self, write: BatchWrite, fence: Lease | None, token: str | None
+    ) -> list[list[int]]:
         encoded = [
             (topic, partition, [_encode(headers, body) for headers, body in records])
             for topic, partition, records in write.appends
@@ -333,7 +348,7 @@ class RedisLog(Log):
         for topic, partition, _ in commits:
             await self._partition(topic, partition)
         fences = [fence] if fence is not None else []
-        return await self._run_write(write.group, encoded, commits, fences)
+        return await self._run_write(write.group, encoded, commits, fences, token)
 
     async def _run_write(
         self,
@@ -341,12 +356,16 @@ class RedisLog(Log):
         appends: list[tuple[str, int, list[list[bytes]]]],
         commits: list[tuple[str, int, int]],
         fences: list[Lease],
+        token: str | None = None,
     ) -> list[list[int]]:
         keys = [f"{self._tag(f.topic, f.partition)}:lease" for f in fences]
         args: list[bytes | str | int] = [len(fences)]
         for f in fences:
             args += [f.group, str(f.generation)]
-        token = uuid.uuid4().hex if any(records for _, _, records in appends) else ""
+        if not any(records for _, _, records in appends):
+            token = ""
+        elif token is None:
+            token = uuid.uuid4().hex
         anchor = appends[0] if appends else commits[0] if commits else None
         if anchor is None and not fences:
             return []

@@ -43,6 +43,7 @@ from .._errors import (
 )
 from .._records import Record, unreadable_record
 from ._base import (
+    AppendTokens,
     BatchWrite,
     Lease,
     Log,
@@ -51,6 +52,7 @@ from ._base import (
     check_commit,
     check_partition,
     check_record,
+    check_token,
     check_topic_name,
 )
 
@@ -138,6 +140,7 @@ class SQLiteLog(Log):
             max_workers=1, thread_name_prefix="wakuwaku-sqlite"
         )
         self._closed = False
+        self._tokens = AppendTokens()
         # Owned by the worker thread only: no lock needed.
         self._conn: sqlite3.Connection | None = None
         self._topics: dict[str, tuple[int, int]] = {}
@@ -387,16 +390,27 @@ class SQLiteLog(Log):
         records: Sequence[OutgoingRecord],
         *,
         fence: Lease | None = None,
+        token: str | None = None,
     ) -> list[int]:
         """Append ``records`` to one partition in one transaction; see :meth:`Log.append`.
 
-        The fence is checked inside the write transaction.
+        The fence is checked inside the write transaction. A ``token`` is
+        remembered by this instance once the transaction committed (one
+        that failed stored nothing), so an append sent again with it
+        returns the first one's offsets and writes nothing.
 
         :raises ConfigError: when a header name is not a str or a header value
-            or body is not bytes-like; nothing is written then.
+            or body is not bytes-like, or for a bad token; nothing is written then.
         """
+        check_token(token)
         encoded = [_encode_record(headers, body) for headers, body in records]
-        return await self._run(self._append, topic, partition, encoded, fence)
+        done = self._tokens.get(topic, partition, token, len(encoded))
+        if done is not None:
+            await self._run(self._append, topic, partition, [], fence)  # the fence still holds?
+            return done
+        offsets = await self._run(self._append, topic, partition, encoded, fence)
+        self._tokens.put(topic, partition, token, offsets)
+        return offsets
 
     def _append(
         self, topic: str, partition: int, encoded: list[_Row], fence: Lease | None
