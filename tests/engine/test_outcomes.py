@@ -194,3 +194,50 @@ def test_encode_source_round_trip_guard() -> None:
     :func:`encode_source` makes (so the test feeds real wire bytes)."""
     valid = encode_source(wk.Source("elsewhere", 3, (7,), ("elsewhere/3/7",)))
     assert valid == b'["elsewhere",3,[7],["elsewhere/3/7"]]'
+
+
+class LostReplies(CallByCall):
+    """A log that stores call by call and loses the reply of each first
+    append to a dead-letter or retry topic: the records are stored, the
+    caller sees ``LogUnavailableError`` (a server frozen mid-call)."""
+
+    def __init__(self, inner: Log) -> None:
+        super().__init__(inner)
+        self.lost = 0
+
+    async def append(self, topic: str, partition: int, records: Any, **kwargs: Any) -> Any:
+        offsets = await self.inner.append(topic, partition, records, **kwargs)
+        if topic.startswith(("wk-dlq.", "wk-retry.")) and self.lost < 2:
+            self.lost += 1
+            raise wk.LogUnavailableError(f"{topic}: no answer within 1 s")
+        return offsets
+
+
+async def test_a_dead_letter_write_whose_reply_was_lost_is_stored_once(
+    log: Log, clock: FakeClock
+) -> None:
+    """The consumer's own append retried after a lost reply stored every
+    dead letter and retry record a second time; it sends its retry with the
+    first try's token (``Log.append(token=)``), so each is stored once."""
+    wrapped = LostReplies(log)
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("q", 0), Item("ok", 1)])
+    await log.append("t", 0, [_mismatched("b")])  # offset 2
+
+    failed: list[int] = []
+
+    async def apply(run: Sequence[Item]) -> None:
+        if run[0].key == "q" and not failed:
+            failed.append(run[0].n)
+            raise wk.Retryable("not yet")
+
+    handlers: list[Handler[Any]] = [Handler(Item, apply), Handler(Put, _noop_put)]
+    first = consumer(wrapped, clock, handlers, retry_delays=[1.0])  # type: ignore[arg-type]
+    async with Running(first):
+        await wait_until(clock, lambda: bool(first.workers))
+        [worker] = first.workers.values()
+        await wait_until(clock, lambda: worker.position == 3 and not worker.retry.keys)
+    assert wrapped.lost == 2  # the dead letter's append and the retry work's
+    assert [reason(r) for r in await dead_letters(log)] == ["algebra_mismatch"]
+    work = [r for r in await log.read("wk-retry.g.t", 0, 0, 100) if "wk-marker" not in r.headers]
+    assert len(work) == 1

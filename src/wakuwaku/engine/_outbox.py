@@ -14,6 +14,7 @@ builders). Called by the executor, the attempts and the partition loop.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from functools import partial
@@ -466,8 +467,13 @@ class Outbox:
         dead_end: list[tuple[str, int, int]] = []
         for topic, partition, records in appends:
             operation = "dead-letter write" if topic == dead_letter_topic else "retry write"
+            # One token per append, kept across its retries: an append whose
+            # reply was lost (a NATS server frozen mid-call stored a prefix)
+            # is completed by the retry, never stored twice (design §7).
+            token = uuid.uuid4().hex
             offsets = await services.log_call(
-                operation, partial(log.append, topic, partition, records, fence=fence)
+                operation,
+                partial(log.append, topic, partition, records, fence=fence, token=token),
             )
             if topic == dead_letter_topic and offsets:
                 dead_end = [(topic, partition, offsets[-1] + 1)]
