@@ -16,10 +16,11 @@ import itertools
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -197,3 +198,53 @@ async def test_a_broker_restart_pauses_the_consumer_and_loses_nothing(
         assert all(b <= a + 1 for a, b in itertools.pairwise(ns)), key
     assert stats.log_call_retries > 0
     assert any(r.getMessage() == "log call failed; retrying" for r in caplog.records)
+
+
+async def test_a_commit_on_a_fresh_broker_is_read_back_at_once(log: KafkaLog) -> None:
+    # A broker started fresh creates __consumer_offsets at the first group
+    # call, and loads its partitions one by one: a coordinator still loading
+    # answers the commit of its groups with COORDINATOR_LOAD_IN_PROGRESS for
+    # the partition. A commit that returns is stored: read back at once,
+    # every time, never "no offset" (the groups spread over the partitions
+    # of __consumer_offsets).
+    await log.create_topic("fresh", 1)
+    groups = [f"g{n}" for n in range(8)]
+    await asyncio.gather(*(log.commit(g, "fresh", 0, 1) for g in groups))
+    for g in groups:
+        assert [await log.committed(g, "fresh", 0) for _ in range(3)] == [1, 1, 1], g
+
+
+async def _settled(what: str, call: Callable[[], Awaitable[object]], expected: object) -> None:
+    """Ask until ``call`` answers ``expected``; meanwhile it may only raise
+    LogUnavailableError (never another error, never another answer)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            answer = await call()
+        except wk.LogUnavailableError:
+            assert time.monotonic() < deadline, f"{what}: still unavailable after 60 s"
+            continue
+        assert answer == expected, what
+        return
+
+
+async def test_after_a_freeze_the_log_answers_again(broker: Broker, log: KafkaLog) -> None:
+    # SIGSTOP for longer than the broker's session with its own controller
+    # (9 s): once it runs again it is fenced for a moment, its partitions
+    # without a leader and the group coordinator reloading. Every call
+    # answers right or raises LogUnavailableError, until it answers right.
+    await log.create_topic("frozen", 1)
+    await log.append("frozen", 0, [({"wk-key": b"k"}, b"0")])
+    await log.commit("g", "frozen", 0, 1)
+    assert broker.process is not None
+    broker.process.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(15)
+    finally:
+        broker.process.send_signal(signal.SIGCONT)
+    await _settled("append", lambda: log.append("frozen", 0, [({"wk-key": b"k"}, b"1")]), [1])
+    await _settled("committed", lambda: log.committed("g", "frozen", 0), 1)
+    await _settled("start offsets", lambda: log.start_offsets("frozen"), {0: 0})
+    await _settled("end offsets", lambda: log.end_offsets("frozen"), {0: 2})
+    await _settled("commit", lambda: log.commit("g", "frozen", 0, 2), None)
+    assert await log.committed("g", "frozen", 0) == 2
