@@ -69,6 +69,7 @@ from ._base import (
     Lease,
     Log,
     OutgoingRecord,
+    Page,
     TopicInfo,
     check_commit,
     check_partition,
@@ -993,7 +994,7 @@ class KafkaLog(Log):
         offset: int,
         max_records: int = 500,
         wait: float = 0.0,
-    ) -> list[Record]:
+    ) -> Page:
         """Read up to ``max_records`` committed records from ``offset`` on.
 
         Offsets are Kafka's: a page may skip offsets (transaction markers,
@@ -1002,6 +1003,15 @@ class KafkaLog(Log):
         where records exist waits (bounded by ``timeout``) for them to be
         fetched. A record without a ``wk-key`` header gets its Kafka key
         as ``wk-key``.
+
+        :returns: a :class:`~wakuwaku.logs.Page` whose ``next_offset`` is
+            the reader's position: past the markers and aborted records that
+            follow the last record (or ``offset``), so a partition that ends
+            with a transaction marker is read to its end offset.
+
+        A cancelled read stops its fetch within one fetch slice (50 ms) and
+        returns the reader to a known position before the cancellation goes
+        on: the next read neither waits for it nor shares the consumer.
         """
         check_partition(topic, partition, await self._partitions(topic))
         reader = self._readers.get((topic, partition))
@@ -1015,17 +1025,37 @@ class KafkaLog(Log):
                 await self._run("close reader", created.consumer.close)
         async with reader.lock:
             moved = reader.next_offset != offset
+            cancelled = threading.Event()
 
-            def fetch() -> list[Any]:
+            def fetch() -> tuple[list[Any], int]:
                 if moved:
                     self._seek(reader, topic, partition, offset)
                     reader.next_offset = offset
-                return self._fetch(reader.consumer, topic, partition, offset, max_records, wait)
+                return self._fetch(
+                    reader.consumer, topic, partition, offset, max_records, wait, cancelled
+                )
 
-            records = self._records(topic, partition, await self._run("read", fetch))
-            if records:
-                reader.next_offset = records[-1].offset + 1
-            return records
+            running = asyncio.ensure_future(self._run("read", fetch))
+            try:
+                messages, position = await asyncio.shield(running)
+            except asyncio.CancelledError:
+                # Stop the fetch thread and wait for it: otherwise it goes on
+                # consuming for up to ``wait`` seconds, holding a worker of the
+                # default executor and the reader's consumer (the next read ran
+                # beside it and seeked under it: about 1.4 s per cancelled read).
+                cancelled.set()
+                reader.next_offset = -1  # what it consumed is dropped: seek again
+                await asyncio.wait([running])
+                if not running.cancelled():
+                    running.exception()  # retrieved: the read was cancelled anyway
+                raise
+            records = self._records(topic, partition, messages)
+            following = records[-1].offset + 1 if records else offset
+            reader.next_offset = following
+            page = Page(records, max(following, position))
+            if not records and page.next_offset > offset:
+                reader.next_offset = page.next_offset  # the next read starts there
+            return page
 
     def _seek(self, reader: _Reader, topic: str, partition: int, offset: int) -> None:
         """Move ``reader`` to ``offset`` (in a thread, right before its fetch).
@@ -1048,8 +1078,15 @@ class KafkaLog(Log):
                 old.close()
 
     def _fetch(
-        self, consumer: Any, topic: str, partition: int, start: int, count: int, wait: float
-    ) -> list[Any]:
+        self,
+        consumer: Any,
+        topic: str,
+        partition: int,
+        start: int,
+        count: int,
+        wait: float,
+        cancelled: threading.Event,
+    ) -> tuple[list[Any], int]:
         """Consume up to ``count`` messages from ``start`` (in a thread).
 
         What is buffered comes at once; while the partition's high watermark
@@ -1057,13 +1094,19 @@ class KafkaLog(Log):
         bounded by ``timeout``. An empty partition waits ``wait`` seconds
         for a first record. Where only a transaction marker lies below the
         high watermark, at most :data:`_MARKER_WAIT` seconds are spent
-        finding that out (Kafka does not tell the two apart).
+        finding that out (Kafka does not tell the two apart). Stops early,
+        within a fetch slice, once ``cancelled`` is set.
+
+        :returns: the messages and the consumer's position after them (past
+            the markers and aborted records it skipped; ``start`` while
+            nothing was fetched).
         """
         out = list(consumer.consume(count, 0))
         now = time.monotonic()
         deadline, bound = now + max(wait, 0.0), now + self.timeout
         tp = TopicPartition(self._name(topic), partition)
-        while len(out) < count:
+        at = out[-1].offset() + 1 if out else start
+        while len(out) < count and not cancelled.is_set():
             now = time.monotonic()
             if not out and wait > 0 and now < deadline:
                 out.extend(consumer.consume(count, min(0.05, deadline - now)))
@@ -1077,16 +1120,18 @@ class KafkaLog(Log):
             at = max(at, position.offset)
             _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout, cached=False)
             if at >= high or now >= bound:
-                return out
+                return out, at
             if fetched and now >= deadline + _MARKER_WAIT:
                 # Still below the high watermark: aborted records being skipped
                 # (more comes), or the last stable offset (a transaction still
                 # open: nothing more now). Ask the broker which.
                 if out or at >= self._stable_offset(tp):
-                    return out
+                    return out, at
                 deadline = now
             out.extend(consumer.consume(count - len(out), 0.01))
-        return out
+        if out:
+            at = max(at, out[-1].offset() + 1)
+        return out, at
 
     def _stable_offset(self, tp: Any) -> int:
         """The partition's last stable offset (in a thread): where ``read_committed`` ends."""
