@@ -1255,7 +1255,8 @@ class KafkaLog(Log):
             try:
                 answer = await self._run("committed offsets", ask)
             except LogUnavailableError as exc:
-                waiting.append("the group")
+                cause = exc.__cause__
+                waiting.append(f"the group: {cause if cause is not None else 'no answer'}")
                 last = exc
                 self._admin_unavailable()
             else:
