@@ -506,6 +506,10 @@ class KafkaLog(Log):
         self._producer_thread: threading.Thread | None = None
         self._members: dict[tuple[str, str], _Member] = {}
         self._readers: dict[tuple[str, int], _Reader] = {}
+        self._offsets: dict[str, Any] = {}  # group -> its offsets consumer
+        self._offsets_born: dict[str, float] = {}
+        self._offsets_answered_at: dict[str, float] = {}
+        self._retired: list[Any] = []  # offsets consumers replaced, closed at close()
         self._topics: dict[str, int] = {}
         self._limits: dict[str, int] = {}
         self._closed = False
@@ -1201,8 +1205,13 @@ class KafkaLog(Log):
         (or just committed, its markers not written yet) is waited for,
         never read half-done nor as "no offset".
 
-        :raises LogUnavailableError: when it stays in an open transaction for
-            ``timeout`` seconds (see :meth:`_group_offsets`).
+        None only when the group coordinator answered for the partition
+        without an error: a coordinator not there yet or moving is asked
+        again (through the group's offsets consumer, see
+        :meth:`_group_offsets`).
+
+        :raises LogUnavailableError: when it stays in an open transaction, or
+            the coordinator gives no answer, for ``timeout`` seconds.
         """
         count = await self._partitions_or_none(topic)
         if count is None:
@@ -1243,6 +1252,17 @@ class KafkaLog(Log):
         request = [ConsumerGroupTopicPartitions(self._name(group), tps)]
 
         def ask() -> Any:
+            if tps is not None:
+                # Named partitions: through the group's offsets consumer (its
+                # OffsetFetch asks for stable offsets, read_committed), not the
+                # admin API: librdkafka's admin calls to a group coordinator
+                # abort the process when the connection drops under them
+                # ("rd_kafka_enq_once_del_source_return: Assertion
+                # `eonce->refcnt > 0' failed", seen here on a broker SIGKILL),
+                # and committed() is what a consumer asks while it waits out
+                # an outage.
+                consumer = self._offsets_client(group)
+                return _check_partitions(consumer.committed(tps, timeout=self.timeout))
             futures = self._admin_client().list_consumer_group_offsets(request, require_stable=True)
             return self._future("committed offsets", futures[self._name(group)])
 
@@ -1258,9 +1278,15 @@ class KafkaLog(Log):
                 cause = exc.__cause__
                 waiting.append(f"the group: {cause if cause is not None else 'no answer'}")
                 last = exc
-                self._admin_unavailable()
+                if tps is None:
+                    self._admin_unavailable()
+                else:
+                    self._offsets_unavailable(group)
             else:
-                self._admin_answered = time.monotonic()
+                if tps is None:
+                    self._admin_answered = time.monotonic()
+                else:
+                    self._offsets_answered_at[group] = time.monotonic()
                 out = self._offsets_answered(answer, waiting)
                 if not waiting:
                     return out
@@ -1273,6 +1299,37 @@ class KafkaLog(Log):
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.05)
 
+    def _offsets_client(self, group: str) -> Any:
+        """The consumer that reads ``group``'s committed offsets (in a thread):
+        it never subscribes, so it never joins the group."""
+        found = self._offsets.get(group)
+        if found is None:
+            found = Consumer(
+                {
+                    **self._common,
+                    "group.id": self._name(group),
+                    "client.id": f"wakuwaku-offsets-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+            self._offsets[group] = found
+            self._offsets_born[group] = time.monotonic()
+        return found
+
+    def _offsets_unavailable(self, group: str) -> None:
+        """As :meth:`_admin_unavailable`, for ``group``'s offsets consumer:
+        after :data:`_ADMIN_RENEW` seconds without an answer the next call
+        gets a new one (its coordinator looked up again)."""
+        now = time.monotonic()
+        answered = max(
+            self._offsets_answered_at.get(group, 0.0), self._offsets_born.get(group, 0.0)
+        )
+        if group in self._offsets and now - answered > _ADMIN_RENEW:
+            old = self._offsets.pop(group)
+            self._retired.append(old)  # closed with the log: a call may still use it
+
     def _offsets_answered(self, answer: Any, waiting: list[str]) -> dict[tuple[str, int], int]:
         """The offsets of an offset fetch's answer; the partitions answered
         with a condition that passes go to ``waiting``.
@@ -1280,7 +1337,7 @@ class KafkaLog(Log):
         :raises LogError: for a partition the coordinator refuses.
         """
         out: dict[tuple[str, int], int] = {}
-        for tp in answer.topic_partitions or ():
+        for tp in getattr(answer, "topic_partitions", answer) or ():
             where = f"{self._plain(tp.topic)}/{tp.partition}"
             if tp.error is not None:
                 if tp.error.code() in _UNKNOWN_TOPIC_CODES:
@@ -1328,7 +1385,15 @@ class KafkaLog(Log):
         partition in that generation commits, through its own consumer, so
         the broker refuses the commit once the group's generation moved on
         (``FencedError``). Without: through the admin API, which Kafka allows
-        only while the group has no active member.
+        only while the group has no active member, and read back.
+
+        It returns once the broker answered that the offset is stored (per
+        partition: a coordinator still loading, on a fresh broker, answers
+        the request but not the partition); such an answer is asked again.
+
+        :raises LogUnavailableError: when the offset is not stored after
+            ``timeout`` seconds, or the cluster does not answer.
+        :raises FencedError: as :meth:`Log.commit`.
         """
         offset = check_commit(group, topic, partition, offset)
         check_partition(topic, partition, await self._partitions(topic))
@@ -1848,9 +1913,15 @@ class KafkaLog(Log):
             async with member.txn_lock:
                 member.closing = True
 
+        offsets, self._offsets = [*self._offsets.values(), *self._retired], {}
+        self._retired = []
+
         def shut() -> None:
             for member in members:
                 member.close()
+            for consumer in offsets:
+                with contextlib.suppress(KafkaException, RuntimeError):
+                    consumer.close()
             for reader in readers:
                 with contextlib.suppress(KafkaException, RuntimeError):
                     reader.consumer.close()
