@@ -1648,7 +1648,9 @@ class KafkaLog(Log):
             if kept:
                 tps = [TopicPartition(self._name(t), p, o) for (t, p), o in kept.items()]
                 request = [ConsumerGroupTopicPartitions(name, tps)]
-                self._future("commit", admin.alter_consumer_group_offsets(request)[name])
+                _check_partitions(
+                    self._future("commit", admin.alter_consumer_group_offsets(request)[name])
+                )
 
         await self._while_not_empty(group, delete)
         return len(found)
