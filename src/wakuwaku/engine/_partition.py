@@ -185,6 +185,7 @@ class PartitionWorker:
                 else:
                     records = await self._poll(self.position)
                 if not records:
+                    await self._skip_undelivered(records)
                     self.caught_up = True
                     if self._on_caught_up is not None:
                         self._on_caught_up()
@@ -202,6 +203,22 @@ class PartitionWorker:
             if prefetch is not None:
                 prefetch.cancel()
                 await asyncio.gather(prefetch, return_exceptions=True)
+
+    async def _skip_undelivered(self, page: list[Record]) -> None:
+        """Store a position past offsets the log holds but never delivers.
+
+        An empty read on Kafka may have moved over transaction markers and
+        aborted records (a :class:`~wakuwaku.logs.Page` says so): with no
+        record to end a batch at, the position is moved and stored here, or
+        a partition that ends with a marker would never reach its end offset
+        (a drain that never ends, a lag that never goes to 0).
+        """
+        following = getattr(page, "next_offset", None)
+        if following is None or following <= self.position:
+            return
+        await self._commit_main(following)
+        self.position = following
+        self.retry.forget_routed(following)
 
     async def _poll(self, offset: int) -> list[Record]:
         return await self.services.log_call(

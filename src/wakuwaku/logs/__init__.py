@@ -38,6 +38,7 @@ from ._base import BatchWrite as BatchWrite
 from ._base import Lease as Lease
 from ._base import Log as Log
 from ._base import OutgoingRecord as OutgoingRecord
+from ._base import Page as Page
 from ._base import TopicInfo as TopicInfo
 from ._url import LOG_URL_OPTIONS, option_bool, option_seconds
 from ._url import LogURL as LogURL

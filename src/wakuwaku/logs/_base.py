@@ -82,6 +82,25 @@ class BatchWrite:
     commits: Sequence[tuple[str, int, int]] = ()
 
 
+class Page(list[Record]):
+    """What :meth:`Log.read` may return instead of a plain list: the records,
+    and where the read stopped in the partition.
+
+    :ivar next_offset: the offset the next read starts at: past the last
+        record, and past the offsets after it that the log holds but never
+        delivers (Kafka's transaction markers and aborted records). An empty
+        page whose ``next_offset`` is past the offset read tells the reader
+        those offsets are done; without it a partition that ends with a
+        transaction marker would never reach its end offset.
+    """
+
+    __slots__ = ("next_offset",)
+
+    def __init__(self, records: Sequence[Record] = (), next_offset: int = 0) -> None:
+        super().__init__(records)
+        self.next_offset = next_offset
+
+
 def check_topic_name(topic: str) -> None:
     """Refuse topic names that no adapter can store.
 
@@ -322,6 +341,8 @@ class Log(abc.ABC):
         :param wait: when nothing is there yet, wait up to this many seconds
             for a record to arrive (0: return at once).
         :returns: records in offset order; empty when none arrived in time.
+            A log whose offsets hold more than records (Kafka) returns a
+            :class:`Page` that says where the next read starts.
         :raises UnknownTopicError: / :raises UnknownPartitionError: as :meth:`append`.
         """
 

@@ -70,6 +70,7 @@ from ._base import (
     Lease,
     Log,
     OutgoingRecord,
+    Page,
     TopicInfo,
     check_commit,
     check_partition,
@@ -109,6 +110,7 @@ _DERIVED = ("wk-retry.", "wk-dlq.", "wk-replayed.")
 _NO_OFFSET = -1001
 _MEMBER_METADATA_REFRESH_MS = 5000
 _MARKER_WAIT = 0.5
+_ADMIN_RENEW = 2.0
 _FENCED_CODES = frozenset(
     {
         KafkaError.ILLEGAL_GENERATION,
@@ -146,6 +148,58 @@ def _code(exc: BaseException) -> int | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return int(exc.args[0].code())
     return None
+
+
+_UNAVAILABLE_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._WAIT_COORD,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+    }
+)
+"""Codes of conditions that pass once the cluster has settled: no broker
+reached, a coordinator or leader not there yet or moving (a fresh broker
+creates ``__consumer_offsets`` at the first group call; a broker that was
+frozen or restarted reloads it), an offset in a transaction not ended."""
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` is a condition that passes (asked again, then
+    :class:`LogUnavailableError`), not a refusal."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if not isinstance(err, KafkaError):
+        return False
+    if err.retriable() or err.code() in _UNAVAILABLE_CODES:
+        return True
+    # The admin ListOffsets call when no partition has a leader (a broker
+    # back from a freeze or a restart, before its partitions are led again).
+    return err.code() == KafkaError._NOENT and "no leader" in err.str().lower()
+
+
+def _check_partitions(answer: Any) -> Any:
+    """Raise the first per-partition error of a group call's answer (in a
+    thread); a commit or an offset fetch carries one error per partition
+    besides its own, and an answer with one is not what was asked."""
+    for tp in getattr(answer, "topic_partitions", answer) or ():
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+    return answer
 
 
 @dataclass
@@ -449,10 +503,15 @@ class KafkaLog(Log):
             **dict(security or {}),
         }
         self._admin: Any = None
+        self._admin_born = self._admin_answered = 0.0
         self._producer: Any = None
         self._producer_thread: threading.Thread | None = None
         self._members: dict[tuple[str, str], _Member] = {}
         self._readers: dict[tuple[str, int], _Reader] = {}
+        self._offsets: dict[str, Any] = {}  # group -> its offsets consumer
+        self._offsets_born: dict[str, float] = {}
+        self._offsets_answered_at: dict[str, float] = {}
+        self._retired: list[Any] = []  # offsets consumers replaced, closed at close()
         self._topics: dict[str, int] = {}
         self._tokens = AppendTokens()
         self._limits: dict[str, int] = {}
@@ -486,46 +545,52 @@ class KafkaLog(Log):
                 f"Kafka log {self.url} is unavailable ({what}): no answer within {self.timeout} s"
             ) from exc
 
-    async def _idempotent(self, what: str, fn: Callable[[], _T]) -> _T:
-        """:meth:`_run` for a call that only reads: a transient error (a
-        leader moving, a partition just created) is asked again until
-        ``timeout`` has passed."""
-        deadline = time.monotonic() + self.timeout
+    async def _idempotent(
+        self, what: str, fn: Callable[[], _T], deadline: float | None = None
+    ) -> _T:
+        """:meth:`_run` for a call that only reads or sets a value: a
+        transient error (a leader or coordinator moving or not there yet, a
+        partition just created) is asked again until ``timeout`` has passed
+        (or ``deadline``, on the monotonic clock), then raised as
+        :class:`LogUnavailableError`."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
         while True:
             try:
-                return await self._run(what, fn)
+                answer = await self._run(what, fn)
             except LogUnavailableError:
+                self._admin_unavailable()
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.1)
+            else:
+                self._admin_answered = time.monotonic()
+                return answer
+
+    def _admin_unavailable(self) -> None:
+        """An admin call found the cluster unavailable. After
+        :data:`_ADMIN_RENEW` seconds without an answer, the next call gets a
+        new admin client: after a broker froze or restarted, librdkafka's
+        handle kept its stale leader epochs (``FENCED_LEADER_EPOCH``, "No
+        leaders found") and its coordinator for a minute and more, while a
+        new one is answered at once."""
+        now = time.monotonic()
+        if now - max(self._admin_answered, self._admin_born) > _ADMIN_RENEW:
+            self._admin, self._admin_born = None, now
 
     def _error(self, what: str, exc: BaseException) -> LogError:
-        code = _code(exc)
+        """:class:`LogUnavailableError` for a condition that passes (see
+        :func:`_unavailable`), :class:`LogError` for any other."""
         err = exc.args[0] if exc.args else exc
         text = err.str() if isinstance(err, KafkaError) else str(err)
-        retriable = isinstance(err, KafkaError) and (
-            err.retriable()
-            or code
-            in (
-                KafkaError._TRANSPORT,
-                KafkaError._TIMED_OUT,
-                KafkaError._ALL_BROKERS_DOWN,
-                KafkaError.REQUEST_TIMED_OUT,
-                KafkaError.NOT_COORDINATOR,
-                KafkaError.COORDINATOR_NOT_AVAILABLE,
-                KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                KafkaError._MSG_TIMED_OUT,
-                KafkaError.NOT_LEADER_FOR_PARTITION,
-                KafkaError.LEADER_NOT_AVAILABLE,
-            )
-        )
-        if retriable:
+        if _unavailable(exc):
             return LogUnavailableError(f"Kafka log {self.url} is unavailable ({what}): {text}")
         return LogError(f"Kafka log {self.url} failed ({what}): {text}")
 
     def _admin_client(self) -> Any:
         if self._admin is None:
             self._admin = AdminClient(dict(self._common))
+            self._admin_born = time.monotonic()
         return self._admin
 
     def _future(self, what: str, future: Any) -> Any:
@@ -676,10 +741,20 @@ class KafkaLog(Log):
         name = self._name(topic)
 
         def describe() -> Any:
-            return self._admin_client().list_topics(topic=name, timeout=self.timeout)
+            meta = self._admin_client().list_topics(topic=name, timeout=self.timeout)
+            found = meta.topics.get(name)
+            error = found.error if found is not None else None
+            # A topic without a leader yet (created just now, or a broker back
+            # from a freeze or a restart) is there: asked again.
+            if (
+                error is not None
+                and error.code() not in _UNKNOWN_TOPIC_CODES
+                and _unavailable(KafkaException(error))
+            ):
+                raise KafkaException(error)
+            return found
 
-        meta = await self._run("describe topic", describe)
-        found = meta.topics.get(name)
+        found = await self._idempotent("describe topic", describe)
         if found is None or found.error is not None or not found.partitions:
             self._topics.pop(topic, None)
             return None
@@ -938,7 +1013,7 @@ class KafkaLog(Log):
         offset: int,
         max_records: int = 500,
         wait: float = 0.0,
-    ) -> list[Record]:
+    ) -> Page:
         """Read up to ``max_records`` committed records from ``offset`` on.
 
         Offsets are Kafka's: a page may skip offsets (transaction markers,
@@ -947,6 +1022,15 @@ class KafkaLog(Log):
         where records exist waits (bounded by ``timeout``) for them to be
         fetched. A record without a ``wk-key`` header gets its Kafka key
         as ``wk-key``.
+
+        :returns: a :class:`~wakuwaku.logs.Page` whose ``next_offset`` is
+            the reader's position: past the markers and aborted records that
+            follow the last record (or ``offset``), so a partition that ends
+            with a transaction marker is read to its end offset.
+
+        A cancelled read stops its fetch within one fetch slice (50 ms) and
+        returns the reader to a known position before the cancellation goes
+        on: the next read neither waits for it nor shares the consumer.
         """
         check_partition(topic, partition, await self._partitions(topic))
         reader = self._readers.get((topic, partition))
@@ -960,17 +1044,37 @@ class KafkaLog(Log):
                 await self._run("close reader", created.consumer.close)
         async with reader.lock:
             moved = reader.next_offset != offset
+            cancelled = threading.Event()
 
-            def fetch() -> list[Any]:
+            def fetch() -> tuple[list[Any], int]:
                 if moved:
                     self._seek(reader, topic, partition, offset)
                     reader.next_offset = offset
-                return self._fetch(reader.consumer, topic, partition, offset, max_records, wait)
+                return self._fetch(
+                    reader.consumer, topic, partition, offset, max_records, wait, cancelled
+                )
 
-            records = self._records(topic, partition, await self._run("read", fetch))
-            if records:
-                reader.next_offset = records[-1].offset + 1
-            return records
+            running = asyncio.ensure_future(self._run("read", fetch))
+            try:
+                messages, position = await asyncio.shield(running)
+            except asyncio.CancelledError:
+                # Stop the fetch thread and wait for it: otherwise it goes on
+                # consuming for up to ``wait`` seconds, holding a worker of the
+                # default executor and the reader's consumer (the next read ran
+                # beside it and seeked under it: about 1.4 s per cancelled read).
+                cancelled.set()
+                reader.next_offset = -1  # what it consumed is dropped: seek again
+                await asyncio.wait([running])
+                if not running.cancelled():
+                    running.exception()  # retrieved: the read was cancelled anyway
+                raise
+            records = self._records(topic, partition, messages)
+            following = records[-1].offset + 1 if records else offset
+            reader.next_offset = following
+            page = Page(records, max(following, position))
+            if not records and page.next_offset > offset:
+                reader.next_offset = page.next_offset  # the next read starts there
+            return page
 
     def _seek(self, reader: _Reader, topic: str, partition: int, offset: int) -> None:
         """Move ``reader`` to ``offset`` (in a thread, right before its fetch).
@@ -993,8 +1097,15 @@ class KafkaLog(Log):
                 old.close()
 
     def _fetch(
-        self, consumer: Any, topic: str, partition: int, start: int, count: int, wait: float
-    ) -> list[Any]:
+        self,
+        consumer: Any,
+        topic: str,
+        partition: int,
+        start: int,
+        count: int,
+        wait: float,
+        cancelled: threading.Event,
+    ) -> tuple[list[Any], int]:
         """Consume up to ``count`` messages from ``start`` (in a thread).
 
         What is buffered comes at once; while the partition's high watermark
@@ -1002,13 +1113,19 @@ class KafkaLog(Log):
         bounded by ``timeout``. An empty partition waits ``wait`` seconds
         for a first record. Where only a transaction marker lies below the
         high watermark, at most :data:`_MARKER_WAIT` seconds are spent
-        finding that out (Kafka does not tell the two apart).
+        finding that out (Kafka does not tell the two apart). Stops early,
+        within a fetch slice, once ``cancelled`` is set.
+
+        :returns: the messages and the consumer's position after them (past
+            the markers and aborted records it skipped; ``start`` while
+            nothing was fetched).
         """
         out = list(consumer.consume(count, 0))
         now = time.monotonic()
         deadline, bound = now + max(wait, 0.0), now + self.timeout
         tp = TopicPartition(self._name(topic), partition)
-        while len(out) < count:
+        at = out[-1].offset() + 1 if out else start
+        while len(out) < count and not cancelled.is_set():
             now = time.monotonic()
             if not out and wait > 0 and now < deadline:
                 out.extend(consumer.consume(count, min(0.05, deadline - now)))
@@ -1022,16 +1139,18 @@ class KafkaLog(Log):
             at = max(at, position.offset)
             _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout, cached=False)
             if at >= high or now >= bound:
-                return out
+                return out, at
             if fetched and now >= deadline + _MARKER_WAIT:
                 # Still below the high watermark: aborted records being skipped
                 # (more comes), or the last stable offset (a transaction still
                 # open: nothing more now). Ask the broker which.
                 if out or at >= self._stable_offset(tp):
-                    return out
+                    return out, at
                 deadline = now
             out.extend(consumer.consume(count - len(out), 0.01))
-        return out
+        if out:
+            at = max(at, out[-1].offset() + 1)
+        return out, at
 
     def _stable_offset(self, tp: Any) -> int:
         """The partition's last stable offset (in a thread): where ``read_committed`` ends."""
@@ -1101,8 +1220,13 @@ class KafkaLog(Log):
         (or just committed, its markers not written yet) is waited for,
         never read half-done nor as "no offset".
 
-        :raises LogUnavailableError: when it stays in an open transaction for
-            ``timeout`` seconds (see :meth:`_group_offsets`).
+        None only when the group coordinator answered for the partition
+        without an error: a coordinator not there yet or moving is asked
+        again (through the group's offsets consumer, see
+        :meth:`_group_offsets`).
+
+        :raises LogUnavailableError: when it stays in an open transaction, or
+            the coordinator gives no answer, for ``timeout`` seconds.
         """
         count = await self._partitions_or_none(topic)
         if count is None:
@@ -1112,61 +1236,134 @@ class KafkaLog(Log):
         return found.get((topic, partition))
 
     async def _group_offsets(
-        self, group: str, partitions: list[tuple[str, int]] | None
+        self,
+        group: str,
+        partitions: list[tuple[str, int]] | None,
+        deadline: float | None = None,
     ) -> dict[tuple[str, int], int]:
-        tps = (
-            None
-            if partitions is None
-            else [TopicPartition(self._name(t), p) for t, p in partitions]
-        )
         """The group's committed offsets (of ``partitions``, or all), stable ones only.
 
         Asked with ``require_stable``: an offset sent in a transaction that
         has not ended yet (or whose commit markers are not written yet, just
         after ``commit_transaction``) comes back as ``UNSTABLE_OFFSET_COMMIT``,
-        which is not "no offset": it is asked again until it is stable.
+        which is not "no offset": it is asked again until it is stable. So is
+        a coordinator that is not there yet or moving (``NOT_COORDINATOR``,
+        ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``, for
+        the group or for one partition: a fresh broker, one back from a
+        freeze or a restart): an offset is absent only when the coordinator
+        answered for it without an error.
 
-        :raises LogUnavailableError: when an offset stays unstable for
-            ``timeout`` seconds (a transaction left open, by a member that
-            died in it, until ``transaction.timeout.ms`` aborts it).
+        :raises LogUnavailableError: when an offset stays unstable, or the
+            coordinator does not answer, for ``timeout`` seconds (or until
+            ``deadline``); an unstable one is a transaction left open by a
+            member that died in it, until ``transaction.timeout.ms`` aborts it.
+        :raises LogError: for a partition the coordinator refuses.
         """
+        tps = (
+            None
+            if partitions is None
+            else [TopicPartition(self._name(t), p) for t, p in partitions]
+        )
         request = [ConsumerGroupTopicPartitions(self._name(group), tps)]
 
         def ask() -> Any:
+            if tps is not None:
+                # Named partitions: through the group's offsets consumer (its
+                # OffsetFetch asks for stable offsets, read_committed), not the
+                # admin API: librdkafka's admin calls to a group coordinator
+                # abort the process when the connection drops under them
+                # ("rd_kafka_enq_once_del_source_return: Assertion
+                # `eonce->refcnt > 0' failed", seen here on a broker SIGKILL),
+                # and committed() is what a consumer asks while it waits out
+                # an outage.
+                consumer = self._offsets_client(group)
+                return _check_partitions(consumer.committed(tps, timeout=self.timeout))
             futures = self._admin_client().list_consumer_group_offsets(request, require_stable=True)
             return self._future("committed offsets", futures[self._name(group)])
 
-        deadline = time.monotonic() + self.timeout
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
         pause = 0.001
         while True:
-            unstable: list[str] = []
+            waiting: list[str] = []
+            last: LogError | None = None
             try:
                 answer = await self._run("committed offsets", ask)
-            except LogError as exc:
+            except LogUnavailableError as exc:
                 cause = exc.__cause__
-                if cause is None or _code(cause) != KafkaError.UNSTABLE_OFFSET_COMMIT:
-                    raise
-                unstable.append("the group")
+                waiting.append(f"the group: {cause if cause is not None else 'no answer'}")
+                last = exc
+                if tps is None:
+                    self._admin_unavailable()
+                else:
+                    self._offsets_unavailable(group)
             else:
-                out: dict[tuple[str, int], int] = {}
-                for tp in answer.topic_partitions or ():
-                    if (
-                        tp.error is not None
-                        and tp.error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT
-                    ):
-                        unstable.append(f"{self._plain(tp.topic)}/{tp.partition}")
-                    elif tp.offset >= 0 and tp.error is None:
-                        out[(self._plain(tp.topic), tp.partition)] = tp.offset
-                if not unstable:
+                if tps is None:
+                    self._admin_answered = time.monotonic()
+                else:
+                    self._offsets_answered_at[group] = time.monotonic()
+                out = self._offsets_answered(answer, waiting)
+                if not waiting:
                     return out
             if time.monotonic() > deadline:
                 raise LogUnavailableError(
                     f"Kafka log {self.url} is unavailable (committed offsets): group {group!r} "
-                    f"has offsets in a transaction that has not ended after {self.timeout} s "
-                    f"(UNSTABLE_OFFSET_COMMIT: {', '.join(unstable)})"
-                )
+                    f"has no stable answer after {self.timeout} s ({'; '.join(waiting)}; an "
+                    f"UNSTABLE_OFFSET_COMMIT is a transaction that has not ended)"
+                ) from last
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.05)
+
+    def _offsets_client(self, group: str) -> Any:
+        """The consumer that reads ``group``'s committed offsets (in a thread):
+        it never subscribes, so it never joins the group."""
+        found = self._offsets.get(group)
+        if found is None:
+            found = Consumer(
+                {
+                    **self._common,
+                    "group.id": self._name(group),
+                    "client.id": f"wakuwaku-offsets-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+            self._offsets[group] = found
+            self._offsets_born[group] = time.monotonic()
+        return found
+
+    def _offsets_unavailable(self, group: str) -> None:
+        """As :meth:`_admin_unavailable`, for ``group``'s offsets consumer:
+        after :data:`_ADMIN_RENEW` seconds without an answer the next call
+        gets a new one (its coordinator looked up again)."""
+        now = time.monotonic()
+        answered = max(
+            self._offsets_answered_at.get(group, 0.0), self._offsets_born.get(group, 0.0)
+        )
+        if group in self._offsets and now - answered > _ADMIN_RENEW:
+            old = self._offsets.pop(group)
+            self._retired.append(old)  # closed with the log: a call may still use it
+
+    def _offsets_answered(self, answer: Any, waiting: list[str]) -> dict[tuple[str, int], int]:
+        """The offsets of an offset fetch's answer; the partitions answered
+        with a condition that passes go to ``waiting``.
+
+        :raises LogError: for a partition the coordinator refuses.
+        """
+        out: dict[tuple[str, int], int] = {}
+        for tp in getattr(answer, "topic_partitions", answer) or ():
+            where = f"{self._plain(tp.topic)}/{tp.partition}"
+            if tp.error is not None:
+                if tp.error.code() in _UNKNOWN_TOPIC_CODES:
+                    continue  # a topic deleted: no offset on it
+                error = self._error(f"committed offset of {where}", KafkaException(tp.error))
+                if not isinstance(error, LogUnavailableError):
+                    raise error
+                waiting.append(f"{where}: {tp.error.name()}")
+            elif tp.offset >= 0:
+                out[(self._plain(tp.topic), tp.partition)] = tp.offset
+        return out
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
         """Every group's committed offsets on ``topic`` (for ``wakuwaku status``)."""
@@ -1203,7 +1400,15 @@ class KafkaLog(Log):
         partition in that generation commits, through its own consumer, so
         the broker refuses the commit once the group's generation moved on
         (``FencedError``). Without: through the admin API, which Kafka allows
-        only while the group has no active member.
+        only while the group has no active member, and read back.
+
+        It returns once the broker answered that the offset is stored (per
+        partition: a coordinator still loading, on a fresh broker, answers
+        the request but not the partition); such an answer is asked again.
+
+        :raises LogUnavailableError: when the offset is not stored after
+            ``timeout`` seconds, or the cluster does not answer.
+        :raises FencedError: as :meth:`Log.commit`.
         """
         offset = check_commit(group, topic, partition, offset)
         check_partition(topic, partition, await self._partitions(topic))
@@ -1238,24 +1443,59 @@ class KafkaLog(Log):
 
         def alter() -> None:
             futures = self._admin_client().alter_consumer_group_offsets(request)
-            self._future("commit", futures[self._name(group)])
+            _check_partitions(self._future("commit", futures[self._name(group)]))
 
-        await self._run(f"commit {topic}/{partition}", alter)
+        # The answer's per-partition error is the broker saying the offset is
+        # not stored (a coordinator still loading on a fresh broker): asked
+        # again, and what is stored is read back before the commit returns.
+        deadline = time.monotonic() + self.timeout
+        while True:
+            await self._idempotent(f"commit {topic}/{partition}", alter, deadline)
+            found = await self._group_offsets(group, [(topic, partition)], deadline)
+            if found.get((topic, partition)) == offset:
+                return
+            if time.monotonic() > deadline:
+                raise LogUnavailableError(
+                    f"Kafka log {self.url} is unavailable (commit {topic}/{partition}): "
+                    f"group {group!r} reads {found.get((topic, partition))} back, not the "
+                    f"{offset} committed, after {self.timeout} s"
+                )
+            await asyncio.sleep(0.05)
 
     async def _member_commit(self, member: _Member, tps: list[Any], fence: Lease | None) -> None:
+        """Commit through the member's consumer; the broker's answer, partition
+        by partition, says the offsets are stored.
+
+        A coordinator not there yet or moving (a fresh broker, one back from
+        a freeze or a restart) is asked again until ``timeout``; a commit
+        refused by generation raises :class:`FencedError` at once.
+
+        :raises LogUnavailableError: when the offsets are still not stored
+            after ``timeout`` seconds.
+        """
+
         def commit() -> None:
-            member.call(lambda: member.consumer.commit(offsets=tps, asynchronous=False)).result(
-                self.timeout
+            _check_partitions(
+                member.call(lambda: member.consumer.commit(offsets=tps, asynchronous=False)).result(
+                    self.timeout
+                )
             )
 
-        try:
-            await self._run("commit", commit)
-        except LogError as exc:
-            if fence is not None and _code(exc.__cause__ or exc) in _FENCED_CODES:
-                raise FencedError(
-                    fence.group, fence.topic, fence.partition, fence.generation
-                ) from exc
-            raise
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                await self._run("commit", commit)
+                return
+            except LogError as exc:
+                if _code(exc.__cause__ or exc) in _FENCED_CODES:
+                    if fence is not None:
+                        raise FencedError(
+                            fence.group, fence.topic, fence.partition, fence.generation
+                        ) from exc
+                    raise
+                if not isinstance(exc, LogUnavailableError) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.05)
 
     # -- ownership ----------------------------------------------------------------
 
@@ -1423,7 +1663,9 @@ class KafkaLog(Log):
             if kept:
                 tps = [TopicPartition(self._name(t), p, o) for (t, p), o in kept.items()]
                 request = [ConsumerGroupTopicPartitions(name, tps)]
-                self._future("commit", admin.alter_consumer_group_offsets(request)[name])
+                _check_partitions(
+                    self._future("commit", admin.alter_consumer_group_offsets(request)[name])
+                )
 
         await self._while_not_empty(group, delete)
         return len(found)
@@ -1688,9 +1930,15 @@ class KafkaLog(Log):
             async with member.txn_lock:
                 member.closing = True
 
+        offsets, self._offsets = [*self._offsets.values(), *self._retired], {}
+        self._retired = []
+
         def shut() -> None:
             for member in members:
                 member.close()
+            for consumer in offsets:
+                with contextlib.suppress(KafkaException, RuntimeError):
+                    consumer.close()
             for reader in readers:
                 with contextlib.suppress(KafkaException, RuntimeError):
                     reader.consumer.close()
