@@ -100,19 +100,9 @@ ENGINES = {
 
 FAULTS = ("kill", "freeze", "restart_twice")
 
-# Cases that fail today, for reasons in code other engineers are fixing; each
-# reason is the symptom this suite saw. A mark goes when its fix lands.
-_KAFKA_RESTORE = (
-    "Kafka: after a SIGKILLed broker is restarted, the group's session timed out, "
-    "every partition's lease is lost and restarts, and its restore calls "
-    "committed() for the retry topic ('load retry offset'), which answers "
-    "'no answer within 3.0 s' forever although the broker is up (a new "
-    "AdminClient gets the same offsets at once): no event is handled after the fault"
-)
-KNOWN: dict[tuple[str, str], str] = {
-    ("kafka", "kill"): _KAFKA_RESTORE,
-    ("kafka", "restart_twice"): _KAFKA_RESTORE,
-}
+# Cases that fail today, each with the symptom seen: none. A case added here
+# is a fault being fixed, never a design decision.
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def cases() -> list[object]:
