@@ -48,9 +48,15 @@ class CrashAfterRetryWrite(Wrapped):
         return result
 
     async def append(
-        self, topic: str, partition: int, records: Any, *, fence: Lease | None = None
+        self,
+        topic: str,
+        partition: int,
+        records: Any,
+        *,
+        fence: Lease | None = None,
+        token: str | None = None,
     ) -> list[int]:
-        result = await self.inner.append(topic, partition, records, fence=fence)
+        result = await self.inner.append(topic, partition, records, fence=fence, token=token)
         self._crash([topic])
         return result
 

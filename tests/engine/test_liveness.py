@@ -162,3 +162,70 @@ async def test_a_stall_inside_a_handler_call_is_reported_once_and_never_run_twic
     [line] = [r for r in caplog.records if "stalled" in r.getMessage()]
     assert line.getMessage() == "partition stalled in a handler call; not restarted"
     assert line.levelno == logging.ERROR
+
+
+async def test_a_partition_waiting_out_a_long_retry_delay_goes_on_when_the_log_answers_another(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After an outage a partition whose call failed often waits out a long
+    retry delay (16 s with the defaults) with the server long back: the NATS
+    log said "reconnected", then nothing. The first partition whose call
+    succeeds again wakes the others' retries."""
+
+    class Outage:
+        def __init__(self, inner: Log) -> None:
+            self.inner = inner
+            self.down: set[int] = set()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def read(self, topic: str, partition: int, offset: int, limit: int = 500) -> Any:
+            if topic == "t" and partition in self.down:
+                raise wk.LogUnavailableError("no answer within 1 s")
+            return await self.inner.read(topic, partition, offset, limit)
+
+    log = wk.MemoryLog()
+    await log.create_topic("t", 2)
+    outage = Outage(log)
+    handled: list[tuple[int, int]] = []
+
+    async def handle(run: Sequence[Item]) -> None:
+        handled.extend((wk.current_chunk().partition, e.n) for e in run)
+
+    def failures(partition: int) -> int:
+        return sum(
+            1
+            for r in caplog.records
+            if r.getMessage() == "log call failed; retrying"
+            and r.__dict__.get("partition") == partition
+        )
+
+    async def until(condition: Any, limit: float = 30.0) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + limit
+        while not condition():
+            assert loop.time() < end, "condition not met"
+            await asyncio.sleep(0.01)
+
+    config = _config(retry_delays=(0.05, 0.1, 60.0), stall_timeout=300.0)
+    consumer = Consumer(config, [Handler(Item, handle)], outage)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="wakuwaku"):
+        task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+        await until(
+            lambda: len(consumer.workers) == 2 and all(w.started for w in consumer.workers.values())
+        )
+        outage.down = {1}
+        await until(lambda: failures(1) >= 3)  # partition 1 now waits 60 s
+        outage.down = {0, 1}
+        await until(lambda: failures(0) >= 1)  # partition 0 waits 0.05 s
+        outage.down = set()  # the server is back
+        back = asyncio.get_running_loop().time()
+        producer = wk.Producer(log, "t")
+        await producer.publish_many([Item(f"k{n}", n) for n in range(20)])
+        await until(lambda: {n for _, n in handled} == set(range(20)), limit=20.0)
+        took = asyncio.get_running_loop().time() - back
+        consumer.stop()
+        await task
+    assert {p for p, _ in handled} == {0, 1}
+    assert took < 20.0  # not the 60 s partition 1 was waiting out

@@ -40,6 +40,7 @@ from ._ownership import ownership_for
 from ._partition import PartitionWorker
 from ._registry import check_and_note
 from ._setup import setup_fault
+from ._shared import LogHealth
 from ._stats import ConsumerStats
 from ._view import PartitionView
 
@@ -92,6 +93,9 @@ class Consumer:
         self._executor: ThreadPoolExecutor | None = None
         # Leases of ours, or assignments the log pushes (Kafka): _ownership.py.
         self._ownership = ownership_for(log, config)
+        # One for all partitions: the first to reach the log after an outage
+        # wakes the others' retries (design §7).
+        self._health = LogHealth()
 
     # ------------------------------------------------------------------ setup
 
@@ -421,6 +425,7 @@ class Consumer:
                 generation=lease.generation,
                 lease_deadline=sent + ttl,
                 on_caught_up=self._caught_up.set,
+                health=self._health,
                 executor=self._executor,
             )
             self.workers[(topic, partition)] = worker

@@ -50,7 +50,7 @@ from ._handler import Handler
 from ._outbox import Outbox
 from ._plan import Groups, Run, Segment, decode_batch, group, plan_groups
 from ._retry import RetryState, load_retry_state, retry_source
-from ._shared import Abandon, PartitionServices, logger
+from ._shared import Abandon, LogHealth, PartitionServices, logger
 from ._stats import ConsumerStats
 from ._view import PartitionView, quarantined_keys
 
@@ -71,6 +71,9 @@ class PartitionWorker:
         monotonic seconds); no chunk starts past it (the consumer renews it).
     :param on_caught_up: called each time a poll finds nothing new (the
         consumer's :meth:`~wakuwaku.Consumer.drain` listens).
+    :param health: the consumer's :class:`~._shared.LogHealth`, shared by its
+        partitions (a partition whose log call succeeds after an outage
+        wakes the others' retries).
     :param executor: the thread pool sync handlers run on (None: asyncio's
         default one); not to be confused with :attr:`chunk_executor`, the
         :class:`ChunkExecutor` that calls the handlers.
@@ -93,6 +96,7 @@ class PartitionWorker:
         lease_deadline: float = math.inf,
         on_caught_up: Callable[[], None] | None = None,
         executor: ThreadPool | None = None,
+        health: LogHealth | None = None,
     ) -> None:
         self.services = services = PartitionServices(
             log=log,
@@ -102,6 +106,7 @@ class PartitionWorker:
             stats=stats,
             generation=generation,
             lease_deadline=lease_deadline,
+            health=health,
         )
         self.log = log
         self.config = config

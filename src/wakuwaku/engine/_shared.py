@@ -51,6 +51,35 @@ class Abandon(Exception):
     """The partition task stops without finishing its batch (shutdown or lost lease)."""
 
 
+class LogHealth:
+    """Told by every partition of a consumer when the log answers again
+    after failed calls, so that the others retry at once (design §7).
+
+    A partition whose call failed during an outage waits its retry delay
+    (up to the schedule's last, 16 s by default) before it asks again; the
+    first partition whose call succeeds after the server came back wakes
+    the ones still waiting instead of leaving them silent for the rest of
+    their delay (a NATS restart: "reconnected", then nothing for 16 s).
+    """
+
+    def __init__(self) -> None:
+        self._answered = asyncio.Event()
+        self.waiting = 0
+
+    def answered(self) -> None:
+        """The log answered a call that had failed before: wake the waiters."""
+        answered, self._answered = self._answered, asyncio.Event()
+        answered.set()
+
+    async def wait(self) -> None:
+        """Return at the next :meth:`answered`."""
+        self.waiting += 1
+        try:
+            await self._answered.wait()
+        finally:
+            self.waiting -= 1
+
+
 class Gate:
     """Open unless some chunk or log call of the partition is retrying in place (design §5.6).
 
@@ -91,6 +120,8 @@ class PartitionServices:
         None without a lease (no fence).
     :param lease_deadline: when the lease runs out unless renewed (the
         clock's monotonic seconds); no chunk starts past it.
+    :param health: shared by the consumer's partitions (:class:`LogHealth`);
+        None: this partition's own.
 
     :ivar stopping: true once :meth:`stop` was called (a plain attribute:
         it is read before every chunk).
@@ -110,6 +141,7 @@ class PartitionServices:
         stats: ConsumerStats,
         generation: int | None = None,
         lease_deadline: float = math.inf,
+        health: LogHealth | None = None,
     ) -> None:
         self.log = log
         self.config = config
@@ -128,6 +160,7 @@ class PartitionServices:
             else Lease(config.group, topic, partition, config.member_id, generation, 0.0)
         )
         self.clock = config.clock
+        self.health = health if health is not None else LogHealth()
         self.retry = RetryState(config.delay, config.clock, group=config.group)
         # Work records this process wrote, for attempts that come soon (issue 12 item 7).
         self.written = WrittenCache()
@@ -163,13 +196,17 @@ class PartitionServices:
         :meth:`RetryState.apply`)."""
         return self.clock.now(), self.clock.monotonic()
 
-    async def sleep(self, seconds: float, *, progress: bool = True) -> None:
+    async def sleep(
+        self, seconds: float, *, progress: bool = True, until_answered: bool = False
+    ) -> None:
         """Sleep on the clock; raise :class:`Abandon` as soon as a stop is asked.
 
         :param progress: the wait is deliberate (an idle poll interval, a
             Transient retry's delay): the partition counts as progressing
             until it ends. False for a wait after a failed log call, which
             is no progress.
+        :param until_answered: end the wait early when another partition's
+            log call succeeds after failures (:class:`LogHealth`).
         """
         if self._stop.is_set():
             raise Abandon
@@ -180,11 +217,14 @@ class PartitionServices:
         # by asyncio debug mode's other task order) would push it later.
         sleeper = asyncio.ensure_future(self._sleep_until(self.clock.monotonic() + seconds))
         stopper = asyncio.ensure_future(self._stop.wait())
+        waits = {sleeper, stopper}
+        if until_answered:
+            waits.add(asyncio.ensure_future(self.health.wait()))
         try:
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            sleeper.cancel()
-            stopper.cancel()
+            for waiting in waits:
+                waiting.cancel()
         if self._stop.is_set():
             raise Abandon
 
@@ -271,9 +311,11 @@ class PartitionServices:
                             "error": error,
                         },
                     )
-                    await self.sleep(delay, progress=False)
+                    await self.sleep(delay, progress=False, until_answered=True)
                 else:
                     self.progress_at = max(self.progress_at, time.monotonic())
+                    if failures and self.health.waiting:
+                        self.health.answered()
                     return result
         finally:
             if failures:
