@@ -15,8 +15,9 @@ import asyncio
 import logging
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +35,26 @@ from .conftest import Item, consumer, setup_topic
 
 async def _noop(run: Sequence[Item]) -> None:
     return None
+
+
+async def _one_event() -> tuple[Log, list[int], Callable[[Sequence[Item]], Awaitable[None]]]:
+    """A memory log with one event on ``t``, and a handler noting what it handled."""
+    log = wk.MemoryLog()
+    producer = await setup_topic(log)
+    await producer.publish(Item("k", 1))
+    handled: list[int] = []
+
+    async def apply(run: Sequence[Item]) -> None:
+        handled.extend(e.n for e in run)
+
+    return log, handled, apply
+
+
+async def _drive(task: asyncio.Task[Any], clock: FakeClock, step: float) -> None:
+    """Move the fake clock on by ``step`` until ``task`` ends (its waits are on it)."""
+    while not task.done():
+        clock.advance(step)
+        await asyncio.sleep(0.01)
 
 
 async def test_an_inbox_without_its_table_stops_the_consumer_with_one_line(
@@ -71,22 +92,14 @@ async def test_a_lost_inbox_database_is_retried_as_an_inbox_call(
                 raise sqlite3.OperationalError("database is locked")
             return set()
 
-    log = wk.MemoryLog()
-    producer = await setup_topic(log)
-    await producer.publish(Item("k", 1))
-    handled: list[int] = []
-
-    async def apply(run: Sequence[Item]) -> None:
-        handled.extend(e.n for e in run)
+    log, handled, apply = await _one_event()
 
     inbox = Flaky(":memory:", "g")
     with caplog.at_level(logging.WARNING, logger="wakuwaku"):
         task = asyncio.create_task(
             consumer(log, clock, [Handler(Item, apply, inbox=inbox)], retry_delays=[0.5]).drain()
         )
-        while not task.done():
-            clock.advance(0.5)
-            await asyncio.sleep(0.01)
+        await _drive(task, clock, 0.5)
         await task
     assert handled == [1]
     retries = [r for r in caplog.records if r.getMessage() == "inbox call failed; retrying"]
@@ -118,9 +131,7 @@ async def test_a_topic_deleted_under_the_consumer_stops_it(
         task = asyncio.create_task(
             consumer(Gone(log), clock, [Handler(Item, _noop)], retry_delays=[1.0]).drain()  # type: ignore[arg-type]
         )
-        while not task.done():
-            clock.advance(1.0)
-            await asyncio.sleep(0.01)
+        await _drive(task, clock, 1.0)
         with pytest.raises(SetupError, match="topic 't' does not exist"):
             await task
     messages = [r.getMessage() for r in caplog.records]
@@ -221,21 +232,13 @@ async def test_a_consumer_started_during_an_outage_starts_when_the_log_answers(
                 raise LogUnavailableError("no answer within 1 s")
             return await self.inner.describe_topic(topic)
 
-    log = wk.MemoryLog()
-    producer = await setup_topic(log)
-    await producer.publish(Item("k", 1))
-    handled: list[int] = []
-
-    async def apply(run: Sequence[Item]) -> None:
-        handled.extend(e.n for e in run)
+    log, handled, apply = await _one_event()
 
     with caplog.at_level(logging.WARNING, logger="wakuwaku"):
         task = asyncio.create_task(
             consumer(Restarting(log), clock, [Handler(Item, apply)], retry_delays=[1.0]).drain()  # type: ignore[arg-type]
         )
-        while not task.done():
-            clock.advance(1.0)
-            await asyncio.sleep(0.01)
+        await _drive(task, clock, 1.0)
         await task
     assert handled == [1]
     waits = [r for r in caplog.records if r.getMessage() == "log call failed; retrying"]

@@ -535,34 +535,24 @@ class Consumer:
             lag = ends.get(worker.partition, 0) - worker.position
             if lag <= 0 and worker.started and not worker.retry.keys:
                 continue
+            fields = {
+                "topic": worker.topic,
+                "partition": worker.partition,
+                "lag": lag,
+                "stalled_for": round(stalled_for, 3),
+                "position": worker.position,
+                "stall_timeout": limit,
+            }
             if services.in_handler:
                 if reported != services.progress_at:
                     reported = services.progress_at
                     self.stats.stalls += 1
                     logger.error(
                         "partition stalled in a handler call; not restarted",
-                        extra={
-                            "topic": worker.topic,
-                            "partition": worker.partition,
-                            "lag": lag,
-                            "stalled_for": round(stalled_for, 3),
-                            "position": worker.position,
-                            "stall_timeout": limit,
-                            "calls": services.in_handler,
-                        },
+                        extra={**fields, "calls": services.in_handler},
                     )
                 continue
-            logger.error(
-                "partition stalled; restarting its worker",
-                extra={
-                    "topic": worker.topic,
-                    "partition": worker.partition,
-                    "lag": lag,
-                    "stalled_for": round(stalled_for, 3),
-                    "position": worker.position,
-                    "stall_timeout": limit,
-                },
-            )
+            logger.error("partition stalled; restarting its worker", extra=fields)
             self.stats.stalls += 1
             worker.stalled = True
             running.cancel()
