@@ -84,6 +84,7 @@ async def test_a_read_whose_reply_never_comes_restarts_the_worker_loudly(
     fields = stall.__dict__
     assert fields["topic"] == "t" and fields["partition"] in (0, 1)
     assert fields["lag"] > 0 and fields["stalled_for"] >= 0.5
+    assert fields["operations"] == ["poll"]  # where the worker waited
 
 
 async def test_deliberate_waits_are_not_stalls(caplog: pytest.LogCaptureFixture) -> None:
@@ -117,9 +118,11 @@ async def test_deliberate_waits_are_not_stalls(caplog: pytest.LogCaptureFixture)
 
 
 def test_stall_timeout_is_checked() -> None:
-    for bad in (0, -1.0, float("nan"), float("inf")):
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "5", None):
         with pytest.raises(wk.ConfigError, match="stall_timeout"):
             _config(stall_timeout=bad)
+    with pytest.raises(wk.ConfigError, match="max_poll_records"):
+        _config(max_poll_records=True)  # a bool is no count
 
 
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])

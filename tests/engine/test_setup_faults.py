@@ -75,6 +75,10 @@ async def test_an_inbox_without_its_table_stops_the_consumer_with_one_line(
     assert messages.count("setup error; stopping the consumer") == 1
     assert not any("call failed; retrying" in m for m in messages)
     assert await log.committed("g", "t", 0) is None  # nothing was handled
+    # The partition was let go: the fixed consumer, started again at once,
+    # does not wait out lease_ttl (3600 s here) for its own lease.
+    lease = await log.acquire_partition("g", "t", 0, "another-member", 10.0)
+    assert lease is not None
 
 
 async def test_a_lost_inbox_database_is_retried_as_an_inbox_call(
@@ -145,6 +149,7 @@ async def test_a_topic_deleted_under_the_consumer_stops_it(
         (sqlite3.OperationalError("no such table: wk_inbox"), True),
         (sqlite3.OperationalError("attempt to write a readonly database"), True),
         (sqlite3.OperationalError("database is locked"), False),
+        (sqlite3.OperationalError("unable to open database file"), True),
         (LogUnavailableError("no answer within 10 s"), False),
         (ConnectionResetError("reset by peer"), False),
         (TimeoutError(), False),
@@ -155,6 +160,11 @@ async def test_a_topic_deleted_under_the_consumer_stops_it(
         (type("UndefinedTable", (Exception,), {"sqlstate": "42P01"})("relation"), True),
         (type("SerializationFailure", (Exception,), {"sqlstate": "40001"})("retry"), False),
         (type("InvalidPassword", (Exception,), {"sqlstate": "28P01"})("denied"), True),
+        # psycopg gives errors raised while connecting no SQLSTATE
+        (Exception('connection failed: FATAL:  database "nosuch" does not exist'), True),
+        (Exception('connection failed: FATAL:  role "nosuch" does not exist'), True),
+        (Exception('relation "orders" does not exist'), False),  # 42P01 has its SQLSTATE
+        (Exception("HELLO must be called with the client already authenticated"), True),
     ],
 )
 def test_setup_faults_are_told_apart_from_outages(exc: Exception, setup: bool) -> None:

@@ -428,11 +428,16 @@ class ConsumerConfig:
         bounds = ("max_pending_retry", "max_poll_records", "max_concurrency", "error_text_limit")
         for name in bounds:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ConsumerConfig.{name} must be an int >= 1, got {value!r}")
         for name in ("poll_interval", "shutdown_timeout", "lease_ttl", "stall_timeout"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
                 raise ConfigError(
                     f"ConsumerConfig.{name} must be finite seconds > 0, got {value!r}"
                 )

@@ -431,7 +431,13 @@ class Consumer:
             self.workers[(topic, partition)] = worker
             if self._stop.is_set():
                 worker.stop()
-            lost = await self._run_worker(worker, lease)
+            try:
+                lost = await self._run_worker(worker, lease)
+            except SetupError:
+                # Let the partition go, as a graceful stop does: the fixed
+                # consumer, started again, must not wait out lease_ttl.
+                await self._ownership.release(lease)
+                raise
             if self._stop.is_set():
                 await self._ownership.release(lease)
                 return
@@ -538,6 +544,7 @@ class Consumer:
             fields = {
                 "topic": worker.topic,
                 "partition": worker.partition,
+                "operations": sorted(services.calling),
                 "lag": lag,
                 "stalled_for": round(stalled_for, 3),
                 "position": worker.position,

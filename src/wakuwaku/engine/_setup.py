@@ -20,6 +20,7 @@ May call: nothing of the engine. Called by :mod:`._shared` (the retrying call).
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,7 +50,17 @@ class SetupFault:
 #: 42703 no such column, 42501 insufficient privilege, 42883 no such function.
 _PG_CODES = {"3D000", "3F000", "42P01", "42703", "42501", "42883"}
 
-_SQLITE_SETUP = ("no such table", "no such column", "readonly database", "no such function")
+_SQLITE_SETUP = (
+    "no such table",
+    "no such column",
+    "readonly database",
+    "no such function",
+    "unable to open database file",
+)
+
+#: What PostgreSQL says of a missing database or role while connecting
+#: (psycopg gives those errors no SQLSTATE).
+_PG_MISSING = re.compile(r'\b(database|role) "[^"]*" does not exist')
 
 _AUTH_NAMES = {
     "AuthenticationError",
@@ -70,6 +81,8 @@ _AUTH_TEXTS = (
     "permissions violation",
     "invalid username-password",
     "password authentication failed",
+    "already authenticated",  # Redis: HELLO before AUTH, a URL without its password
+    "authentication required",
 )
 
 
@@ -88,9 +101,11 @@ def setup_fault(exc: BaseException) -> SetupFault | None:
 
     Recognized: :class:`~wakuwaku.SetupError` itself; a missing topic
     (:class:`~wakuwaku.UnknownTopicError`, certain after 3 in a row);
-    SQLite's "no such table", "no such column", "readonly database";
+    SQLite's "no such table", "no such column", "readonly database",
+    "unable to open database file";
     PostgreSQL's SQLSTATE class 28 and codes 3D000, 3F000, 42P01, 42703,
-    42501, 42883; refused credentials or permissions of Redis, NATS and
+    42501, 42883, and a database or role that does not exist (said while
+    connecting, without an SQLSTATE); refused credentials or permissions of Redis, NATS and
     Kafka (by the client's error type or the server's words). Everything
     else (a lost connection, a timeout, a locked database) is left to the
     retry schedule.
@@ -129,6 +144,11 @@ def _one(exc: BaseException) -> SetupFault | None:
         )
     name = type(exc).__name__
     text = str(exc).lower()
+    if _PG_MISSING.search(text):
+        return SetupFault(
+            f"PostgreSQL refused the connection: {exc}",
+            "create the database or role, or fix the DSN",
+        )
     if name in _AUTH_NAMES or any(part in text for part in _AUTH_TEXTS):
         return SetupFault(
             f"the server refused the credentials or a permission: {exc}",

@@ -180,6 +180,10 @@ class PartitionServices:
         # Handler calls running now (first calls of chunks): a stall inside
         # one is reported, never cancelled (see Consumer._watchdog).
         self.in_handler = 0
+        # The consumer's own calls under way ("poll", "store", "inbox
+        # lookup"...; a poll reads ahead beside a store): a stall line says
+        # where the worker waits.
+        self.calling: list[str] = []
 
     # ------------------------------------------------------------------ control
 
@@ -279,6 +283,7 @@ class PartitionServices:
         """
         failures = 0
         setup_failures = 0
+        self.calling.append(operation)
         try:
             while True:
                 try:
@@ -314,10 +319,16 @@ class PartitionServices:
                     await self.sleep(delay, progress=False, until_answered=True)
                 else:
                     self.progress_at = max(self.progress_at, time.monotonic())
-                    if failures and self.health.waiting:
-                        self.health.answered()
+                    if failures:
+                        logger.info(
+                            f"{service} call answered again",
+                            extra={**self.fields, "operation": operation, "failures": failures},
+                        )
+                        if self.health.waiting:
+                            self.health.answered()
                     return result
         finally:
+            self.calling.remove(operation)
             if failures:
                 self.gate.reopen()
 
