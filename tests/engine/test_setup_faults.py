@@ -255,41 +255,36 @@ async def test_a_consumer_started_during_an_outage_starts_when_the_log_answers(
     assert [getattr(r, "operation", None) for r in waits] == ["describe topic"] * 2
 
 
-@pytest.mark.redis
-async def test_a_refused_password_stops_the_consumer_at_start(tmp_path: Path) -> None:
-    """A Redis server that refuses the password: one SetupError at start,
-    not a LogUnavailableError (which reads as an outage)."""
-    import shutil
-    import socket
-    import subprocess
-
+@pytest.mark.parametrize(
+    "engine",
+    [pytest.param("redis", marks=pytest.mark.redis), pytest.param("nats", marks=pytest.mark.nats)],
+)
+async def test_a_refused_password_stops_the_consumer_at_start(engine: str, tmp_path: Path) -> None:
+    """A server that refuses the password: one SetupError at start, naming
+    it. Redis said LogUnavailableError (which reads as an outage); NATS
+    retried forever with a bare TimeoutError (nats-py kept the server's
+    "Authorization Violation" to its error callback)."""
+    from wakuwaku.logs.nats import NatsLog
     from wakuwaku.logs.redis import RedisLog
 
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed (make services)")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    argv = [server, "--port", str(port), "--bind", "127.0.0.1", "--requirepass", "secret"]
-    process = subprocess.Popen(  # noqa: ASYNC220 - starts at once; waited on below
-        [*argv, "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL
+    from ..faults.servers import NatsServer, RedisServer
+
+    server: RedisServer | NatsServer
+    if engine == "redis":
+        server = RedisServer(tmp_path, password="secret")
+    else:
+        server = NatsServer(tmp_path, user="app", password="secret")
+    await asyncio.to_thread(server.start)
+    port = server.port
+    log: Log = (
+        RedisLog(f"redis://:wrong@127.0.0.1:{port}")
+        if engine == "redis"
+        else NatsLog(f"nats://app:wrong@127.0.0.1:{port}", timeout=2.0)
     )
-    log = RedisLog(f"redis://:wrong@127.0.0.1:{port}")
     try:
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert process.poll() is None, "redis-server exited"
-                await asyncio.sleep(0.05)
-        consumer_ = wk.Consumer(
-            wk.ConsumerConfig(topic="t", group="g"), [Handler(Item, _noop)], log
-        )
+        refused = wk.Consumer(wk.ConsumerConfig(topic="t", group="g"), [Handler(Item, _noop)], log)
         with pytest.raises(SetupError, match="refused the credentials"):
-            await asyncio.wait_for(consumer_.drain(), 30)
+            await asyncio.wait_for(refused.drain(), 30)
     finally:
         await log.close()
-        process.kill()
-        process.wait(10)
+        await asyncio.to_thread(server.close)

@@ -155,15 +155,17 @@ class RedisServer(_Process):
 
     ``durable`` (the default): append-only file, fsync on every write, so a
     SIGKILL loses nothing the server acknowledged. ``durable=False``: no
-    persistence at all, a restart comes back empty.
+    persistence at all, a restart comes back empty. ``password``: the
+    server requires it (``requirepass``).
     """
 
     name = "redis-server"
 
-    def __init__(self, folder: Path, *, durable: bool = True) -> None:
+    def __init__(self, folder: Path, *, durable: bool = True, password: str | None = None) -> None:
         super().__init__(folder)
         self.binary = require_binary("redis-server", "make services")
         self.durable = durable
+        self.password = password
 
     @property
     def url(self) -> str:
@@ -186,13 +188,14 @@ class RedisServer(_Process):
             str(self.folder),
             "--daemonize",
             "no",
+            *(["--requirepass", self.password] if self.password else []),
         ]
 
     def ready(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 
@@ -202,17 +205,35 @@ class NatsServer(_Process):
 
     name = "nats-server"
 
-    def __init__(self, folder: Path, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        binary: str | None = None,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
         super().__init__(folder)
         self.binary = binary or require_binary("nats-server", "make services")
         self.store = folder / "js"
+        self.login = ["--user", user, "--pass", password or ""] if user else []
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def command(self) -> Sequence[str]:
-        return [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)]
+        return [
+            self.binary,
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.store),
+            *self.login,
+        ]
 
 
 class KafkaBroker(_Process):

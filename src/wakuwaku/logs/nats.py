@@ -367,8 +367,12 @@ class NatsLog(Log):
     async def _connect(self) -> Client:
         token = self._token if self._token is not None else os.environ.get(TOKEN_ENV) or None
 
+        refused: list[Exception] = []  # what the server said to a first connection it refused
+
         async def on_error(exc: Exception) -> None:
             logger.debug("NATS client error on %s: %s", self.url, exc)
+            if not connected:
+                refused[:] = [exc]
 
         connected = False
 
@@ -410,9 +414,14 @@ class NatsLog(Log):
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
                 await asyncio.wait_for(nc.close(), self.timeout)
+            # nats-py retries a refused login until the bound above: the
+            # server's reason ("Authorization Violation") reached only the
+            # error callback, and the caller saw a bare TimeoutError.
+            cause = refused[-1] if refused else exc
+            reason = f"{type(cause).__name__}: {cause}" if refused else type(exc).__name__
             raise LogUnavailableError(
-                f"cannot connect to the NATS log {self.url}: {type(exc).__name__}"
-            ) from exc
+                f"cannot connect to the NATS log {self.url}: {reason}"
+            ) from cause
         connected = True
         return nc
 
