@@ -769,6 +769,22 @@ class LogContract:
             assert await other.append("orders", 0, [rec(b"again")]) == [0]
         assert [r.body for r in await read_all(log, "orders", 0)] == [b"again"]
 
+    async def test_a_reader_that_cached_a_deleted_topic_is_told(self, log: Log) -> None:
+        """A consumer whose topic another process deleted read empty pages
+        forever (SQLite: a cached topic id), idle in silence, instead of
+        being told the topic is gone."""
+        if not self.multiprocess:
+            pytest.skip(f"{type(log).__name__} has one instance per log")
+        await log.create_topic("orders", 1)
+        async with open_log(log.url) as other:
+            assert await other.append("orders", 0, [rec(b"first")]) == [0]
+            assert [r.body for r in await other.read("orders", 0, 0)] == [b"first"]
+            assert await log.delete_topic("orders")
+            with pytest.raises(UnknownTopicError):
+                await other.read("orders", 0, 1)
+            with pytest.raises(UnknownTopicError):
+                await other.end_offsets("orders")
+
     async def test_delete_group_removes_its_offsets_and_leases_only(self, log: Log) -> None:
         await log.create_topic("orders", 2)
         await log.create_topic("other", 1)

@@ -1057,6 +1057,13 @@ class KafkaLog(Log):
             running = asyncio.ensure_future(self._run("read", fetch))
             try:
                 messages, position = await asyncio.shield(running)
+            except LogError as exc:
+                if exc.__cause__ is not None and _code(exc.__cause__) in _UNKNOWN_TOPIC_CODES:
+                    # Deleted under a reader that had it cached: say so, as
+                    # the contract asks, instead of failing each poll alike.
+                    self._topics.pop(topic, None)
+                    raise UnknownTopicError(topic) from exc
+                raise
             except asyncio.CancelledError:
                 # Stop the fetch thread and wait for it: otherwise it goes on
                 # consuming for up to ``wait`` seconds, holding a worker of the

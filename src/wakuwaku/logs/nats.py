@@ -1096,14 +1096,31 @@ class NatsLog(Log):
         check_partition(topic, partition, await self._partitions(topic))
         if max_records < 1:
             return []
-        found = await self._pull(topic, partition, offset + 1, max_records, 0.0)
-        if not found and wait > 0:
-            found = await self._pull(topic, partition, offset + 1, 1, wait)
-            if found and max_records > 1:
-                found += await self._pull(
-                    topic, partition, found[-1].offset + 2, max_records - 1, 0.0
-                )
+        try:
+            found = await self._pull(topic, partition, offset + 1, max_records, 0.0)
+            if not found and wait > 0:
+                found = await self._pull(topic, partition, offset + 1, 1, wait)
+                if found and max_records > 1:
+                    found += await self._pull(
+                        topic, partition, found[-1].offset + 2, max_records - 1, 0.0
+                    )
+        except LogUnavailableError:
+            await self._forget_if_deleted(topic)
+            raise
         return found
+
+    async def _forget_if_deleted(self, topic: str) -> None:
+        """After a failed call on ``topic``: raise UnknownTopicError when the
+        topic was deleted meanwhile (by another process, whose deletion this
+        instance's cache did not see), so a reader is told instead of
+        retrying a pull on a stream that is gone, forever.
+
+        :raises UnknownTopicError: when the topic no longer exists.
+        """
+        self._topics.pop(topic, None)
+        with contextlib.suppress(LogUnavailableError):
+            if await self._partitions_or_none(topic) is None:
+                raise UnknownTopicError(topic) from None
 
     async def _reader(self, topic: str, partition: int, seq: int) -> _Reader:
         """The pull consumer that delivers ``topic``/``partition`` from ``seq``.

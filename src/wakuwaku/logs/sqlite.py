@@ -269,7 +269,9 @@ class SQLiteLog(Log):
         return app_id, objects
 
     def _topic(self, db: sqlite3.Connection, topic: str) -> tuple[int, int]:
-        """``(id, partitions)`` of ``topic``; topics never change once created."""
+        """``(id, partitions)`` of ``topic``, cached: a topic never changes
+        once created, and one deleted by another process is found by
+        :meth:`_check_alive` (an empty read) or by a write's own check."""
         found = self._topics.get(topic)
         if found is None:
             row = db.execute(
@@ -604,7 +606,23 @@ class SQLiteLog(Log):
                 ahead = _fetch(cursor, min(extra, _READ_AHEAD_BYTES // size))
         finally:
             cursor.close()  # ends the read snapshot at once
+        if not found:
+            self._check_alive(db, topic_id)
         return found, ahead
+
+    def _check_alive(self, db: sqlite3.Connection, topic_id: int) -> None:
+        """Raise :class:`_TopicGone` when the topic of a cached id was deleted
+        since it was cached (by another process: a deletion here evicts it).
+
+        Asked when a read finds nothing or a topic shows no partitions: a
+        consumer whose topic another process deleted read empty pages
+        forever, idle in silence, instead of :class:`~wakuwaku.UnknownTopicError`.
+        """
+        row = db.execute(
+            "SELECT 1 FROM wk_topics WHERE id = ? AND name NOT LIKE char(0) || '%'", (topic_id,)
+        ).fetchone()
+        if row is None:
+            raise _TopicGone(topic_id)
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
         return await self._run(self._bounds, topic, "next_offset")
@@ -619,7 +637,10 @@ class SQLiteLog(Log):
             f"SELECT part, {column} FROM wk_partitions WHERE topic_id = ? ORDER BY part",
             (topic_id,),
         )
-        return {int(part): int(value) for part, value in rows}
+        bounds = {int(part): int(value) for part, value in rows}
+        if not bounds:
+            self._check_alive(db, topic_id)
+        return bounds
 
     # -- offsets and leases -----------------------------------------------
 
