@@ -40,6 +40,7 @@ def nats_url(request: pytest.FixtureRequest) -> str:
 
 class TestNatsLog(LogContract):
     multiprocess = True
+    refuses_token_reuse = False
 
     @pytest.fixture
     async def log(self, nats_url: str) -> AsyncIterator[Log]:

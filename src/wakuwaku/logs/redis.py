@@ -383,9 +383,18 @@ class RedisLog(Log):
             keys += [f"{tag}:meta", f"{tag}:off"]
             args.append(str(offset))
         try:
-            firsts = await self._call("write", self._write, keys, args)
+            written = await self._call("write", self._write, keys, args)
         except LogError as exc:
             raise self._refusal(exc, appends, commits, fences) from exc.__cause__
+        # (first offset, record count) per append: a token's first run may
+        # have written another number of records than this call holds.
+        firsts, counts = written[0::2], written[1::2]
+        for (topic, partition, records), count in zip(appends, counts, strict=True):
+            if int(count) != len(records):
+                raise ConfigError(
+                    f"append token {token!r} on {topic}/{partition} was used for an append "
+                    f"of {int(count)} records, now {len(records)}: a token names one append"
+                )
         return [
             list(range(int(first), int(first) + len(records)))
             for first, (_, _, records) in zip(firsts, appends, strict=True)

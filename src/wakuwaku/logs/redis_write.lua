@@ -37,8 +37,9 @@ a = a + 5
 if token ~= '' then
   local done = redis.call('GET', KEYS[fences + 1])
   if done then
+    -- (first offset, record count) of each append the token's first run wrote
     local firsts = {}
-    for first in string.gmatch(done, '%d+') do firsts[#firsts + 1] = tonumber(first) end
+    for n in string.gmatch(done, '%d+') do firsts[#firsts + 1] = tonumber(n) end
     return firsts
   end
 end
@@ -74,7 +75,8 @@ for i = 1, appends do
   if count > 0 then
     redis.call('HSET', meta, 'next', string.format('%d', offset))
   end
-  firsts[i] = first
+  firsts[2 * i - 1] = first
+  firsts[2 * i] = count
   k = k + 2
 end
 for _ = 1, commits do
