@@ -1598,8 +1598,16 @@ class KafkaLog(Log):
         """Return when ``member``'s assignment changes, or after ``within`` seconds
         (:class:`~wakuwaku.engine._ownership.AssignmentLog`)."""
         found = self._members.get((group, member))
-        if found is None:
-            await asyncio.sleep(min(within, 0.1))
+        if found is None or not found.assigned_once.is_set():
+            # Joining: the group's answer is real I/O, so a fake clock must
+            # not run ahead meanwhile (it did, by a second and more, while a
+            # test's own wait loop spun on it).
+            with BLOCKING_CALLS.track():
+                if found is None:
+                    await asyncio.sleep(min(within, 0.1))
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(found.changed.wait(), min(within, 0.1))
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(found.changed.wait(), within)
@@ -1887,8 +1895,8 @@ class KafkaLog(Log):
         producer = self._transactional(member)
         results: list[list[int]] = [[-1] * len(records) for _, _, records in batches]
         errors: list[Any] = []
-        producer.begin_transaction()
         try:
+            producer.begin_transaction()
             for n, (topic, partition, records) in enumerate(batches):
                 for i, (headers, body) in enumerate(records):
                     key, rest = self._message(headers)
@@ -1915,8 +1923,18 @@ class KafkaLog(Log):
             if isinstance(err, KafkaError) and err.fatal():
                 member.txn = None
             else:
-                with contextlib.suppress(KafkaException):
+                try:
                     producer.abort_transaction(self.timeout)
+                except KafkaException:
+                    # An abort that did not finish (the broker went away
+                    # under it) stays in progress inside librdkafka, and
+                    # every later call of this producer fails with
+                    # "Conflicting abort_transaction API call is already in
+                    # progress": the member never stored again. A new
+                    # producer with the same transactional.id fences this
+                    # one and aborts its open transaction at
+                    # init_transactions.
+                    member.txn = None
             raise
         if errors:
             raise KafkaException(errors[0])
