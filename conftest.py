@@ -1,7 +1,7 @@
 """Fixtures for the Python code blocks of README.md and docs/*.md.
 
 `pytest --markdown-docs` (pytest-markdown-docs) runs every ```python block
-of those files as a test (issue 17 item 6). Each block runs in a fresh
+of those files as a test. Each block runs in a fresh
 temporary directory. A block that needs an object a page cannot build in a
 few lines names it as a fixture in its info string (```python fixture:redis);
 the fixtures are here. A block marked ``notest`` must be a verbatim excerpt

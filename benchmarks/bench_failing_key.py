@@ -1,4 +1,4 @@
-"""One failing key next to good ones, against a same-run baseline (issue 12 item 7).
+"""One failing key next to good ones, against a same-run baseline.
 
 One partition, keys k0..k4 x ``--events`` events (interleaved), no-op handler
 (``max_batch=100``), k4 always Retryable with ``retry_delays=(0.01, 0.02)``.

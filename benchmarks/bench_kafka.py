@@ -1,6 +1,6 @@
 """End-to-end consumer throughput on the Kafka log, next to the client's own loop and FastStream.
 
-Issue 15: a no-op handler over 200 000 events on 1 000 keys and 4
+A no-op handler over 200 000 events on 1 000 keys and 4
 partitions, ``max_poll_records`` at its default (500) and at 2 000, next to
 (a) confluent-kafka alone reading the same topic (``consume(page)`` through
 ``asyncio.to_thread``, headers and body decoded with msgspec; target: the

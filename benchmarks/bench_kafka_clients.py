@@ -1,6 +1,6 @@
 """Which Python Kafka client the Kafka log uses: batch consume + decode, measured.
 
-Issue 15 item 1: the same topic (``--events`` records over 1 000 keys,
+The same topic (``--events`` records over 1 000 keys,
 4 partitions, 40-byte payloads with the wakuwaku headers) read from offset 0
 to the end in pages of ``--page`` records by
 

@@ -1,4 +1,4 @@
-"""What waiting for the commit markers costs a transactional store on the Kafka log (issue 15).
+"""What waiting for the commit markers costs a transactional store on the Kafka log.
 
 ``KafkaLog.store`` of a batch with retry or dead-letter records is one
 Kafka transaction. ``commit_transaction`` returns before the commit markers

@@ -1,6 +1,6 @@
 """End-to-end consumer throughput on the NATS JetStream log, next to nats-py's own loop.
 
-Issue 14: a no-op handler over events on 1 000 keys and 4 partitions,
+A no-op handler over events on 1 000 keys and 4 partitions,
 ``max_poll_records`` at its default (500) and at 2 000, next to nats-py
 alone reading the same streams: per partition stream a pull consumer
 (``js.pull_subscribe``, no acks) fetched in batches of the poll size, each

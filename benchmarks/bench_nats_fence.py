@@ -1,4 +1,4 @@
-"""What fencing an append costs on the NATS log (issue 14 item 3), measured in pairs.
+"""What fencing an append costs on the NATS log, measured in pairs.
 
 The engine writes retry work, markers and dead letters with ``fence=lease``.
 Each round runs, one right after the other on the same streams:

@@ -1,4 +1,4 @@
-"""Consumer memory with a large retry backlog, next to a same-run baseline (issue 12 item 3).
+"""Consumer memory with a large retry backlog, next to a same-run baseline.
 
 design §6: in-process state per pending key is small and bounded; record
 bodies stay in the retry log. Target: 1 000 000 pending retry records across

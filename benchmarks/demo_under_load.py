@@ -1,4 +1,4 @@
-"""The flights demo's slice, run N times on a busy machine: every run must verify (issue 18 item 0).
+"""The flights demo's slice, run N times on a busy machine: every run must verify.
 
 The load is what made the demo fail its own verification before: part of the
 test suite running in a loop and two CPU-bound processes (pure Python busy

@@ -113,7 +113,7 @@ class EventType(Generic[T]):
         """The event's key as a string.
 
         :raises MissingKeyError: when the key is None, empty, only whitespace
-            (real data uses ``" "`` for "missing"; issue 12 item 11), or not a
+            (real data uses ``" "`` for "missing"), or not a
             str/int.
         """
         raw = self._key_getter(value)

@@ -46,7 +46,7 @@ def partition_for(key: str | bytes, partitions: int) -> int:
     Kafka's ``toPositive(murmur2(key)) % partitions``; a str key is UTF-8 encoded.
     Keys repeat (that is what keyed topics are for), so the last 65 536
     (key, partitions) pairs are remembered: murmur2 in Python costs about as
-    much as encoding the event (issue 18, the demo's producer).
+    much as encoding the event (measured in the flights demo's producer).
     """
     raw = key.encode("utf-8") if isinstance(key, str) else key
     return (murmur2(raw) & 0x7FFFFFFF) % partitions

@@ -81,7 +81,7 @@ class FakeClock:
 
         Models a wall-clock step (NTP, an operator, a VM resume): waits and
         deadlines run on monotonic time, so nothing a sleeper waits for
-        changes (issue 12 item 4).
+        changes.
         """
         self._wall_step_us += round(seconds * _US)
 

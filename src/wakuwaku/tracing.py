@@ -1,4 +1,4 @@
-"""OpenTelemetry traces from producer to consumer (the ``otel`` extra, issue 19).
+"""OpenTelemetry traces from producer to consumer (the ``otel`` extra).
 
 With ``opentelemetry-api`` installed (``pip install 'wakuwaku[otel]'``):
 

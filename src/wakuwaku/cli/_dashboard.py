@@ -1,4 +1,4 @@
-"""``wakuwaku dashboard``: the web dashboard over a log (issue 19, docs/dashboard.md)."""
+"""``wakuwaku dashboard``: the web dashboard over a log (docs/dashboard.md)."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def when(seconds: float | None) -> str:
 
     A stored time outside the dates :mod:`datetime` can show (before year 1
     or after 9999, up to the 2**53 ms a header may hold) prints as ``<n> s
-    since the epoch``: status never dies on a time it read (issue 12 item 4:
+    since the epoch``: status never dies on a time it read (it did, with
     ``year 33715 is out of range``).
     """
     if seconds is None:

@@ -1,4 +1,4 @@
-"""``wakuwaku dashboard``: a web page over one log's consumer groups (issue 19).
+"""``wakuwaku dashboard``: a web page over one log's consumer groups.
 
 Install with ``pip install 'wakuwaku[dashboard]'`` (Starlette, uvicorn,
 Jinja2); nothing else in wakuwaku imports this package. It reads the log

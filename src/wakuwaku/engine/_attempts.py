@@ -99,7 +99,7 @@ class Attempts:
         one batch). A round reads its keys' pending records from the retry
         partition (:meth:`_read_pending`) and runs them; the caller stores
         its markers before asking for the next round, so the bodies in memory
-        at any time are those of one round (design §6, issue 12 item 3).
+        at any time are those of one round (design §6).
         """
         services = self.services
         retry = services.retry
@@ -287,7 +287,7 @@ class Attempts:
         deleted by retention: it is gone, and the caller logs it. One at or
         above it must be there: a read that missed it (a store not yet
         visible to readers, as Kafka's transaction markers can be) must not
-        close its key unhandled (issue 15). Such records are read again on
+        close its key unhandled, losing its events. Such records are read again on
         the retry schedule, up to :data:`MISSING_READS` times, with the
         partition's gate closed as for any failing log call.
         """
@@ -333,8 +333,7 @@ class Attempts:
             a wanted offset through the last wanted one that follows it with
             gaps of at most :data:`READ_GAP` (longer stretches nobody waits
             for are not read); a record is kept when its offset is wanted
-            and its ``wk-key`` is the key it is pending for (design §6, issue 12
-            item 3).
+            and its ``wk-key`` is the key it is pending for (design §6).
         """
         services = self.services
         log, retry_topic, partition = services.log, services.retry_topic, services.partition
@@ -345,8 +344,8 @@ class Attempts:
             start = wanted[index]
             # Read through the pending records close to each other, never far
             # past the last one: a lone pending record far from the next costs
-            # one record read, not a page (issue 18: a retry round read and
-            # decoded up to READ_PAGE unrelated records per pending record).
+            # one record read, not a page (a retry round read and decoded up to
+            # READ_PAGE unrelated records per pending record).
             last = index
             while (
                 last + 1 < len(wanted)
@@ -415,7 +414,7 @@ class Attempts:
         kept.drop(done_before)
         # The counter belongs to the head of the key's pending work (design §6): an
         # attempt that got past the head starts the new head at its first
-        # failure, so progress is never punished (issue 12 item 5).
+        # failure, so progress is never punished.
         failures = 1 if done_before else state.failures + 1
         fields.update(
             {

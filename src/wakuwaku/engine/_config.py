@@ -124,7 +124,7 @@ def check_configured_topic_name(name: object, what: str) -> str:
 
 def check_retry_delays(value: Any) -> tuple[float, ...]:
     """``value`` as a retry schedule: a non-empty sequence of finite seconds
-    ``>= 0``, each at most :data:`MAX_RETRY_DELAY` (design §6, issue 12 item 4).
+    ``>= 0``, each at most :data:`MAX_RETRY_DELAY` (design §6).
 
     The one check of every schedule: ``ConsumerConfig`` and the CLI's
     ``--retry-delays`` options.
@@ -260,10 +260,10 @@ class ConsumerConfig:
         ``[0, 1]`` (default 0: none). A wait of ``d`` becomes ``d * (1 +
         retry_jitter * u)`` with ``u`` in ``[0, 1)`` from ``jitter_source``:
         jitter only adds delay, never schedules earlier (design §6), and spreads
-        keys that failed together (issue 12 item 13). It applies to every
-        wait on the schedule (Retryable attempts, Transient retries in
-        place, retried log calls); the stored due time includes it, so a
-        restart keeps it.
+        keys that failed together, which would otherwise retry in lockstep. It
+        applies to every wait on the schedule (Retryable attempts, Transient
+        retries in place, retried log calls); the stored due time includes it,
+        so a restart keeps it.
     :param jitter_source: returns ``u`` in ``[0, 1)`` (default
         :func:`random.random`); pass ``random.Random(seed).random`` for a
         reproducible schedule. A value outside ``[0, 1]`` is clamped.
@@ -514,7 +514,7 @@ class ConsumerConfig:
     def retry_delay(self, failures: int) -> float:
         """The wait (seconds) to schedule after the ``failures``-th failure in a
         row: :meth:`delay` plus the jitter, ``delay * retry_jitter * u``, which
-        only adds (design §6, issue 12 item 13). Without jitter, :meth:`delay`."""
+        only adds (design §6). Without jitter, :meth:`delay`."""
         delay = self.delay(failures)
         if not self.retry_jitter or not delay:
             return delay

@@ -231,7 +231,7 @@ class Consumer:
         ]
         try:
             # Supervisors end only at a stop; one that ends first failed loudly
-            # (issue 12 item 9: a partition must never die without a word).
+            # (a partition must never die without a word).
             stopper = asyncio.ensure_future(self._stop.wait())
             await asyncio.wait([stopper, *supervisors], return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()

@@ -445,7 +445,7 @@ class ChunkExecutor:
         """
         handlers = self.handlers
         by_inbox: dict[int, tuple[Any, list[str]]] = {}
-        # Per item, its ids when its handler has an inbox (asked once: issue 18).
+        # Per item, its ids when its handler has an inbox (asked once per item).
         item_ids: list[tuple[str, ...] | None] = []
         for item in items:
             inbox = handlers[item.tag].inbox

@@ -277,8 +277,7 @@ class Outbox:
     def write_retry_run(self, run: Run, failed_at: float | None, error: str) -> None:
         """:meth:`write_retry` of a main batch's run, without building an item
         for a record the run holds bare (see :class:`~._plan.Run`): routing a
-        quarantined key's records costs a few dict operations each (issue 12
-        item 7)."""
+        quarantined key's records costs a few dict operations each."""
         work = self._work(failed_at, error)
         key, etype, where = run.key, run.event_type, run.where
         topic, partition = where.topic, where.partition
@@ -302,8 +301,7 @@ class Outbox:
         headers (:func:`~._retry.work_common`), then its own ``wk-src``: a
         combined event is never encoded again, so a dead letter is
         byte-identical to what was consumed, keeps every record's own props
-        and custom headers, and the next attempt plans the reduction again
-        (issue 12 item 6).
+        and custom headers, and the next attempt plans the reduction again.
         """
         config = self.services.config
         at = self.services.times()
@@ -389,7 +387,7 @@ class Outbox:
         given). On a log with an atomic store (SQLite, memory) that is one
         transaction: a crash leaves all of it or none, so no record is both
         routed to the retry topic and delivered again, and no dead letter is
-        written twice (issue 12, items 2 and 12). Elsewhere each write is its
+        written twice. Elsewhere each write is its
         own fenced call, in that order, so an offset is never stored before
         what it covers. Every call is retried forever on failure (design §5.6).
 

@@ -275,7 +275,7 @@ class PartitionWorker:
         if position is None:
             position = start
         elif position < start:
-            # Retention deleted records this group never read (issue 12 item 10):
+            # Retention deleted records this group never read:
             # the log can only go on from its floor, but never in silence.
             logger.warning(
                 "committed offset is below the partition's retention floor; "
@@ -325,7 +325,7 @@ class PartitionWorker:
         """On a log without an atomic store, find dead letters written by a
         batch whose main offset was never stored (a crash between the two
         calls), so that their main records, delivered again, are not run or
-        dead-lettered a second time (issue 12 item 12; issue 14).
+        dead-lettered a second time.
 
         The group's offset in its dead-letter partition is stored after the
         main offset; dead letters past it whose main offsets are at or past
@@ -502,7 +502,7 @@ class PartitionWorker:
         Items already in the retry topic (redelivered after a crash, at or
         below the key's routed main offset) are done: routed once, they are
         never routed or run again, also when the key's retry work has ended
-        since (issue 12 item 12: one message, two outcomes). Main offsets grow
+        since (otherwise one message gets two outcomes). Main offsets grow
         along a key's runs, so those items are a prefix of them.
         """
         quarantined = self.retry.keys

@@ -125,7 +125,7 @@ class Item(msgspec.Struct, gc=False):
         origin = self.origin
         if self.parts is None:
             # The common case without building a Source: the inbox filter
-            # and the chunk context ask once per item (issue 18).
+            # and the chunk context ask once per item.
             if isinstance(origin, Source):
                 return origin.ids
             return (message_id(origin.topic, origin.partition, self.record.offset),)
@@ -288,8 +288,8 @@ def _decode_retry(
 
     A work record with exactly :data:`RETRY_WORK_HEADERS`, a known
     ``(wk-v, wk-type, wk-alg)``, a UTF-8 key, a usable ``wk-failed-at`` and
-    ``wk-src`` and a body that decodes takes a short path (issue 12 item 7:
-    the careful path cost a failing key's attempts 4 us a record). Anything
+    ``wk-src`` and a body that decodes takes a short path (the careful path
+    cost a failing key's attempts 4 us a record). Anything
     else, or any exception on the way, takes the careful path of the main
     topic's records, which gives every problem its reason (design §8): the
     short path only ever accepts records the careful one accepts, with the
@@ -568,7 +568,7 @@ def reduce_run(items: Sequence[Item]) -> list[Item]:
     ``combine``, which is logged) keeps the two apart. ``plain``: unchanged.
     Records whose ``wk-props`` differ are never merged: a combined event has
     one set of properties (a tenant, a trace id), so merging would credit the
-    second record to the first's (issue 12 item 6).
+    second record to the first's.
     """
     if len(items) < 2 or items[0].event_type.algebra is Algebra.PLAIN:
         return items if isinstance(items, list) else list(items)

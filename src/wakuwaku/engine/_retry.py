@@ -35,9 +35,9 @@ clock's monotonic time: :meth:`RetryState.apply` converts a stored wall time
 once, ``due_mono = mono + (due_wall - wall)`` with the two clocks read
 together when the record was written (live records) or when it is read (a
 restart), so a later step of the wall
-clock neither hurries nor stalls an attempt (design §6, issue 12 item 4).
+clock neither hurries nor stalls an attempt (design §6).
 
-State per pending key is small and bounded (design §6, issue 12 item 3): the
+State per pending key is small and bounded (design §6): the
 offsets of its pending work records (a compact ``array('q')``, 8 bytes
 each), counters, due times and the highest main offset. Record bodies stay
 in the retry log: :meth:`RetryState.apply` keeps none of a record's headers
@@ -47,7 +47,7 @@ partition when its attempt runs. The one exception is bounded and outside
 the state: :class:`WrittenCache` keeps the work records a process wrote
 itself for an attempt due within :data:`WRITTEN_HORIZON` (at most 10 000
 records and 8 MiB per partition), so a failing key's records are not read
-back and checked again a second later (issue 12 item 7).
+back and checked again a second later.
 
 One function, :meth:`RetryState.apply`, turns a record into state. The live
 consumer writes a record, then applies it with its assigned offset; a
@@ -114,8 +114,8 @@ def ms_text(seconds: float) -> bytes:
     Rounded to the microsecond first (float noise of today's epoch times is
     below it), so that ``1.7e9 + 0.1`` computed as ``…100.00000002 ms``
     does not gain a millisecond; any real fraction of a
-    millisecond rounds up, never down (design §6; issue 12 item 4: a failure at
-    ``…000.0004`` had its first attempt stored at ``…002.000``).
+    millisecond rounds up, never down (design §6): rounded down, a failure at
+    ``…000.0004`` had its first attempt stored at ``…002.000``, too early.
     """
     micros = round(seconds * 1_000_000)
     return str(-(-micros // 1000)).encode()
@@ -226,9 +226,8 @@ class KeyState:
 
     :param offsets: the retry-topic offsets of its pending work records, in
         increasing order; the records themselves (headers, body) are read
-        from the retry partition when an attempt runs (design §6, issue 12
-        item 3: 40 000 pending 1 KiB records cost 8 bytes each here, not
-        their bodies).
+        from the retry partition when an attempt runs (design §6: 40 000
+        pending 1 KiB records cost 8 bytes each here, not their bodies).
     :param failures: failures in a row in the current cycle (the failure that
         quarantined it counts as 1; a give-up resets to 0).
     :param due: when the next attempt may run, on the clock's monotonic
@@ -290,11 +289,11 @@ class RetryState:
         # Per key, the highest main offset its work records stand for. Kept
         # after the key's quarantine ends, until the main offset is stored
         # past it (forget_routed): a crash before that commit redelivers main
-        # records whose retry work already ran (issue 12 item 12).
+        # records whose retry work already ran, which must not run again.
         self.routed: dict[str, int] = {}
         # Retry records whose own headers could not be read: (offset, key,
         # what is wrong). They never stop the state from being rebuilt
-        # (issue 12 item 8: the worker crash-looped on them).
+        # (a worker that raised on them crash-looped).
         self.broken: list[tuple[int, str, str]] = []
         # Message ids dead-lettered past the group's stored dead-letter offset,
         # read at a restart on a log that stores call by call: a give-up whose
@@ -478,8 +477,8 @@ next attempt is due within this many seconds: the default schedule (2 to
 
 class WrittenCache:
     """Retry work records written by this process, kept for an attempt that
-    comes soon, so that it need not read and check them again (issue 12
-    item 7), within a fixed bound (design §6).
+    comes soon, so that it need not read and check them again, within a
+    fixed bound (design §6).
 
     Only an optimisation: a record not found here is read from the retry
     partition (the truth); a record found here is what the partition holds at

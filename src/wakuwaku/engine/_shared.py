@@ -162,7 +162,7 @@ class PartitionServices:
         self.clock = config.clock
         self.health = health if health is not None else LogHealth()
         self.retry = RetryState(config.delay, config.clock, group=config.group)
-        # Work records this process wrote, for attempts that come soon (issue 12 item 7).
+        # Work records this process wrote, kept so attempts that come soon need not read them back.
         self.written = WrittenCache()
         self.fields = {"topic": topic, "partition": partition}
         self.gate = Gate()

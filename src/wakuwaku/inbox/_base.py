@@ -435,7 +435,7 @@ def plain_keys(keys: Sequence[str]) -> list[str]:
     if isinstance(keys, str | bytes):
         raise ConfigError("claim takes a sequence of keys, not a single string")
     # The consumer looks up every batch's ids here: plain non-empty strings
-    # need no InboxKey each (issue 18: building them was 4 % of the demo).
+    # need no InboxKey each (building them was 4 % of the flights demo).
     if all(type(key) is str and key for key in keys):
         return list(dict.fromkeys(keys))
     order, _ = normalize_keys(keys)

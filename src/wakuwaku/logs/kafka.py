@@ -258,8 +258,8 @@ class _Member:
             "isolation.level": "read_committed",
             # A subscription that grows while librdkafka has no usable broker
             # connection (it reconnects) marks the new topic "not available"
-            # and rejoins only at the next periodic metadata refresh: 300 s by
-            # default, the demo's one unexplained 300 s stall (issue 15).
+            # and rejoins only at the next periodic metadata refresh, 300 s by
+            # default: the flights demo stalled for 300 s that way.
             "topic.metadata.refresh.interval.ms": _MEMBER_METADATA_REFRESH_MS,
         }
         self.consumer = Consumer(conf)
@@ -1091,7 +1091,7 @@ class KafkaLog(Log):
         ``consume`` could still apply it, and ``position`` then reported the
         old position (past the end) with nothing read from the new one:
         :meth:`_fetch` took that for the end of the partition and returned
-        nothing (issue 15: a replay skipped a whole dead-letter partition). A
+        nothing (a replay skipped a whole dead-letter partition). A
         reader that cannot seek (librdkafka refuses a partition not fetched
         yet) is replaced by a new one at ``offset``.
         """
@@ -1820,9 +1820,9 @@ class KafkaLog(Log):
         has logged the commit, *before* the commit markers reach the data
         partitions; until they do, the partitions' last stable offset stays
         below the transaction's records, and a ``read_committed`` read (or
-        :meth:`end_offsets`) does not see them. Issue 15: the engine read its
-        pending retry records back right after the store, found nothing, and
-        resolved the keys: their events were lost. So :meth:`store` returns
+        :meth:`end_offsets`) does not see them. A store that returned then let
+        the engine read its pending retry records back right after it, find
+        nothing, and resolve the keys: their events were lost. So :meth:`store` returns
         only after the last stable offset (``ListOffsets``, ``read_committed``)
         has passed what it wrote: one more round trip per transactional store,
         usually answered at once.

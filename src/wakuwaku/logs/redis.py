@@ -176,9 +176,10 @@ class RedisLog(Log):
 
         A group's retry, dead-letter and replay-ledger topics have the slot
         of their main topic (:func:`slot_topic`), so the scripts that write
-        them under the main partition's lease touch one slot only (issue 13
-        item 2); the topic's own length and name after the tag keep the
-        mapping from names to keys one-to-one.
+        them under the main partition's lease touch one slot only (a Redis
+        Cluster refuses a script over keys of several slots); the topic's own
+        length and name after the tag keep the mapping from names to keys
+        one-to-one.
         """
         slot = slot_topic(topic)
         return f"{{{self.prefix}:{len(slot)}:{slot}:{partition}}}{len(topic)}:{topic}"

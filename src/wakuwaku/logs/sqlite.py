@@ -447,8 +447,7 @@ class SQLiteLog(Log):
         first = int(row[0])
         # Rows go in by statements of up to _ROWS_PER_INSERT rows each (one
         # VALUES list): one statement step per 64 rows instead of one per
-        # row, which the retry path of a failing key pays twice per record
-        # (issue 12 item 7).
+        # row, which the retry path of a failing key pays twice per record.
         done = 0
         count = len(encoded)
         while done < count:
@@ -535,7 +534,7 @@ class SQLiteLog(Log):
         the file twice. A read elsewhere (one that skips or goes back, as a
         retry round reading its keys' pending records does) fetches only
         its page: records read ahead there would be decoded and dropped
-        (issue 18: a demo run decoded 2 million retry records that way for
+        (a flights demo run decoded 2 million retry records that way for
         77 000 it used). Records never change once written, so what is kept
         is what the file held; records another process's retention has
         deleted since may still be returned from it.
@@ -956,8 +955,8 @@ def _encode_record(headers: Mapping[str, bytes], body: bytes) -> _Row:
     Both are bytearrays: the ``sqlite3`` module binds a bytearray as a blob
     at once, while it looks a ``bytes`` value up in its adapter registry
     first (CPython's ``_need_adapt`` lists ``bytearray``, not ``bytes``),
-    which costs more than the copy: half the binding time of a row (issue 12
-    item 7, where every record of a failing key is written twice).
+    which costs more than the copy: half the binding time of a row (and
+    every record of a failing key is written twice).
     """
     checked = check_record(headers, body)
     encoded = bytearray()
