@@ -317,7 +317,7 @@ def test_an_integral_float_limit_is_accepted_and_other_limits_are_refused() -> N
             sanitize("short", bad)  # type: ignore[arg-type]
 
 
-# -- credentials (issue 16 item 1) -------------------------------------------
+# -- credentials -------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -404,7 +404,7 @@ def test_a_credential_in_a_handler_error_never_reaches_the_stored_text() -> None
     assert out.startswith("RuntimeError: connection to 'host=db user=app password=")
 
 
-# -- paths wherever they start (issue 16 item 2) -----------------------------
+# -- paths wherever they start -----------------------------------------------
 
 
 @pytest.mark.parametrize("opener", ["`", "‘", "“", "<", "@", "#", "*", "'", '"', "(", "=", "|"])
@@ -430,7 +430,7 @@ def test_paths_are_redacted_wherever_they_start(text: str, expected: str) -> Non
     assert sanitize(text) == expected
 
 
-# -- the property (issue 16 item 3) ------------------------------------------
+# -- the property ------------------------------------------------------------
 
 # Characters a secret can follow or be followed by in real text; the issue's
 # leaks came from the ones the old patterns did not expect.
@@ -567,7 +567,7 @@ _MARKERS = URL_MARKER + PATH_MARKER + SECRET_MARKER + TRUNCATION_MARKER
 PROPERTY_EXAMPLES = 400
 """Hypothesis examples of the property below; each is cut at every length, so
 it makes ``len(text) + 2`` sanitize calls: 400 examples, 20 168 calls in one
-run (issue 16); 6 000 examples (about 300 000 calls) passed once by hand."""
+run; 6 000 examples (about 300 000 calls) passed once by hand."""
 
 
 @settings(max_examples=PROPERTY_EXAMPLES, deadline=None)
@@ -668,7 +668,7 @@ def test_a_server_list_with_a_bad_host_or_port_is_one_clear_error(url: str) -> N
 @given(st.text(max_size=1500), st.integers(min_value=0, max_value=300))
 @settings(max_examples=200)
 def test_a_remembered_result_is_the_result_of_sanitizing_the_text(text: str, limit: int) -> None:
-    # Short texts are sanitized once and remembered (issue 18): a repeat, with
+    # Short texts are sanitized once and remembered: a repeat, with
     # the same or another limit, gives what sanitizing that text gives.
     from wakuwaku._sanitize import _as_text, _sanitize
 

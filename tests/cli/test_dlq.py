@@ -396,7 +396,7 @@ def test_admin_exports_are_complete() -> None:
 def test_the_dead_letter_topic_given_as_the_topic_is_explained(
     dead_log: DeadLog, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
-    # Issue 16 item 6: "no dead letters in 'dlq_dlq_orders'" while they existed.
+    # It said "no dead letters in 'dlq_dlq_orders'" while they existed.
     given = f"wk-dlq.{GROUP}.{TOPIC}"
     assert main(["dlq", command, given, "-g", GROUP, "--log", dead_log.url]) == ExitCode.ERROR
     err = capsys.readouterr().err
@@ -407,8 +407,8 @@ def test_the_dead_letter_topic_given_as_the_topic_is_explained(
 def test_the_same_log_url_is_read_the_same_way_by_every_command(
     dead_log: DeadLog, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Issue 16 item 9: "no log at 'x.db?fsync=0'" from one command, "URL options
-    # are not supported" from another.
+    # One command said "no log at 'x.db?fsync=0'", another "URL options are
+    # not supported".
     url = dead_log.url + "?fsync=0&busy_timeout=2.5"
     assert main(["dlq", "list", TOPIC, "-g", GROUP, "--log", url]) == ExitCode.OK
     assert main(["status", TOPIC, "-g", "x", "--log", url]) == ExitCode.FAILURE

@@ -1,6 +1,6 @@
-"""The operations commands on the server logs (issues 13 and 14: "`wakuwaku
-status/tail/dlq` work on it"): one consumer run leaves a quarantined key and
-a dead letter on Redis or NATS, and every command reads them back."""
+"""The operations commands on the server logs (`wakuwaku status/tail/dlq`
+work on them): one consumer run leaves a quarantined key and a dead letter
+on Redis or NATS, and every command reads them back."""
 
 from __future__ import annotations
 

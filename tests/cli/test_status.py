@@ -106,7 +106,7 @@ async def test_status_follows_failed_attempts_and_lag() -> None:
     assert [p.lag for p in status.partitions] == [
         sum(wk.partition_for(k, 2) == p for k in ("k1", "k2")) for p in range(2)
     ]
-    # Issue 16 item 7: the times are the ones the consumer stored, whatever
+    # The times are the ones the consumer stored, whatever
     # schedule the status is told (it used to derive them from that).
     for delays in ((1.0,), (2.0, 4.0, 8.0, 16.0)):
         other = await consumer_status(log, TOPIC, GROUP, retry_delays=delays)
@@ -225,7 +225,7 @@ def test_cli_status_prints_lag_quarantined_keys_backlog_and_dead_letters(
 def test_cli_status_prints_a_stored_time_beyond_year_9999(
     quarantined_log: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Issue 12 item 4: a due time of year 33715 killed `wakuwaku status`. The
+    # A due time of year 33715 killed `wakuwaku status`. The
     # consumer now refuses such delays, but a stored header may hold any
     # time up to 2**53 ms (an older consumer, another writer).
     async def write() -> None:
@@ -297,7 +297,7 @@ def test_the_fixture_routed_the_new_record_behind_the_pending_ones(quarantined_l
 def test_cli_status_of_a_group_that_never_committed_says_so(
     quarantined_log: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Issue 16 item 5: a typo showed the whole topic as lag, exit 0.
+    # A typo in the group name showed the whole topic as lag, exit 0.
     code = main(["status", TOPIC, "-g", GROUP + "-typo", "--log", quarantined_log])
     out, err = capsys.readouterr()
     assert code == ExitCode.FAILURE and out == ""
@@ -312,7 +312,7 @@ def test_cli_status_of_a_group_that_never_committed_says_so(
 def test_status_shows_replayed_and_not_replayed_dead_letters_apart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Issue 16 item 7: replayed dead letters were counted as if still waiting.
+    # Replayed dead letters were counted as if still waiting.
     dead = asyncio.run(build_dead_log(tmp_path / "wk.db"))
     url = f"sqlite:///{dead.path}"
     assert (

@@ -108,7 +108,7 @@ def test_list_and_describe(cli: CLI) -> None:
     assert out.splitlines()[0] == "topic orders: 2 partitions"
     rows = {int(line.split()[0]): line.split()[1:] for line in out.splitlines()[2:4]}
     assert rows[partition] == ["0", "4", "4"] and rows[1 - partition] == ["0", "0", "0"]
-    # Issue 16 item 8: "lag 3 (p0=1)" read as if 1 were a lag too.
+    # Not "lag 3 (p0=1)", which read as if 1 were a lag too.
     assert f"group billing: lag 3 records; committed offsets p{partition}=1" in out
     described = json.loads(cli("topic", "describe", "orders", "--json")[1])
     assert described["groups"] == {"billing": {str(partition): 1}}
@@ -241,11 +241,11 @@ def test_produce_reports_each_refused_line_and_writes_only_the_good_ones(cli: CL
     ]
     assert reported == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15]
     assert "line 2: not JSON" in err
-    # Issue 16 item 10: a missing key is not a null one.
+    # A missing key is not a null one.
     assert 'line 3: no usable key: "key" is missing' in err
     assert 'line 4: no usable key: "key" is null' in err
     assert "line 14: duplicate key 'key' in a JSON object" in err
-    assert 'line 15: no usable key: "key" is " \\t"' in err  # issue 12 item 11
+    assert 'line 15: no usable key: "key" is " \\t"' in err  # real data writes " " for none
     assert "refused 12 lines (not written)" in err and "produced 2 records" in err
     assert len(cli.records("orders", 0)) == 2
 

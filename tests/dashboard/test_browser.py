@@ -1,5 +1,5 @@
 """The dashboard in a real browser: Debian's chromium, headless, driven by
-Playwright (issue 19). Marked ``browser``: skipped locally without chromium,
+Playwright. Marked ``browser``: skipped locally without chromium,
 a failure with CI=true (tests/conftest.py)."""
 
 from __future__ import annotations

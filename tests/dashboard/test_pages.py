@@ -1,5 +1,5 @@
 """The dashboard over HTTP (Starlette's TestClient): what each page shows, on
-every log a dashboard can read, and its security rules (issue 19)."""
+every log a dashboard can read, and its security rules."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def test_the_demo_verifies_itself_on_a_slice_and_shows_progress_while_it_runs(
 
 @pytest.mark.slow
 def test_a_consumer_killed_early_still_verifies(tmp_path: Path) -> None:
-    """Issue 18: killed at 0.3 s, the planes partitions redo their batch while
+    """Killed at 0.3 s, the planes partitions redo their batch while
     flights wait; the dead letters must still be exactly the unlisted planes'.
     The kill happens in every chaos run, however soon the slice is consumed."""
     result = demo(

@@ -1,7 +1,7 @@
-"""design §6 and issue 12 items 4 and 13: waits run on monotonic time, stored times
-round up, delays are bounded, jitter only adds delay, sync handlers get a
-pool as large as ``max_concurrency``. Every schedule is measured on the fake
-clock; nothing sleeps for real."""
+"""design §6: waits run on monotonic time, stored times round up, delays are
+bounded, jitter only adds delay, sync handlers get a pool as large as
+``max_concurrency``. Every schedule is measured on the fake clock; nothing
+sleeps for real."""
 
 from __future__ import annotations
 
@@ -106,15 +106,16 @@ async def test_step_wall_moves_now_but_not_monotonic_time_nor_sleepers() -> None
     assert woke == [1.0] and clock.now() == T0 - HOUR + 1.0
 
 
-# -------------------------------------------------------- item 4: clock steps
+# --------------------------------------------------------------- clock steps
 
 
 @pytest.mark.parametrize("step", [-HOUR, HOUR])
 async def test_a_wall_clock_step_neither_stalls_nor_hurries_the_first_attempt(
     log: Log, clock: FakeClock, step: float
 ) -> None:
-    # Issue 12 item 4: now() steps 0.1 s after the key is quarantined
-    # (schedule 0.3 s). Back: no attempt for an hour; forward: 0.2 s early.
+    # now() steps 0.1 s after the key is quarantined (schedule 0.3 s). Waits on
+    # wall time made no attempt for an hour after a step back, one 0.2 s early
+    # after a step forward.
     producer = await setup_topic(log)
     await producer.publish(Item("a", 1))
     handler = Timed(clock, {1: 1}, on_first=step_wall_later(clock, 0.1, step))
@@ -192,7 +193,7 @@ async def test_a_stored_due_time_already_past_at_a_restart_is_due_at_once(
     assert second.mono() == [start]
 
 
-# ------------------------------------------------------ item 4: rounding up
+# --------------------------------------------------------------- rounding up
 
 
 def test_stored_times_round_up_to_the_millisecond() -> None:
@@ -207,7 +208,7 @@ def test_stored_times_round_up_to_the_millisecond() -> None:
 async def test_a_failure_at_a_fraction_of_a_ms_is_stored_rounded_up_and_attempted_no_earlier(
     log: Log,
 ) -> None:
-    # Issue 12 item 4: a failure at ...000.0004 got its first attempt at ...002.000.
+    # Rounded down, a failure at ...000.0004 got its first attempt at ...002.000.
     clock = FakeClock(T0 + 0.0004)
     producer = await setup_topic(log)
     await producer.publish(Item("a", 1))
@@ -234,7 +235,7 @@ async def test_a_failure_at_a_fraction_of_a_ms_is_stored_rounded_up_and_attempte
     assert all(int(r.headers["wk-at"]) >= due for r in markers)
 
 
-# ------------------------------------------------------ item 4: bounded delays
+# ------------------------------------------------------------ bounded delays
 
 
 @pytest.mark.parametrize("delays", [[1e12], [2.0, MAX_RETRY_DELAY + 1]])
@@ -247,7 +248,7 @@ def test_a_retry_delay_of_30_days_is_accepted() -> None:
     assert config(FakeClock(T0), retry_delays=[MAX_RETRY_DELAY]).retry_delays == (MAX_RETRY_DELAY,)
 
 
-# ----------------------------------------------------------- item 13: jitter
+# -------------------------------------------------------------------- jitter
 
 
 @pytest.mark.parametrize("jitter", [-0.1, 1.5, float("nan"), "0.5", True])
@@ -274,7 +275,7 @@ def test_jitter_only_adds_delay(u: float, expected: float) -> None:
 async def test_keys_failing_together_retry_spread_by_jitter_never_earlier(
     memory_log: Log, clock: FakeClock
 ) -> None:
-    # Issue 12 item 13: keys failing together retried in lockstep.
+    # Without jitter, keys failing together retry in lockstep.
     log = memory_log
     producer = await setup_topic(log)
     keys = [f"k{i}" for i in range(30)]
@@ -352,13 +353,13 @@ async def test_transient_retries_in_place_are_jittered_too(
     assert calls == [0.0, 2.5, 7.5]
 
 
-# ----------------------------------------------------- item 13: thread pool
+# --------------------------------------------------------------- thread pool
 
 
 async def test_max_concurrency_sync_handlers_all_run_at_once(memory_log: Log) -> None:
-    # Issue 12 item 13: asyncio's default pool (min(32, cpus + 4) threads)
-    # capped sync handlers whatever max_concurrency said. 40 handlers that
-    # block on one barrier only get through when all 40 run at once.
+    # asyncio's default pool (min(32, cpus + 4) threads) capped sync handlers
+    # whatever max_concurrency said. 40 handlers that block on one barrier
+    # only get through when all 40 run at once.
     log = memory_log
     clock = FakeClock(T0)
     width = 40

@@ -1,5 +1,5 @@
 """Crashes and stray exceptions: a partition never dies in silence, and a crash
-never gives one message two outcomes (issue 12, items 9 and 12; design §6, §7)."""
+never gives one message two outcomes (design §6, §7)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class CrashAfterRetryWrite(Wrapped):
 async def test_12_a_crash_after_the_retry_write_never_gives_a_message_two_outcomes(
     log: Log, clock: FakeClock
 ) -> None:
-    """Issue 12 item 12: run 1 routes k and slow to the retry topic and is killed
+    """Run 1 routes k and slow to the retry topic and is killed
     right after that write; run 2 gives both up or applies them, and must not
     also apply or dead-letter the same main records again from offset 0."""
     producer = await setup_topic(log)
@@ -148,7 +148,7 @@ async def test_9_a_base_exception_in_a_partition_fails_the_consumer_loudly(
 async def test_10_a_gap_left_by_retention_is_logged_and_counted(
     log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 12 item 10: the group's committed offset is below the retention floor."""
+    """The group's committed offset is below the retention floor: not in silence."""
     producer = await setup_topic(log)
     await producer.publish_many([Item("a", n) for n in range(8)])
     await log.commit("other", "t", 0, 5)
@@ -228,8 +228,8 @@ async def test_12_on_a_log_that_stores_call_by_call_a_crash_gives_no_second_outc
 async def test_8_broken_retry_records_never_stop_the_partition(
     log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 12 item 8 (and issue 17 item 2): a retry record with a broken
-    wk-failed-at, or a marker with broken numbers, crash-looped the worker."""
+    """A retry record with a broken wk-failed-at, or a marker with broken
+    numbers, crash-looped the worker: the partition must go on past them."""
     producer = await setup_topic(log)
     await producer.publish_many([Item("a", 1), Item("b", 2)])
     await log.create_topic("wk-retry.g.t", 1)

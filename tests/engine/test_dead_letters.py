@@ -131,10 +131,10 @@ async def test_6_a_combined_event_goes_to_the_retry_topic_as_its_raw_records(
 async def test_6_dead_letters_of_a_combined_event_are_its_records_byte_for_byte(
     log: Log, clock: FakeClock
 ) -> None:
-    """Issue 12 item 6: associative events of one key, one with its own props
-    and one with a custom header, combined, sent through the retry topic and
-    given up: one re-encoded dead letter came out, the other records' props
-    and custom header gone."""
+    """Associative events of one key, one with its own props and one with a
+    custom header, combined, sent through the retry topic and given up: one
+    re-encoded dead letter came out, the other records' props and custom
+    header gone."""
     await log.create_topic("t", 1)
     producer = wk.Producer(log, "t")
     await producer.publish(Add("a", 1))

@@ -634,7 +634,7 @@ async def test_drain_consumes_what_a_handler_publishes_to_a_partition_that_had_c
 async def test_at_end_sees_records_appended_after_the_last_poll_that_idle_does_not(
     log: Log, clock: FakeClock
 ) -> None:
-    """Issue 18: the demo stopped its consumer on ``idle()`` right after
+    """The flights demo stopped its consumer on ``idle()`` right after
     replaying dead letters; the partitions' caught-up flags dated from polls
     before the replay, so some replayed flights were never consumed."""
     producer = await setup_topic(log)

@@ -1,6 +1,6 @@
 """design §6 and 8: retry and dead-letter topics belong to one consumer group.
 
-Issue 12, item 1: two groups reading one topic shared ``retry_<topic>``; a
+Without this, two groups reading one topic shared ``retry_<topic>``; a
 group that ran while another was quarantining a key handled that group's
 retry copy as its own and resolved it, so the first group never handled or
 dead-lettered its key.

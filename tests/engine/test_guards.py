@@ -1,5 +1,5 @@
-"""Rules that a changed line in the source once broke without any test failing
-(issue 12, "Guards the suite lacks"); each test here fails on the changed rule."""
+"""Rules that a changed line in the source once broke without any test failing;
+each test here fails on the changed rule."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """A log reset (the demo's ``--reset``, ``wakuwaku topics delete`` / ``group delete``).
 
-Issue 15: the flights demo re-run on Kafka with ``--reset`` lost retry-path
-flights. A reset deletes the group, then the main, retry and dead-letter
-topics, and creates them again: the next run must start from nothing, read
-the new topics from their first offset, and attempt, then apply or
-dead-letter, the retry work written in the new incarnation, on every log.
+A reset once lost retry-path flights (the flights demo re-run on Kafka
+with ``--reset``). A reset deletes the group, then the main, retry and
+dead-letter topics, and creates them again: the next run must start from
+nothing, read the new topics from their first offset, and attempt, then
+apply or dead-letter, the retry work written in the new incarnation, on
+every log.
 """
 
 from __future__ import annotations

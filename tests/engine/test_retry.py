@@ -365,9 +365,10 @@ async def test_6_a_stop_during_an_attempt_keeps_what_the_attempt_did(
 async def test_6_an_attempt_that_gets_past_the_head_starts_the_next_head_at_attempt_1(
     log: Log, clock: FakeClock
 ) -> None:
-    """Issue 12 item 5: one key, events 1..20, each odd event fails Retryable on
-    its first two tries; with four attempts and max_batch 1, 16 events were
-    dead-lettered although every attempt made progress."""
+    """One key, events 1..20, each odd event fails Retryable on its first two
+    tries; with four attempts and max_batch 1, 16 events were dead-lettered
+    although every attempt made progress, when the next head kept the
+    failure count of the one before."""
     producer = await setup_topic(log)
     await producer.publish_many([Item("k", n) for n in range(1, 21)])
     script = Script(clock)

@@ -1,4 +1,4 @@
-"""design §6 / issue 12 item 3: in-process state per pending key is small and
+"""design §6: in-process state per pending key is small and
 bounded; record bodies stay in the retry log and are read when an attempt
 runs, also after a restart."""
 
@@ -120,7 +120,7 @@ async def test_bodies_are_read_from_the_retry_log_when_the_attempt_runs_also_aft
 async def test_an_attempt_reads_its_own_pending_records_not_the_stretches_between(
     memory_log: Log, clock: FakeClock
 ) -> None:
-    """Issue 18: a due key whose pending records lie far apart in the retry
+    """A due key whose pending records lie far apart in the retry
     partition (another key's routed records in between) reads those records,
     not every record from its first to its last (a page per pending record).
 

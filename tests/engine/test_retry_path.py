@@ -1,4 +1,4 @@
-"""Issue 12 item 7: the retry path of a failing key costs little, and its
+"""The retry path of a failing key costs little, and its
 shortcuts change nothing a reader of the retry topic can see.
 
 - work records written by this process are kept (bounded) for an attempt
@@ -310,7 +310,7 @@ def test_a_topic_holding_the_template_offset_gets_no_template() -> None:
 async def test_pending_records_a_read_missed_are_read_again_not_dropped(
     log: Log, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 15: a store not yet visible to readers (Kafka's transaction
+    """A store not yet visible to readers (Kafka's transaction
     markers) made an attempt find none of its key's pending records, and the
     key was closed without handling or dead-lettering them. A record the
     retry partition still holds (at or above its start offset) is read again

@@ -109,8 +109,8 @@ async def _steal(log: wk.logs.Log, member: str) -> wk.logs.Lease:
 async def test_a_member_that_lost_its_partition_writes_no_retry_state_and_no_offset(
     tmp_path: object, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 12 item 2: A's handler stalls past its lease, B takes over, then A's
-    handler raises Retryable: A's retry work, markers and offset are refused."""
+    """A's handler stalls past its lease, B takes over, then A's handler
+    raises Retryable: A's retry work, markers and offset are refused."""
     for log in (wk.MemoryLog(), wk.logs.SQLiteLog(f"{tmp_path}/fence.db")):
         await log.create_topic("t", 1)
         await wk.Producer(log, "t").publish_many([Item("x", n) for n in range(3)])

@@ -1,4 +1,4 @@
-"""Cross-process takeover (design §15; issues 13 and 14), on the SQLite, Redis and NATS logs.
+"""Cross-process takeover (design §15), on the SQLite, Redis and NATS logs.
 
 Two real ``wakuwaku run`` processes of one group consume one topic of 4
 partitions (``tests/engine/consumers/recorder.py``: each handled id appended

@@ -1,4 +1,4 @@
-"""The consumer's public view of its partitions (issue 17 item 3): assignment,
+"""The consumer's public view of its partitions: assignment,
 position, lag, quarantined keys and pending retry work, as frozen snapshots."""
 
 from __future__ import annotations

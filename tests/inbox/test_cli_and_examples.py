@@ -44,7 +44,7 @@ def test_stats_and_dead_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert out.startswith("charges/1/7\tattempts=2\tdead_at=")
     assert "source=charges/1@7" in out
     assert "secret" not in out and "\x1b" not in out and "error=bad amount at <url>" in out
-    # Issue 16 item 5: a group without any row printed zeros (or "no dead letters").
+    # A group without any row printed zeros (or "no dead letters").
     for command in ("stats", "dead"):
         assert main(["inbox", command, "--db", str(path), "-g", "other"]) == ExitCode.FAILURE
         out, err = capsys.readouterr()
@@ -70,7 +70,7 @@ def test_inbox_dead_of_a_group_with_rows_but_no_dead_letters(
 def test_a_db_url_that_is_no_inbox_database_is_explained(
     db: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Issue 16 item 9: "no SQLite database at 'redis:/127.0.0.1'".
+    # It said "no SQLite database at 'redis:/127.0.0.1'", the URL mangled.
     assert main(["inbox", "stats", "--db", db, "-g", "g"]) == ExitCode.ERROR
     err = capsys.readouterr().err
     assert "redis:/127" not in err and f"--db {db!r}" in err
@@ -78,7 +78,7 @@ def test_a_db_url_that_is_no_inbox_database_is_explained(
 
 @pytest.mark.parametrize("args", [[], ["a", "b", "c"]])
 def test_standalone_postgres_example_without_a_dsn_prints_its_usage(args: list[str]) -> None:
-    # Issue 16 item 10: it died with a TypeError traceback.
+    # It died with a TypeError traceback.
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "standalone_postgres.py"), *args],
         capture_output=True,

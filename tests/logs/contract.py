@@ -417,7 +417,7 @@ class LogContract:
         self, log: Log
     ) -> None:
         # A bytes subclass passed the check, then failed the encoding with a
-        # TypeError (issue 12 item 7 review): every bytes-like value is stored.
+        # TypeError: every bytes-like value is stored.
         class Tagged(bytes):
             pass
 
@@ -680,8 +680,8 @@ class LogContract:
         with no wait (the engine reads its pending retry records back right
         away). On Kafka, ``commit_transaction`` returns before the commit
         markers are written: a log that returned then left the records and
-        offsets invisible to ``read_committed`` readers for a moment (issue
-        15: a retry round that read nothing resolved its keys, losing them).
+        offsets invisible to ``read_committed`` readers for a moment
+        (a retry round that read nothing resolved its keys, losing them).
         Many stores, each checked at once, so a lag of a few milliseconds
         cannot slip through."""
         _, lease = await self._taken_over(log)
@@ -712,7 +712,7 @@ class LogContract:
         replay) returns the records every time. On Kafka a reader that moved
         back by re-assigning its partition could report the old position
         (past the commit marker at the end) for a moment and read nothing
-        (issue 15: a replay skipped a whole dead-letter partition)."""
+        (a replay skipped a whole dead-letter partition)."""
         _, lease = await self._taken_over(log)
         bodies = [b"r%d" % n for n in range(5)]
         write = BatchWrite("g", appends=[("retry_orders", 0, [rec(b) for b in bodies])])

@@ -224,7 +224,7 @@ async def test_an_offset_in_an_open_transaction_is_never_read_as_no_offset(
 ) -> None:
     """Offsets sent in a transaction are unstable (``UNSTABLE_OFFSET_COMMIT``)
     until its commit markers are written. ``committed`` waits for them, never
-    answers "no offset" meanwhile (issue 15: a restarting worker would start
+    answers "no offset" meanwhile (a restarting worker would start
     the partition from its first record), and names the group when a
     transaction stays open past the log's timeout."""
     await log.create_topic("orders", 1)
@@ -257,7 +257,7 @@ async def test_a_members_second_topic_is_assigned_even_when_it_subscribes_while_
     librdkafka has no usable broker connection yet (early in a member's life:
     about one member in twenty here), librdkafka marks the new topic "not
     available" and rejoined only at its next periodic metadata refresh, 300 s
-    by default: the demo's unexplained 300 s stall (issue 15). The members
+    by default: the flights demo stalled for 300 s that way. The members
     refresh every few seconds, so the second acquire gets its lease within
     the log's timeout, for every fresh member."""
     await log.create_topic("planes", 2)

@@ -1,4 +1,4 @@
-"""Rebalances of a Kafka consumer group across processes (issue 15 tests).
+"""Rebalances of a Kafka consumer group across processes.
 
 Two consumer processes of one group share a 4-partition topic; a third
 joins mid-run and one of the first two is SIGKILLed. Every event must be

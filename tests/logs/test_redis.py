@@ -240,7 +240,7 @@ def free_port() -> int:
 
 @pytest.mark.parametrize("main", ["orders", "shop.orders", "a.wk-retry.b.c"])
 def test_a_partitions_retry_and_dead_letter_keys_share_its_cluster_slot(main: str) -> None:
-    """Issue 13 item 2: a store writes a group's retry and dead-letter
+    """A store writes a group's retry and dead-letter
     partitions under the main partition's lease in one script, so on a Redis
     Cluster their keys must hash to one slot."""
     from redis.crc import key_slot

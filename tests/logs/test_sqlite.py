@@ -77,7 +77,7 @@ async def test_foreign_sqlite_database_is_refused_and_left_alone(tmp_path: Path)
 
 
 async def test_a_foreign_database_counts_its_tables_not_its_indexes(tmp_path: Path) -> None:
-    # Issue 16 item 10: 1 table and 2 indexes were reported as "3 tables".
+    # Indexes are not tables: 1 table and 2 indexes were reported as "3 tables".
     path = tmp_path / "app.db"
     with closing(sqlite3.connect(path)) as db:
         db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT, mail TEXT)")
@@ -335,7 +335,7 @@ async def test_a_read_that_skips_records_reads_no_records_ahead(
     log: SQLiteLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A retry round reads its keys' pending records here and there: records
-    # read ahead of such a read were decoded and dropped (issue 18).
+    # read ahead of such a read were decoded and dropped.
     await log.create_topic("orders", 1)
     await log.append("orders", 0, [(HEADERS, b"%d" % i) for i in range(6000)])
     returned: list[int] = []

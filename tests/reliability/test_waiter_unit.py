@@ -44,7 +44,7 @@ CONTRACT: list[tuple[str, bytes, object]] = [
     ("truncated_json", b'{"status": "do', ProtocolReason.NOT_JSON),
     ("invalid_utf8", b'{"status": "\xff"}', ProtocolReason.NOT_JSON),
     ("json_array", b'["done"]', ProtocolReason.NOT_OBJECT),
-    # Issue 16: the last duplicate won, so an error read as done.
+    # The last duplicate won, so an error read as done.
     ("duplicate_status", b'{"status":"error","status":"done"}', ProtocolReason.DUPLICATE_KEY),
     (
         "duplicate_in_content",
