@@ -61,7 +61,7 @@ class CrashAfterRetryWrite(Wrapped):
         return result
 
 
-async def test_12_a_crash_after_the_retry_write_never_gives_a_message_two_outcomes(
+async def test_a_crash_after_the_retry_write_never_gives_a_message_two_outcomes(
     log: Log, clock: FakeClock
 ) -> None:
     """Run 1 routes k and slow to the retry topic and is killed
@@ -109,7 +109,7 @@ class StrayCancel(Wrapped):
         return await self.inner.read(*args, **kwargs)
 
 
-async def test_9_a_stray_cancelled_error_restarts_the_partition_with_a_log_line(
+async def test_a_stray_cancelled_error_restarts_the_partition_with_a_log_line(
     memory_log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     producer = await setup_topic(memory_log)
@@ -131,7 +131,7 @@ class Exploding(Wrapped):
         raise Crash
 
 
-async def test_9_a_base_exception_in_a_partition_fails_the_consumer_loudly(
+async def test_a_base_exception_in_a_partition_fails_the_consumer_loudly(
     memory_log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     await setup_topic(memory_log, partitions=2)
@@ -145,7 +145,7 @@ async def test_9_a_base_exception_in_a_partition_fails_the_consumer_loudly(
     assert "partition worker ended by Crash; stopping the consumer" in caplog.text
 
 
-async def test_10_a_gap_left_by_retention_is_logged_and_counted(
+async def test_a_gap_left_by_retention_is_logged_and_counted(
     log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The group's committed offset is below the retention floor: not in silence."""
@@ -181,7 +181,7 @@ class CrashAfterDeadLetterWrite(CrashAfterRetryWrite):
 
 
 @pytest.mark.parametrize("wrapper", [CrashAfterRetryWrite, CrashAfterDeadLetterWrite])
-async def test_12_on_a_log_that_stores_call_by_call_a_crash_gives_no_second_outcome(
+async def test_on_a_log_that_stores_call_by_call_a_crash_gives_no_second_outcome(
     log: Log, clock: FakeClock, wrapper: type[CrashAfterRetryWrite]
 ) -> None:
     """The same crash on a log without an atomic store (NATS): dead letters or
@@ -225,7 +225,7 @@ async def test_12_on_a_log_that_stores_call_by_call_a_crash_gives_no_second_outc
     assert set(handled_before) <= set(applied)
 
 
-async def test_8_broken_retry_records_never_stop_the_partition(
+async def test_broken_retry_records_never_stop_the_partition(
     log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A retry record with a broken wk-failed-at, or a marker with broken
