@@ -1,6 +1,6 @@
 """End-to-end consumer throughput on the SQLite log, next to a same-run baseline.
 
-Issue "engine": a no-op handler over 200 000 events on 1 000 keys must reach
+The target: a no-op handler over 200 000 events on 1 000 keys must reach
 at least 50 % of the raw read-and-decode speed of the same log (read every
 record with ``SQLiteLog.read`` and decode its body with msgspec), and at
 least 40 % when 1 % of the keys fail Retryable once.

@@ -10,9 +10,10 @@ loop at 2 000.
 
 Appends are slow on NATS (one publish and answer per record, a few thousand
 per second), so the events are produced once (``--events``, default 50 000;
-the issue names 200 000) and every measurement reads them again: each
-consumer run uses a fresh group and is paired with a baseline run just
-before it; the median of ``--rounds`` (3) pairs is printed.
+the SQLite, Redis and Kafka runs use 200 000) and every measurement reads
+them again: each consumer run uses a fresh group and is paired with a
+baseline run just before it; the median of ``--rounds`` (3) pairs is
+printed.
 
 Runs under its own stream prefix on the server at ``--url`` and deletes its
 streams (the state bucket included) afterwards.

@@ -11,7 +11,7 @@ it measures:
   as tuples, headers left as msgpack blobs: what the library adds is the
   ``Record`` objects, header decoding and the worker-thread hop).
 
-Both sides use WAL and the same ``synchronous`` setting. The issue's target
+Both sides use WAL and the same ``synchronous`` setting. The target
 is read >= 60 % of the raw select. Run::
 
     .venv/bin/python benchmarks/bench_sqlite_log.py [--records N] [--batch B] [--page P]

@@ -323,7 +323,7 @@ def test_an_integral_float_limit_is_accepted_and_other_limits_are_refused() -> N
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        # The issue's input: a libpq connection string in a driver's message.
+        # A leak seen in real text: a libpq connection string in a driver's message.
         (
             "connection to 'host=db user=app password=Hunter2Secret dbname=x' failed",
             f"connection to 'host=db user=app password={SECRET_MARKER} dbname=x' failed",
@@ -432,8 +432,8 @@ def test_paths_are_redacted_wherever_they_start(text: str, expected: str) -> Non
 
 # -- the property ------------------------------------------------------------
 
-# Characters a secret can follow or be followed by in real text; the issue's
-# leaks came from the ones the old patterns did not expect.
+# Characters a secret can follow or be followed by in real text; the leaks
+# found came from the ones the old patterns did not expect.
 _BEFORE = [
     " ",
     "'",

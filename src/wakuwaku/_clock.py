@@ -3,8 +3,7 @@
 Every component that waits (retry schedules, Transient backoff, breakers,
 result waiters) takes a :class:`Clock`, so tests inject
 :class:`wakuwaku.testing.FakeClock` and check schedules exactly without
-sleeping for real (issue "engine": "retry schedules are tested with a fake
-clock").
+sleeping for real.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
     ├── LogError                                the log (broker) failed or refused
     │   ├── UnknownTopicError
     │   ├── UnknownPartitionError
-    │   ├── PartitionCountMismatch              (design §6, issue "foundation")
+    │   ├── PartitionCountMismatch              (design §6)
     │   ├── CorruptLogError                     a damaged or foreign log file
     │   ├── FencedError                         a stale partition owner (design §15)
     │   └── LogUnavailableError                 the log cannot be reached now

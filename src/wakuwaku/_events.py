@@ -155,7 +155,7 @@ def _read(value: object, name: str) -> object:
 
 
 class Registry:
-    """Maps type tags to event types; one tag names one class (issue "foundation")."""
+    """Maps type tags to event types; one tag names one class."""
 
     def __init__(self) -> None:
         self._by_tag: dict[str, EventType[Any]] = {}

@@ -48,7 +48,7 @@ def reachable(root: object, limit: int = 100_000) -> Iterator[object]:
 
 
 def test_pending_keys_keep_offsets_not_bodies() -> None:
-    """40 000 pending 1 KiB records (the issue's input) cost a few bytes each,
+    """40 000 pending 1 KiB records cost a few bytes each,
     not their 40 MiB of bodies, and no record or body is held (before: a
     list of every Record, +64 MiB)."""
     clock = FakeClock(T0)

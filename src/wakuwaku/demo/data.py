@@ -152,8 +152,8 @@ class Expected:
 def expected_totals(limit: int | None = None, rows: Iterable[FlightRow] | None = None) -> Expected:
     """Per tail number: flights flown, cancelled, distance, air time, arrival delay sums.
 
-    Straight from the CSV, independent of the library (issue "demo": the
-    verification must not trust the code it checks).
+    Straight from the CSV, independent of the library: the verification must
+    not trust the code it checks.
 
     :param rows: the rows of flights.csv already read (default: read the first ``limit``).
     """
