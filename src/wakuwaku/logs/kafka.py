@@ -78,7 +78,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
-from ._url import check_servers, option_bool, option_seconds, parse_log_url
+from ._url import check_servers, check_timeout, option_bool, option_timeout, parse_log_url
 
 _kadmin: Any = _admin_module  # its stubs are partial: used untyped
 AdminClient = _kadmin.AdminClient
@@ -474,8 +474,7 @@ class KafkaLog(Log):
             raise ConfigError("a Kafka log needs at least one host:port")
         if prefix and not _LEGAL_TOPIC.fullmatch(prefix):
             raise ConfigError(f"a Kafka log prefix takes [A-Za-z0-9._-] only, got {prefix!r}")
-        if not timeout > 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        timeout = check_timeout(timeout)
         if session_timeout < 6:
             raise ConfigError(f"session_timeout must be >= 6 seconds, got {session_timeout!r}")
         self.hosts = hosts
@@ -2021,7 +2020,7 @@ class KafkaLog(Log):
         return cls(
             hosts,
             prefix=parsed.options.get("prefix", ""),
-            timeout=option_seconds(parsed, "timeout", 10.0) or 10.0,
+            timeout=option_timeout(parsed, "timeout", 10.0),
             transactions=option_bool(parsed, "transactions", True),
             security=security,
         )
