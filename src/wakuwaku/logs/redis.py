@@ -48,6 +48,7 @@ from .._errors import (
 )
 from .._records import Record, unreadable_record
 from .._sanitize import redact_url
+from .._topics import split_derived_topic
 from ._base import (
     BatchWrite,
     Lease,
@@ -736,25 +737,12 @@ def _parse_url(url: str) -> dict[str, Any]:
     return options
 
 
-_DERIVED = ("wk-retry.", "wk-dlq.", "wk-replayed.")
-
-
 def slot_topic(topic: str) -> str:
     """The topic whose Redis Cluster slot ``topic`` shares: for a group's
     retry, dead-letter or replay-ledger topic (``[ns.]wk-retry.<group>.<main>``)
     its main topic (``[ns.]<main>``), found again until it is no derived name
     itself (so every topic of one family maps to the same slot); any other
     topic is its own."""
-    while True:
-        for marker in _DERIVED:
-            at = topic.find(marker)
-            while at > 0 and topic[at - 1] != ".":
-                at = topic.find(marker, at + 1)
-            if at < 0:
-                continue
-            group, dot, main = topic[at + len(marker) :].partition(".")
-            if group and dot and main:
-                topic = topic[:at] + main
-                break
-        else:
-            return topic
+    while (split := split_derived_topic(topic)) is not None:
+        topic = split[0] + split[3]
+    return topic
