@@ -37,8 +37,8 @@ def split_derived_topic(name: str) -> tuple[str, str, str, str] | None:
     stands before the prefix (empty, or ending in ``.``): the prefix counts
     only at the start of ``name`` or right after a ``.``. ``group`` and
     ``topic`` must both be non-empty (``topic`` may hold dots and be derived
-    itself: the leftmost prefix that makes a derived name counts). Configured names are not derived: the topic-names topic knows
-    those.
+    itself: the leftmost prefix that makes a derived name counts).
+    Configured names are not derived: the topic-names topic knows those.
     """
     found: tuple[str, str, str, str] | None = None
     first = len(name)
