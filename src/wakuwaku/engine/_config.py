@@ -21,6 +21,7 @@ from typing import Any
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, ErrorClass
 from .._records import MAX_GROUP_LENGTH, valid_group_name
+from .._topics import DEAD_LETTER_PREFIX, REPLAY_LEDGER_PREFIX, RETRY_PREFIX, split_derived_topic
 
 logger = logging.getLogger("wakuwaku.consumer")
 
@@ -54,9 +55,6 @@ def default_error_class(exc: BaseException) -> ErrorClass:
     return ErrorClass.UNRECOVERABLE
 
 
-RETRY_PREFIX = "wk-retry."
-DEAD_LETTER_PREFIX = "wk-dlq."
-REPLAY_LEDGER_PREFIX = "wk-replayed."
 RESERVED_PREFIXES = (RETRY_PREFIX, DEAD_LETTER_PREFIX, REPLAY_LEDGER_PREFIX)
 """The prefixes of derived names: a configured name may not start with one."""
 
@@ -179,16 +177,10 @@ def split_internal_topic(name: str) -> tuple[str, str, str] | None:
     dead-letter or replay-ledger topic name (namespace removed first), None
     for any other name (configured names are found in the topic-names topic:
     :func:`wakuwaku.engine.registered_topics`)."""
-    for kind, prefix in (
-        ("retry", RETRY_PREFIX),
-        ("dlq", DEAD_LETTER_PREFIX),
-        ("replayed", REPLAY_LEDGER_PREFIX),
-    ):
-        if name.startswith(prefix):
-            group, dot, topic = name[len(prefix) :].partition(".")
-            if dot and group and topic:
-                return kind, group, topic
-    return None
+    split = split_derived_topic(name)
+    if split is None or split[0]:
+        return None
+    return split[1], split[2], split[3]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,13 @@ from .._sanitize import redact_url
 
 __all__ = (
     "LOG_URL_OPTIONS",
+    "MAX_CALL_TIMEOUT",
     "LogURL",
     "check_servers",
+    "check_timeout",
     "option_bool",
     "option_seconds",
+    "option_timeout",
     "parse_log_url",
 )
 
@@ -42,6 +45,9 @@ LOG_URL_OPTIONS: dict[str, Collection[str]] = {
     ),
 }
 """The URL options each scheme takes (``docs/logs.md`` says what each means)."""
+
+MAX_CALL_TIMEOUT = 3600.0
+"""The longest bound a log takes for one server call (seconds)."""
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -140,6 +146,45 @@ def option_seconds(parsed: LogURL, name: str, default: float) -> float:
             f"bad log URL {redact_url(parsed.url)!r}: {name} must be seconds >= 0, got {raw!r}"
         )
     return value
+
+
+def check_timeout(value: object, name: str = "timeout") -> float:
+    """``value`` as a bound on one server call: finite seconds in
+    ``(0, MAX_CALL_TIMEOUT]``, as a float.
+
+    One rule for every log's constructor and URL: a bound of 0 fails every
+    call, NaN compares false with every deadline (no call would ever time
+    out), and infinity is no bound at all.
+
+    :raises ConfigError: for a bool, a non-number or a value outside the range,
+        naming ``name`` and the value.
+    """
+    number: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    if number is None or not 0 < number <= MAX_CALL_TIMEOUT:  # False for NaN too
+        raise ConfigError(
+            f"{name} must be seconds above 0 and at most {MAX_CALL_TIMEOUT:g}, got {value!r}"
+        )
+    return number
+
+
+def option_timeout(parsed: LogURL, name: str, default: float) -> float:
+    """Option ``name`` as a call bound (:func:`check_timeout`), ``default`` when absent.
+
+    :raises ConfigError: for a value :func:`check_timeout` refuses, naming the
+        URL (without its password), the option and the value.
+    """
+    raw = parsed.options.get(name)
+    if raw is None:
+        return default
+    try:
+        return check_timeout(float(raw), name)
+    except (ValueError, ConfigError):
+        raise ConfigError(
+            f"bad log URL {redact_url(parsed.url)!r}: {name} must be seconds above 0 and at "
+            f"most {MAX_CALL_TIMEOUT:g}, got {raw!r}"
+        ) from None
 
 
 def check_servers(kind: str, hosts: str, example: str) -> list[str]:

@@ -64,6 +64,7 @@ from .._errors import (
     UnknownTopicError,
 )
 from .._records import Record
+from .._topics import split_derived_topic
 from ._base import (
     AppendTokens,
     BatchWrite,
@@ -78,7 +79,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
-from ._url import check_servers, option_bool, option_seconds, parse_log_url
+from ._url import check_servers, check_timeout, option_bool, option_timeout, parse_log_url
 
 _kadmin: Any = _admin_module  # its stubs are partial: used untyped
 AdminClient = _kadmin.AdminClient
@@ -106,7 +107,6 @@ room for the headers the engine adds, so a record at its main topic's limit
 can still be retried and dead-lettered."""
 _BATCH_OVERHEAD = 512  # record batch and record framing, counted against the limit
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
-_DERIVED = ("wk-retry.", "wk-dlq.", "wk-replayed.")
 _NO_OFFSET = -1001
 _MEMBER_METADATA_REFRESH_MS = 5000
 _MARKER_WAIT = 0.5
@@ -132,16 +132,8 @@ _generations = itertools.count(1)
 def derived_main_topic(topic: str) -> str | None:
     """The main topic of an engine-made topic (``[ns.]wk-retry.<group>.<main>``,
     ``wk-dlq.``, ``wk-replayed.``), or None for any other topic."""
-    for marker in _DERIVED:
-        at = topic.find(marker)
-        while at > 0 and topic[at - 1] != ".":
-            at = topic.find(marker, at + 1)
-        if at < 0:
-            continue
-        group, dot, main = topic[at + len(marker) :].partition(".")
-        if group and dot and main:
-            return topic[:at] + main
-    return None
+    split = split_derived_topic(topic)
+    return None if split is None else split[0] + split[3]
 
 
 def _code(exc: BaseException) -> int | None:
@@ -474,8 +466,7 @@ class KafkaLog(Log):
             raise ConfigError("a Kafka log needs at least one host:port")
         if prefix and not _LEGAL_TOPIC.fullmatch(prefix):
             raise ConfigError(f"a Kafka log prefix takes [A-Za-z0-9._-] only, got {prefix!r}")
-        if not timeout > 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        timeout = check_timeout(timeout)
         if session_timeout < 6:
             raise ConfigError(f"session_timeout must be >= 6 seconds, got {session_timeout!r}")
         self.hosts = hosts
@@ -2021,7 +2012,7 @@ class KafkaLog(Log):
         return cls(
             hosts,
             prefix=parsed.options.get("prefix", ""),
-            timeout=option_seconds(parsed, "timeout", 10.0) or 10.0,
+            timeout=option_timeout(parsed, "timeout", 10.0),
             transactions=option_bool(parsed, "transactions", True),
             security=security,
         )

@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, unquote
+from urllib.parse import unquote
 
 import msgspec
 
@@ -75,7 +75,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
-from ._url import check_servers
+from ._url import LOG_URL_OPTIONS, check_servers, check_timeout, option_timeout, parse_log_url
 
 __all__ = ("NatsLog", "escape")
 
@@ -276,8 +276,7 @@ class NatsLog(Log):
     ) -> None:
         if not _PREFIX_RE.fullmatch(prefix):
             raise ConfigError(f"NATS log prefix must be 1-32 of [A-Za-z0-9-], got {prefix!r}")
-        if timeout <= 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        timeout = check_timeout(timeout)
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         if not self.servers:
             raise ConfigError("a NATS log needs at least one server URL")
@@ -1629,17 +1628,9 @@ class NatsLog(Log):
 
         :raises ConfigError: for a URL without a host or with an unknown option.
         """
-        rest = url.split("://", 1)[1]
-        rest, _, query = rest.partition("?")
-        rest = rest.rstrip("/")
-        credentials, at, hosts = rest.rpartition("@")
+        parsed = parse_log_url(url, {"nats": LOG_URL_OPTIONS["nats"]})
+        credentials, at, hosts = parsed.rest.rstrip("/").rpartition("@")
         check_servers("NATS", hosts, "nats://host:port[,host:port]")
-        options = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
-        unknown = sorted(set(options) - {"prefix", "timeout"})
-        if unknown:
-            raise ConfigError(
-                f"bad NATS log URL: unknown option(s) {', '.join(unknown)}; known: prefix, timeout"
-            )
         token = user = password = None
         if at:
             name, colon, secret = credentials.partition(":")
@@ -1647,16 +1638,12 @@ class NatsLog(Log):
                 user, password = unquote(name), unquote(secret)
             else:
                 token = unquote(name)
-        try:
-            timeout = float(options.get("timeout", 5.0))
-        except ValueError:
-            raise ConfigError("bad NATS log URL: timeout must be seconds") from None
         servers = [f"nats://{host}" for host in hosts.split(",")]
         return cls(
             servers,
-            prefix=options.get("prefix", "wk"),
+            prefix=parsed.options.get("prefix", "wk"),
             token=token,
             user=user,
             password=password,
-            timeout=timeout,
+            timeout=option_timeout(parsed, "timeout", 5.0),
         )

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
@@ -48,6 +48,7 @@ from .._errors import (
 )
 from .._records import Record, unreadable_record
 from .._sanitize import redact_url
+from .._topics import split_derived_topic
 from ._base import (
     BatchWrite,
     Lease,
@@ -60,6 +61,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
+from ._url import LOG_URL_OPTIONS, check_timeout, option_timeout, parse_log_url
 
 try:
     import redis.asyncio as aioredis
@@ -81,7 +83,6 @@ _POLL_INTERVAL = 0.02
 _TOKEN_TTL_MS = 300_000
 _ATTEMPTS = 2  # a call whose connection broke is sent once more on a new one
 _UNAVAILABLE = ("LOADING", "BUSY", "READONLY", "MASTERDOWN", "OOM", "TRYAGAIN", "CLUSTERDOWN")
-_URL_OPTIONS = ("prefix", "timeout")
 
 
 def _script(name: str) -> str:
@@ -130,7 +131,7 @@ class RedisLog(Log):
         if prefix is not None:
             options["prefix"] = prefix
         if timeout is not None:
-            options["timeout"] = _timeout(str(timeout), url)
+            options["timeout"] = check_timeout(timeout)
         self.prefix: str = options["prefix"]
         if not self.prefix or "{" in self.prefix or "}" in self.prefix:
             raise ConfigError(
@@ -703,19 +704,6 @@ def _unreadable(offset: int, fields: list[bytes], exc: Exception) -> Record:
     )
 
 
-def _timeout(raw: str, url: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 3600:
-        raise ConfigError(
-            f"bad Redis log URL {redact_url(url)!r}: "
-            f"timeout must be seconds in (0, 3600), got {raw!r}"
-        )
-    return value
-
-
 def _parse_url(url: str) -> dict[str, Any]:
     """The parts of a ``redis://`` URL.
 
@@ -734,14 +722,11 @@ def _parse_url(url: str) -> dict[str, Any]:
     path = parts.path.strip("/") or "0"
     if not path.isdigit():
         raise ConfigError(f"bad Redis log URL {shown!r}: the path is the db number, got {path!r}")
-    options: dict[str, Any] = {"prefix": "wk", "timeout": 5.0}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name not in _URL_OPTIONS:
-            raise ConfigError(
-                f"bad Redis log URL {shown!r}: unknown option {name!r} "
-                f"(known: {', '.join(_URL_OPTIONS)})"
-            )
-        options[name] = _timeout(value, url) if name == "timeout" else value
+    parsed = parse_log_url(url, {name: LOG_URL_OPTIONS[name] for name in ("redis", "rediss")})
+    options: dict[str, Any] = {
+        "prefix": parsed.options.get("prefix", "wk"),
+        "timeout": option_timeout(parsed, "timeout", 5.0),
+    }
     options.update(
         scheme=parts.scheme.lower(),
         host=parts.hostname,
@@ -753,25 +738,12 @@ def _parse_url(url: str) -> dict[str, Any]:
     return options
 
 
-_DERIVED = ("wk-retry.", "wk-dlq.", "wk-replayed.")
-
-
 def slot_topic(topic: str) -> str:
     """The topic whose Redis Cluster slot ``topic`` shares: for a group's
     retry, dead-letter or replay-ledger topic (``[ns.]wk-retry.<group>.<main>``)
     its main topic (``[ns.]<main>``), found again until it is no derived name
     itself (so every topic of one family maps to the same slot); any other
     topic is its own."""
-    while True:
-        for marker in _DERIVED:
-            at = topic.find(marker)
-            while at > 0 and topic[at - 1] != ".":
-                at = topic.find(marker, at + 1)
-            if at < 0:
-                continue
-            group, dot, main = topic[at + len(marker) :].partition(".")
-            if group and dot and main:
-                topic = topic[:at] + main
-                break
-        else:
-            return topic
+    while (split := split_derived_topic(topic)) is not None:
+        topic = split[0] + split[3]
+    return topic
