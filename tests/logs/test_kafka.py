@@ -203,7 +203,7 @@ async def test_a_zombies_transaction_is_fenced_by_the_broker(log: KafkaLog) -> N
         ]
         offsets = [TopicPartition(log._name("orders"), 0, 5)]
         with pytest.raises(KafkaException) as caught:
-            await asyncio.to_thread(log._transaction, zombie, batches, offsets)
+            await asyncio.to_thread(log._transaction, zombie, batches, offsets, [("orders", 0, 5)])
         assert caught.value.args[0].code() in _FENCED_CODES
         assert await other.read("wk-retry.g.orders", 0, 0) == []
         assert await other.committed("g", "orders", 0) is None

@@ -164,8 +164,11 @@ async def test_a_restarted_server_is_read_again_by_every_partition_at_once(
     server: NatsServer,
 ) -> None:
     """A running consumer on 3 partitions, its server SIGKILLed three times and
-    started again on the same store: within 8 s of each restart every partition
+    started again on the same store: within 20 s of each restart every partition
     handles 100 more events (or all it has), and in the end every event is handled.
+    The fault cost a partition ``timeout`` (30 s) and the retry delay more; the
+    margin below that is for a loaded machine (a partition stood still 8 s at a
+    load of 11 on 2 cores, its neighbours busy).
 
     The retry delay (4 s) outlasts the outage (2 s), so a partition whose commit
     failed does not read during the outage: its next read, after the restart,
@@ -173,7 +176,7 @@ async def test_a_restarted_server_is_read_again_by_every_partition_at_once(
     used to wait ``timeout`` for an answer, fail, and wait the retry delay again.
     """
     partitions, keys, per_key = 3, 40, 100
-    timeout = 10.0  # a read that waits for a lost consumer stands still this long
+    timeout = 30.0  # a read that waits for a lost consumer stands still this long
     log = NatsLog(server.url, timeout=timeout)
     await log.create_topic("ticks", partitions)
     await wk.Producer(log, "ticks").publish_many(
@@ -210,7 +213,7 @@ async def test_a_restarted_server_is_read_again_by_every_partition_at_once(
             while any(count[p] < wanted[p] for p in range(partitions)):
                 stalled = [p for p in range(partitions) if count[p] < wanted[p]]
                 waited = time.monotonic() - back
-                assert waited < 8.0, f"partitions {stalled} stood still {waited:.1f} s: {count}"
+                assert waited < 20.0, f"partitions {stalled} stood still {waited:.1f} s: {count}"
                 assert not task.done(), task
                 await asyncio.sleep(0.02)
         deadline = time.monotonic() + 60

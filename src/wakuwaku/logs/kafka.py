@@ -136,6 +136,27 @@ def derived_main_topic(topic: str) -> str | None:
     return None if split is None else split[0] + split[3]
 
 
+@dataclass(frozen=True)
+class _Unsettled:
+    """A transactional store whose commit got no answer (see ``KafkaLog._settle``)."""
+
+    batches: list[tuple[str, int, Sequence[OutgoingRecord]]]
+    commits: list[tuple[str, int, int]]
+    results: list[list[int]]  # filled in by delivery reports, -1 until delivered
+
+
+def _unanswered(err: object) -> bool:
+    """True for a transactional call's error that leaves its outcome open: a
+    retriable one (a timeout, a broker gone) that neither is fatal nor asks
+    for an abort; librdkafka resumes the call when it is made again."""
+    return (
+        isinstance(err, KafkaError)
+        and err.retriable()
+        and not err.fatal()
+        and not err.txn_requires_abort()
+    )
+
+
 def _code(exc: BaseException) -> int | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return int(exc.args[0].code())
@@ -227,6 +248,9 @@ class _Member:
         self.closing = False
         self.held: set[tuple[str, int]] = set()
         self.txn: Producer | None = None
+        # A store whose commit_transaction gave no answer: its outcome is
+        # known only once the producer's commit is resumed (KafkaLog._settle).
+        self.unsettled: _Unsettled | None = None
         # The group metadata (generation, member id) for KIP-447 transactions.
         # Read in the poll thread only: consumer_group_metadata() called from
         # another thread while poll() runs blocks (librdkafka serves it there).
@@ -1786,7 +1810,8 @@ class KafkaLog(Log):
             self._fence_owner(fence)
             try:
                 results = await self._run(
-                    "store", lambda: self._transaction(member, batches, offsets)
+                    "store",
+                    lambda: self._transaction(member, batches, offsets, list(write.commits)),
                 )
             except LogError as exc:
                 code = _code(exc.__cause__) if exc.__cause__ is not None else None
@@ -1881,11 +1906,26 @@ class KafkaLog(Log):
         member: _Member,
         batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
         offsets: list[Any],
+        commits: list[tuple[str, int, int]],
     ) -> list[list[int]]:
-        """One transaction (in a thread): produce, send offsets, commit; abort on failure."""
+        """One transaction (in a thread): produce, send offsets, commit; abort on failure.
+
+        A commit that gets no answer (the broker went away under it) may
+        still have gone through: its store is *unsettled*. The producer is
+        kept and the next store first settles it (:meth:`_settle`); when
+        that next store is the same write sent again (the engine retries a
+        failed store as it was), and the earlier commit went through, its
+        offsets are returned and nothing is written twice. Without this, a
+        dead letter whose commit answered late was stored again by the
+        retry: a record with two dead letters.
+        """
         producer = self._transactional(member)
+        settled = self._settle(member, producer, batches, commits)
+        if settled is not None:
+            return settled
         results: list[list[int]] = [[-1] * len(records) for _, _, records in batches]
         errors: list[Any] = []
+        committing = False
         try:
             producer.begin_transaction()
             for n, (topic, partition, records) in enumerate(batches):
@@ -1908,28 +1948,73 @@ class KafkaLog(Log):
                     )
             if offsets:
                 producer.send_offsets_to_transaction(offsets, member.metadata, self.timeout)
+            committing = True
             producer.commit_transaction(self.timeout)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.fatal():
-                member.txn = None
+            if committing and _unanswered(err):
+                member.unsettled = _Unsettled(batches, commits, results)
             else:
-                try:
-                    producer.abort_transaction(self.timeout)
-                except KafkaException:
-                    # An abort that did not finish (the broker went away
-                    # under it) stays in progress inside librdkafka, and
-                    # every later call of this producer fails with
-                    # "Conflicting abort_transaction API call is already in
-                    # progress": the member never stored again. A new
-                    # producer with the same transactional.id fences this
-                    # one and aborts its open transaction at
-                    # init_transactions.
-                    member.txn = None
+                self._abandon(member, producer, err)
             raise
         if errors:
             raise KafkaException(errors[0])
         return results
+
+    def _settle(
+        self,
+        member: _Member,
+        producer: Any,
+        batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
+        commits: list[tuple[str, int, int]],
+    ) -> list[list[int]] | None:
+        """Learn how the member's unsettled store ended, before a new one.
+
+        ``commit_transaction`` is asked again: librdkafka resumes the commit
+        in flight and answers once its outcome is known. Committed: when
+        ``batches`` and ``commits`` are that store's own (sent again), its
+        offsets are returned and the caller writes nothing; otherwise None,
+        and the caller's transaction goes ahead. Not committed (the broker
+        wants it aborted): it is aborted, and None. Still no answer: raised,
+        so the caller fails the same way and tries again later.
+        """
+        pending = member.unsettled
+        if pending is None:
+            return None
+        try:
+            producer.commit_transaction(self.timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if _unanswered(err):
+                raise
+            member.unsettled = None
+            self._abandon(member, producer, err)
+            return None
+        member.unsettled = None
+        done = all(offset >= 0 for offsets in pending.results for offset in offsets)
+        if done and pending.batches == batches and pending.commits == commits:
+            return pending.results
+        return None
+
+    @staticmethod
+    def _abandon(member: _Member, producer: Any, err: object) -> None:
+        """End a transaction that did not commit: abort it, or drop the producer.
+
+        After a fatal error the producer is unusable. An abort that did not
+        finish (the broker went away under it) stays in progress inside
+        librdkafka, and every later call of that producer failed with
+        "Conflicting abort_transaction API call is already in progress": the
+        member never stored again. In both cases a new producer with the same
+        ``transactional.id`` takes over at the next store; its
+        ``init_transactions`` fences this one and aborts the open transaction.
+        """
+        if isinstance(err, KafkaError) and err.fatal():
+            member.txn = None
+            return
+        try:
+            producer.abort_transaction(member.log.timeout)
+        except KafkaException:
+            member.txn = None
 
     # -- close -------------------------------------------------------------------------
 
