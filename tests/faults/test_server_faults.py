@@ -51,11 +51,12 @@ import wakuwaku as wk
 from wakuwaku.admin import list_dead_letters
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs import Log
+from wakuwaku.logs.iggy import IggyLog
 from wakuwaku.logs.kafka import KafkaLog
 from wakuwaku.logs.nats import NatsLog
 from wakuwaku.logs.redis import RedisLog
 
-from .servers import KafkaBroker, NatsServer, RedisServer, Server
+from .servers import IggyServer, KafkaBroker, NatsServer, RedisServer, Server
 
 EVENTS = 2400
 PARTITIONS = 4
@@ -94,9 +95,8 @@ ENGINES = {
     "redis": Engine("redis", RedisServer, lambda s: RedisLog(f"{s.url}?timeout=1"), deadline=60.0),
     "nats": Engine("nats", NatsServer, lambda s: NatsLog(s.url, timeout=1.0), deadline=60.0),
     "kafka": Engine("kafka", KafkaBroker, lambda s: KafkaLog(s.url, timeout=3.0), deadline=90.0),
+    "iggy": Engine("iggy", IggyServer, lambda s: IggyLog.from_url(f"{s.url}?timeout=1"), 60.0),
 }
-
-# An engine with a server (Iggy, when its log lands) is one more entry here.
 
 FAULTS = ("kill", "freeze", "restart_twice")
 

@@ -149,3 +149,32 @@ async def test_the_server_refuses_the_group_offset_of_a_member_that_left(log: Ig
 class _Tick(msgspec.Struct, frozen=True):
     key: str
     n: int = 0
+
+
+async def test_a_member_checks_its_assignment_before_each_write(log: IggyLog) -> None:
+    """When another member joins, the server moves partitions at once; the old
+    owner's next fenced append and commit of a moved partition are refused
+    before anything is sent, without waiting for its periodic sync."""
+    await log.create_topic("orders", 2)
+    await log.create_topic("wk-retry.g.orders", 2)
+    await log.append("orders", 0, [({"wk-key": b"k"}, b"x")])
+    await log.append("orders", 1, [({"wk-key": b"k"}, b"x")])
+    leases = [await log.acquire_partition("g", "orders", p, "a", ttl=60.0) for p in (0, 1)]
+    assert all(lease is not None for lease in leases)
+    other = iggy_log(log.stream)
+    try:
+        taken = [await other.acquire_partition("g", "orders", p, "b", ttl=60.0) for p in (0, 1)]
+        moved = [lease for lease, new in zip(leases, taken, strict=True) if new is not None]
+        assert len(moved) == 1, "the server gives the joining member one of the two"
+        [stale] = moved
+        assert stale is not None
+        assert log.ownership_state(stale) == "owned"  # the periodic sync has not run yet
+        with pytest.raises(FencedError):
+            await log.append("wk-retry.g.orders", stale.partition, [({}, b"late")], fence=stale)
+        with pytest.raises(FencedError):
+            await log.commit("g", "orders", stale.partition, 1, fence=stale)
+        assert log.ownership_state(stale) == "gone"
+        assert await log.end_offsets("wk-retry.g.orders") == {0: 0, 1: 0}
+        assert await log.committed("g", "orders", stale.partition) is None
+    finally:
+        await other.close()

@@ -256,6 +256,11 @@ class Log(abc.ABC):
     atomic_store: bool = False
     """True when :meth:`store` writes all or nothing (one transaction)."""
 
+    commits_zero: bool = True
+    """False for a log that stores an offset only with a record below it
+    (Iggy stores "the last record consumed"): a committed 0 reads back as
+    None there, so a reader must take None as "from the start"."""
+
     def partition_for(self, key: str | bytes, partitions: int) -> int:
         """The partition a record of ``key`` goes to in a topic of ``partitions``.
 

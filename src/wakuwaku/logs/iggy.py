@@ -245,6 +245,8 @@ class IggyLog(Log):
     :raises ConfigError: for a bad address, stream name or timeout.
     """
 
+    commits_zero = False
+    """Iggy stores the last record consumed: a committed 0 reads back as None."""
     max_record_size = MAX_PAYLOAD - HEADER_ROOM
     """The largest record (body and headers, bytes) on a main topic."""
 
@@ -617,8 +619,7 @@ class IggyLog(Log):
             records = [self._record(m) for m in found if m.offset() >= offset]
             if records or time.monotonic() >= deadline:
                 return records[:max_records]
-            with BLOCKING_CALLS.track():  # waiting for another writer: real time
-                await asyncio.sleep(min(_READ_PAUSE, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(_READ_PAUSE, max(0.0, deadline - time.monotonic())))
 
     async def _poll(
         self, topic: str, partition: int, strategy: PollingStrategy, count: int
@@ -890,8 +891,9 @@ class IggyLog(Log):
                     await self._sync(member, topic)
                 except LogError as exc:
                     logger.debug("Iggy group %s: sync failed: %s", member.group, exc)
-            with BLOCKING_CALLS.track():
-                await asyncio.sleep(_SYNC_EVERY)
+            # Not a blocking call: a fake clock may move meanwhile (each
+            # sync's request is one, through _bounded).
+            await asyncio.sleep(_SYNC_EVERY)
 
     async def _join(self, member: _Member, topic: str) -> None:
         group = member.group
@@ -1016,12 +1018,14 @@ class IggyLog(Log):
         """Return when ``member``'s assignment changed, or after ``within`` seconds
         (:class:`~wakuwaku.engine._ownership.AssignmentLog`)."""
         found = self._members.get((group, member))
-        with BLOCKING_CALLS.track():  # the server's answer is real I/O
-            if found is None:
+        if found is None:
+            # Joining: the server's answer is real I/O, so a fake clock must
+            # not run ahead meanwhile.
+            with BLOCKING_CALLS.track():
                 await asyncio.sleep(min(within, 0.1))
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(found.changed.wait(), within)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(found.changed.wait(), within)
 
     def ownership_state(self, lease: Lease) -> str:
         """``owned`` while the last answer of the server assigns the lease's partition
