@@ -102,7 +102,15 @@ FAULTS = ("kill", "freeze", "restart_twice")
 
 # Cases that fail today, each with the symptom seen: none. A case added here
 # is a fault being fixed, never a design decision.
-KNOWN: dict[tuple[str, str], str] = {}
+KNOWN: dict[tuple[str, str], str] = {
+    ("iggy", "kill"): (
+        "after a SIGKILL and restart, Iggy 0.9.0-edge.5 keeps the consumer-group members "
+        "of before the restart (sessions that no longer exist) with their partitions; "
+        "the member that joins again gets only the rest, and the ghosts' partitions are "
+        "never handled (seen: 1 530 of 2 388 events, no pause for 60 s)"
+    ),
+    ("iggy", "restart_twice"): "as iggy-kill: ghost group members after a restart",
+}
 
 
 def cases() -> list[object]:

@@ -106,6 +106,7 @@ async def test_headers_iggy_cannot_carry_travel_in_the_payload(log: IggyLog) -> 
 
 
 async def test_a_record_over_the_topic_limit_is_refused_naming_it(log: IggyLog) -> None:
+    log = iggy_log(log.stream, timeout=60.0)  # 63 MB through a loaded shared machine
     await log.create_topic("orders", 1)
     await log.create_topic("orders-retry", 1, derived_from="orders")
     limit = MAX_PAYLOAD - HEADER_ROOM
@@ -115,7 +116,10 @@ async def test_a_record_over_the_topic_limit_is_refused_naming_it(log: IggyLog) 
     # A record at the main topic's limit still fits its retry topic with more headers.
     big = ({"wk-key": b"k"}, b"x" * (limit - 10))
     retry = ({**big[0], "wk-error": b"e" * 4000, "wk-src": b"orders/0/0"}, big[1])
-    assert await log.append("orders-retry", 0, [retry]) == [0]
+    try:
+        assert await log.append("orders-retry", 0, [retry]) == [0]
+    finally:
+        await log.close()
 
 
 async def test_the_server_refuses_the_group_offset_of_a_member_that_left(log: IggyLog) -> None:
@@ -129,13 +133,14 @@ async def test_the_server_refuses_the_group_offset_of_a_member_that_left(log: Ig
     zombie = log._members[("g", "a")]
     await log.commit("g", "orders", 0, 2, fence=old)
     # a leaves the group on the server, but keeps believing it owns the partition.
+    assert zombie.client is not None
     await zombie.client.leave_consumer_group(log.stream, "orders", "g")
     other = iggy_log(log.stream)
     try:
         new = await other.acquire_partition("g", "orders", 0, "b", ttl=60.0)
         assert new is not None
         with pytest.raises(FencedError):
-            await log._store(zombie.client, _KIND_GROUP, "g", "orders", 0, 3)
+            await log._store(zombie, _KIND_GROUP, "g", "orders", 0, 3)
         with pytest.raises(FencedError):
             await log.commit("g", "orders", 0, 4, fence=old)
         assert await other.committed("g", "orders", 0) == 2

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import itertools
 import logging
 import math
@@ -202,7 +201,7 @@ class _Member:
     sessions), the topics whose Iggy consumer group it joined, and a task
     that asks the server for its assignment every :data:`_SYNC_EVERY` seconds."""
 
-    def __init__(self, group: str, member: str, client: IggyClient) -> None:
+    def __init__(self, group: str, member: str, client: IggyClient | None) -> None:
         self.group = group
         self.member = member
         self.client = client
@@ -303,10 +302,10 @@ class IggyLog(Log):
         return TcpConfig(
             server_address=self.address,
             auto_login=AutoLogin.username_password(self._username, self._password),
-            reconnection=TcpReconnectionConfig(
-                interval=datetime.timedelta(seconds=min(0.5, self.timeout)),
-                reestablish_after=datetime.timedelta(0),
-            ),
+            # The log reconnects by itself, with a new client (_renew): the
+            # SDK's own loop, once a call waiting in it was cancelled by the
+            # timeout, answered "Disconnected" forever after a server restart.
+            reconnection=TcpReconnectionConfig(enabled=False),
             nodelay=True,
         )
 
@@ -338,7 +337,33 @@ class IggyLog(Log):
 
     async def _call(self, what: str, call: Callable[[IggyClient], Awaitable[_T]]) -> _T:
         client = await self._admin()
-        return await self._bounded(what, lambda: call(client))
+        try:
+            return await self._bounded(what, lambda: call(client))
+        except LogUnavailableError:
+            if self._client is client:
+                self._client = None  # the next call connects again (_renew)
+            raise
+
+    async def _on_member(
+        self, member: _Member, what: str, call: Callable[[IggyClient], Awaitable[_T]]
+    ) -> _T:
+        """``call`` on the member's own connection. A connection that fails is
+        dropped with its memberships (a new session is no member of anything):
+        the engine sees its partitions gone and acquires them again, joining anew.
+        """
+        if member.client is None:
+            member.client = await self._connect()
+        client = member.client
+        try:
+            return await self._bounded(what, lambda: call(client))
+        except LogUnavailableError:
+            if member.client is client:
+                member.client = None
+                if member.topics:
+                    member.topics.clear()
+                    member.held.clear()
+                    member.bump()
+            raise
 
     def _error(self, what: str, exc: BaseException) -> LogError:
         text = str(exc) or type(exc).__name__
@@ -414,8 +439,15 @@ class IggyLog(Log):
         existing = await self._partitions_or_none(topic, fresh=True)
         if existing is None:
             try:
+                # Each record is written out as it comes (not after 1 024 of
+                # them, the server's default): a server killed with SIGKILL
+                # kept nothing it had acknowledged on a default topic, records
+                # nor stored offsets.
                 await self._call(
-                    "create topic", lambda c: c.create_topic(self.stream, topic, partitions)
+                    "create topic",
+                    lambda c: c.create_topic(
+                        self.stream, topic, partitions, messages_required_to_save=1
+                    ),
                 )
             except LogUnavailableError:
                 raise
@@ -689,12 +721,12 @@ class IggyLog(Log):
         if len(group.encode("utf-8")) > _MAX_HEADER:
             raise ConfigError(f"an Iggy consumer or group name takes at most 255 bytes: {group!r}")
 
-    async def _stored(self, client: IggyClient, kind: int, group: str, topic: str, p: int) -> int:
+    async def _stored(self, kind: int, group: str, topic: str, p: int) -> int:
         """The stored offset (Iggy's: the last consumed record), -1 when none."""
         request = self._offset_request(kind, group, topic, p)
-        answer = await self._bounded(
+        answer = await self._call(
             f"committed offset {topic}/{p}",
-            lambda: client.send_binary_request(_GET_OFFSET, request),
+            lambda c: c.send_binary_request(_GET_OFFSET, request),
         )
         if len(answer) < 20:
             return -1
@@ -710,9 +742,8 @@ class IggyLog(Log):
         if count is None:
             return None
         check_partition(topic, partition, count)
-        client = await self._admin()
         try:
-            stored = await self._stored(client, _KIND_CONSUMER, group, topic, partition)
+            stored = await self._stored(_KIND_CONSUMER, group, topic, partition)
         except LogUnavailableError:
             raise
         except LogError:
@@ -757,25 +788,32 @@ class IggyLog(Log):
                 owner = None  # a retry partition: not in the member's Iggy group
         elif generation is not None:
             owner = await self._generation_owner(group, topic, partition, generation)
-        client = await self._admin()
         if offset == 0:
-            await self._delete_offset(client, _KIND_CONSUMER, group, topic, partition)
+            await self._delete_offset(_KIND_CONSUMER, group, topic, partition)
             return
         if owner is not None:
-            await self._store(owner.client, _KIND_GROUP, group, topic, partition, offset - 1)
-        await self._store(client, _KIND_CONSUMER, group, topic, partition, offset - 1)
+            await self._store(owner, _KIND_GROUP, group, topic, partition, offset - 1)
+        await self._store(None, _KIND_CONSUMER, group, topic, partition, offset - 1)
 
     async def _store(
-        self, client: IggyClient, kind: int, group: str, topic: str, partition: int, stored: int
+        self, owner: _Member | None, kind: int, group: str, topic: str, partition: int, stored: int
     ) -> None:
+        """Store ``stored`` as Iggy's offset: the group's (``_KIND_GROUP``, on
+        ``owner``'s connection, fenced by the server) or the consumer's named
+        ``group`` (``_KIND_CONSUMER``, on the log's connection)."""
         request = self._offset_request(
             kind, group, topic, partition, struct.pack("<Q", stored) + bytes((_ACK_QUORUM,))
         )
+
+        def send(client: IggyClient) -> Awaitable[bytes]:
+            return client.send_binary_request(_STORE_OFFSET, request)
+
+        what = f"commit {topic}/{partition}"
         try:
-            await self._bounded(
-                f"commit {topic}/{partition}",
-                lambda: client.send_binary_request(_STORE_OFFSET, request),
-            )
+            if owner is not None:
+                await self._on_member(owner, what, send)
+            else:
+                await self._call(what, send)
         except LogUnavailableError:
             raise
         except LogError as exc:
@@ -791,15 +829,13 @@ class IggyLog(Log):
                 ) from exc
             raise
 
-    async def _delete_offset(
-        self, client: IggyClient, kind: int, group: str, topic: str, partition: int
-    ) -> bool:
-        if await self._stored(client, kind, group, topic, partition) < 0:
+    async def _delete_offset(self, kind: int, group: str, topic: str, partition: int) -> bool:
+        if await self._stored(kind, group, topic, partition) < 0:
             return False
         request = self._offset_request(kind, group, topic, partition, bytes((_ACK_QUORUM,)))
-        await self._bounded(
+        await self._call(
             f"delete offset {topic}/{partition}",
-            lambda: client.send_binary_request(_DELETE_OFFSET, request),
+            lambda c: c.send_binary_request(_DELETE_OFFSET, request),
         )
         return True
 
@@ -820,11 +856,10 @@ class IggyLog(Log):
             member = self._members[key]
             for name in [t.name for t in topics if t.name in member.topics]:
                 await self._leave(member, name)
-        client = await self._admin()
         deleted = 0
         for info in topics:
             for partition in range(info.partitions):
-                if await self._delete_offset(client, _KIND_CONSUMER, group, info.name, partition):
+                if await self._delete_offset(_KIND_CONSUMER, group, info.name, partition):
                     deleted += 1
             await self._drop_group(group, info.name)
         return deleted
@@ -845,8 +880,7 @@ class IggyLog(Log):
         key = (group, member)
         found = self._members.get(key)
         if found is None:
-            client = await self._connect()
-            found = self._members.setdefault(key, _Member(group, member, client))
+            found = self._members.setdefault(key, _Member(group, member, None))
         if found.task is None or found.task.done():
             found.task = asyncio.create_task(
                 self._keep_synced(found), name=f"wakuwaku-iggy-member-{member}"
@@ -863,9 +897,10 @@ class IggyLog(Log):
         if joined is None:
             return None
         request = _ident(self.stream) + _ident(topic) + _ident(member.group)
-        answer = await self._bounded(
+        answer = await self._on_member(
+            member,
             f"sync group {member.group!r} on {topic}",
-            lambda: member.client.send_binary_request(_SYNC_GROUP, request),
+            lambda c: c.send_binary_request(_SYNC_GROUP, request),
         )
         now: dict[int, int] = {}
         if len(answer) >= 12:
@@ -909,9 +944,10 @@ class IggyLog(Log):
                 raise
             except LogError:
                 pass  # made by another member meanwhile; the join says if not
-        await self._bounded(
+        await self._on_member(
+            member,
             f"join group {group!r} on {topic}",
-            lambda: member.client.join_consumer_group(self.stream, topic, group),
+            lambda c: c.join_consumer_group(self.stream, topic, group),
         )
         member.topics[topic] = _Joined()
 
@@ -921,10 +957,12 @@ class IggyLog(Log):
         member.held = {h for h in member.held if h[0] != topic}
         member.bump()
         with contextlib.suppress(LogError):  # gone already: the group or the topic
-            await self._bounded(
-                f"leave group {member.group!r} on {topic}",
-                lambda: member.client.leave_consumer_group(self.stream, topic, member.group),
-            )
+            if member.client is not None:
+                await self._on_member(
+                    member,
+                    f"leave group {member.group!r} on {topic}",
+                    lambda c: c.leave_consumer_group(self.stream, topic, member.group),
+                )
 
     async def acquire_partition(
         self, group: str, topic: str, partition: int, member: str, ttl: float
