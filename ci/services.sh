@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Start the services the tests use, each on loopback, when it is not
 # answering already: PostgreSQL (5432, database `test`, no password),
-# Redis (6379), NATS with JetStream (4222) and a single-node Apache Kafka
-# broker (9092 for clients, 9093 for its KRaft controller).
+# Redis (6379), NATS with JetStream (4222), a single-node Apache Kafka
+# broker (9092 for clients, 9093 for its KRaft controller) and an Apache
+# Iggy server (8090 TCP, 3000 HTTP; QUIC and WebSocket off).
 #
-#   bash ci/services.sh [postgres|redis|nats|kafka|chromium ...]   (default: all)
+#   bash ci/services.sh [postgres|redis|nats|kafka|iggy|chromium ...]   (default: all)
 #
 # `chromium` is no server: Debian's headless browser (with a font) that the
 # dashboard's browser tests drive through Playwright (tests marked
@@ -13,7 +14,9 @@
 # For each service: if its port answers, nothing is done. Otherwise the
 # server is installed when missing (Debian packages: postgresql,
 # redis-server, nats-server; Kafka's jars from Maven Central through
-# ci/kafka/pom.xml), started in the background, and waited for with a time
+# ci/kafka/pom.xml; Iggy's server binary from ../shared/iggy, else an
+# iggy-server on PATH or named by WAKUWAKU_IGGY_SERVER, with Debian's
+# libhwloc15), started in the background, and waited for with a time
 # limit. A service that does not come up is named in one line on stderr
 # with the place of its log, and the script exits 1 after trying the rest.
 # It is idempotent: a second run reuses what is installed and running.
@@ -177,6 +180,52 @@ start_kafka() {
   WAIT=$((WAIT > 120 ? WAIT : 120)) wait_for kafka 9092 "$log"
 }
 
+# No registry ships an Iggy server: the one built from Apache's source for
+# these machines (../shared/iggy, server 0.9.0-edge.5), else `iggy-server`
+# on PATH or the file WAKUWAKU_IGGY_SERVER names. Copied into
+# $STATE/iggy/, data in $STATE/iggy/data, root user iggy/iggy (read only
+# when the data folder is new).
+find_iggy() {
+  local shared
+  shared=$(cd "$ROOT/.." && pwd)/shared/iggy/iggy-server
+  if [ -n "${WAKUWAKU_IGGY_SERVER:-}" ]; then
+    command -v "$WAKUWAKU_IGGY_SERVER" 2>/dev/null || return 1
+  elif [ -x "$shared" ]; then
+    echo "$shared"
+  else
+    command -v iggy-server 2>/dev/null || return 1
+  fi
+}
+
+start_iggy() {
+  answers 8090 && return 0
+  local dir=$STATE/iggy source
+  source=$(find_iggy) || {
+    local where="no Iggy server: none in ../shared/iggy, none on PATH (iggy-server), WAKUWAKU_IGGY_SERVER unset or not a file"
+    if [ "${CI:-}" = true ]; then fail "iggy: $where"; return 1; fi
+    say "iggy: $where; get server 0.9.0 from Apache's release (https://iggy.apache.org/) or its container image (apache/iggy), put iggy-server on PATH or set WAKUWAKU_IGGY_SERVER, then run make services"
+    return 0
+  }
+  apt_install libhwloc15 || return 1
+  mkdir -p "$dir/data"
+  if ! cmp -s "$source" "$dir/iggy-server"; then
+    cp "$source" "$dir/iggy-server.tmp" && chmod 755 "$dir/iggy-server.tmp" &&
+      mv "$dir/iggy-server.tmp" "$dir/iggy-server" || {
+      fail "iggy: cannot copy $source into $dir"; return 1; }
+  fi
+  # Its own default configuration when it comes with one (../shared/iggy
+  # does); the binary embeds the same defaults otherwise.
+  local config=()
+  if [ -f "$(dirname "$source")/server.toml" ]; then
+    cp "$(dirname "$source")/server.toml" "$dir/server.toml" && config=(IGGY_CONFIG_PATH="$dir/server.toml")
+  fi
+  spawn "$dir/iggy.log" env "${config[@]}" IGGY_SYSTEM_PATH="$dir/data" \
+    IGGY_TCP_ADDRESS=127.0.0.1:8090 IGGY_HTTP_ADDRESS=127.0.0.1:3000 \
+    IGGY_QUIC_ENABLED=false IGGY_WEBSOCKET_ENABLED=false \
+    IGGY_ROOT_USERNAME=iggy IGGY_ROOT_PASSWORD=iggy "$dir/iggy-server"
+  wait_for iggy 8090 "$dir/iggy.log"
+}
+
 # Debian's chromium for the browser tests (no server: installed when missing).
 start_chromium() {
   command -v chromium >/dev/null && installed fonts-dejavu-core && return 0
@@ -191,12 +240,12 @@ services=()
 for name in "$@"; do  # each service once, in the order given
   [[ " ${services[*]} " == *" $name "* ]] || services+=("$name")
 done
-[ ${#services[@]} -eq 0 ] && services=(postgres redis nats kafka chromium)
+[ ${#services[@]} -eq 0 ] && services=(postgres redis nats kafka iggy chromium)
 status=0
 for name in "${services[@]}"; do
   case $name in
-    postgres | redis | nats | kafka | chromium) "start_$name" || status=1 ;;
-    *) fail "unknown service '$name' (postgres, redis, nats, kafka, chromium)"; status=2 ;;
+    postgres | redis | nats | kafka | iggy | chromium) "start_$name" || status=1 ;;
+    *) fail "unknown service '$name' (postgres, redis, nats, kafka, iggy, chromium)"; status=2 ;;
   esac
 done
 [ $status = 0 ] && say "up: ${services[*]}"

@@ -1,6 +1,6 @@
 """Shared fixtures: service checks and the fake clock.
 
-Service markers (``redis``, ``nats``, ``postgres``, ``kafka``): locally a
+Service markers (``redis``, ``nats``, ``postgres``, ``kafka``, ``iggy``): locally a
 missing service skips its tests with a reason that names ``make services``
 (which installs and starts them, ``ci/services.sh``); with ``CI=true`` a
 missing service is a failure, never a skip (the dramatiq ``check_redis``
@@ -34,12 +34,14 @@ SERVICES: dict[str, tuple[str, int]] = {
     "nats": ("127.0.0.1", 4222),
     "postgres": ("127.0.0.1", 5432),
     "kafka": ("127.0.0.1", 9092),
+    "iggy": ("127.0.0.1", 8090),
 }
 
 REDIS_URL = os.environ.get("WAKUWAKU_TEST_REDIS", "redis://127.0.0.1:6379/15")
 NATS_URL = os.environ.get("WAKUWAKU_TEST_NATS", "nats://127.0.0.1:4222")
 POSTGRES_DSN = os.environ.get("WAKUWAKU_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 KAFKA_BOOTSTRAP = os.environ.get("WAKUWAKU_TEST_KAFKA", "127.0.0.1:9092")
+IGGY_URL = os.environ.get("WAKUWAKU_TEST_IGGY", "iggy://iggy:iggy@127.0.0.1:8090")
 
 
 def _reachable(host: str, port: int) -> bool:

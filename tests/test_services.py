@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import KAFKA_BOOTSTRAP, NATS_URL, POSTGRES_DSN, REDIS_URL
+from tests.conftest import IGGY_URL, KAFKA_BOOTSTRAP, NATS_URL, POSTGRES_DSN, REDIS_URL
 
 
 @pytest.mark.kafka
@@ -96,3 +96,29 @@ async def test_postgres_answers_on_database_test() -> None:
     async with await psycopg.AsyncConnection.connect(POSTGRES_DSN, connect_timeout=5) as conn:
         cursor = await conn.execute("SELECT current_database()")
         assert await cursor.fetchone() == ("test",)
+
+
+@pytest.mark.iggy
+async def test_iggy_server_stores_and_returns_one_message_with_headers() -> None:
+    from apache_iggy import Consumer, IggyClient, PollingStrategy, SendMessage
+
+    client = IggyClient.from_connection_string(IGGY_URL)
+    await client.connect()
+    stream = f"wkservices{uuid.uuid4().hex[:8]}"
+    await client.create_stream(stream)
+    try:
+        await client.create_topic(stream, "t", 1)
+        await client.send_messages(stream, "t", 0, [SendMessage(b"hello", {"wk-v": b"1"})])
+        (message,) = await client.poll_messages(
+            stream,
+            "t",
+            consumer=Consumer.Single("services"),
+            polling_strategy=PollingStrategy.Offset(0),
+            count=1,
+            auto_commit=False,
+            partition_id=0,
+        )
+        assert message.payload() == b"hello"
+        assert message.user_headers() is not None
+    finally:
+        await client.delete_stream(stream)

@@ -17,7 +17,6 @@ import msgspec
 
 from ._errors import ConfigError
 from ._events import JsonCodec, event_type
-from ._partitioner import partition_for
 from ._records import build_headers
 from .logs import Log, OutgoingRecord
 from .tracing import inject
@@ -124,7 +123,9 @@ class Producer:
             key, record = self.encode(event, properties)
             if limit:
                 _check_size(key, record, limit, self.log)
-            by_partition.setdefault(partition_for(key, partitions), []).append((index, key, record))
+            by_partition.setdefault(self.log.partition_for(key, partitions), []).append(
+                (index, key, record)
+            )
             count = index + 1
         results: list[Published | None] = [None] * count
         for partition, items in by_partition.items():

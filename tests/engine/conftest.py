@@ -1,4 +1,4 @@
-"""Engine test kit: the logs (memory, SQLite, Redis, NATS, Kafka), a fake clock, handlers."""
+"""Engine test kit: the logs (memory, SQLite, Redis, NATS, Kafka, Iggy), a fake clock, handlers."""
 
 from __future__ import annotations
 
@@ -117,6 +117,7 @@ def clock() -> FakeClock:
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("nats", marks=pytest.mark.nats),
         pytest.param("kafka", marks=pytest.mark.kafka),
+        pytest.param("iggy", marks=pytest.mark.iggy),
     ]
 )
 async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Log]:
@@ -140,6 +141,11 @@ async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[L
 
         prefix = kafka_prefix()
         created = kafka_log(prefix)
+    elif request.param == "iggy":
+        from ..iggy_support import fresh_stream, iggy_log
+
+        prefix = fresh_stream()  # the server is shared: a stream per test
+        created = iggy_log(prefix)
     else:
         from ..nats_support import fresh_prefix, nats_log
 
@@ -154,6 +160,10 @@ async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[L
                 from ..kafka_support import drop_prefix as drop_kafka_prefix
 
                 await asyncio.to_thread(drop_kafka_prefix, prefix)
+            elif request.param == "iggy":
+                from ..iggy_support import drop_stream
+
+                await drop_stream(prefix)
             elif request.param == "redis":
                 from ..conftest import REDIS_URL
                 from ..logs.test_redis import purge

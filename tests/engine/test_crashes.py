@@ -149,6 +149,11 @@ async def test_a_gap_left_by_retention_is_logged_and_counted(
     log: Log, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The group's committed offset is below the retention floor: not in silence."""
+    if type(log).__name__ == "IggyLog":
+        pytest.skip(
+            "Iggy deletes records by the server's retention only (whole segments, by a "
+            "topic's expiry or size), never below an offset: docs/logs.md"
+        )
     producer = await setup_topic(log)
     await producer.publish_many([Item("a", n) for n in range(8)])
     await log.commit("other", "t", 0, 5)

@@ -181,7 +181,7 @@ async def test_5_5_retryable_stops_the_key_and_writes_its_unfinished_work_to_the
     events: list[Any] = [Item("a", n) for n in range(1, 7)] + [Add("a", 1), Add("a", 2)]
     events += [Item("b", n) for n in range(11, 15)]
     await producer.publish_many(events)
-    partition = wk.partition_for("a", 3)
+    partition = log.partition_for("a", 3)
     items, adds = Script(clock), Script(clock)
     items.fail[3] = [wk.Retryable("deadlock")]
     c = consumer(
@@ -615,8 +615,8 @@ async def test_drain_consumes_what_a_handler_publishes_to_a_partition_that_had_c
     log: Log, clock: FakeClock
 ) -> None:
     producer = await setup_topic(log, partitions=2)
-    first = next(f"k{i}" for i in range(100) if wk.partition_for(f"k{i}", 2) == 0)
-    second = next(f"k{i}" for i in range(100) if wk.partition_for(f"k{i}", 2) == 1)
+    first = next(f"k{i}" for i in range(100) if log.partition_for(f"k{i}", 2) == 0)
+    second = next(f"k{i}" for i in range(100) if log.partition_for(f"k{i}", 2) == 1)
     await producer.publish_many([Item(second, n) for n in range(50)])
     seen: list[int] = []
 

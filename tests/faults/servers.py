@@ -1,7 +1,7 @@
 """Private servers for fault tests: one process per test, on free loopback ports.
 
-Every class here starts its own server (never the shared ones on 6379, 4222
-and 9092) with its data in a folder of the test's own, and implements one
+Every class here starts its own server (never the shared ones on 6379, 4222,
+9092 and 8090) with its data in a folder of the test's own, and implements one
 :class:`Server` protocol, so a fault test is written once for every engine:
 
 - ``start()`` starts the process (again, on the same data) and returns once
@@ -233,6 +233,55 @@ class NatsServer(_Process):
             "-sd",
             str(self.store),
             *self.login,
+        ]
+
+
+def iggy_server_binary() -> str:
+    """The Iggy server the services script runs: the copy in
+    ``$WAKUWAKU_SERVICES_DIR/iggy`` (default ``.services/iggy``), else
+    ``../shared/iggy``, ``WAKUWAKU_IGGY_SERVER`` or ``iggy-server`` on PATH.
+    Skips locally (fails with ``CI=true``) when there is none."""
+    services = Path(os.environ.get("WAKUWAKU_SERVICES_DIR", ROOT / ".services"))
+    named = os.environ.get("WAKUWAKU_IGGY_SERVER")
+    for candidate in (
+        shutil.which(named) if named else None,
+        str(services / "iggy" / "iggy-server"),
+        str(ROOT.parent / "shared" / "iggy" / "iggy-server"),
+        shutil.which("iggy-server"),
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return require_binary("iggy-server", "make services, or set WAKUWAKU_IGGY_SERVER")
+
+
+class IggyServer(_Process):
+    """An Apache Iggy server on 127.0.0.1:<free port> (TCP; HTTP, QUIC and
+    WebSocket off), data in ``folder/data``, root user ``iggy``/``iggy``.
+
+    Never the shared server on 8090: its own ports and data folder.
+    """
+
+    name = "iggy-server"
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.binary = iggy_server_binary()
+
+    @property
+    def url(self) -> str:
+        return f"iggy://iggy:iggy@127.0.0.1:{self.port}"
+
+    def command(self) -> Sequence[str]:
+        return [
+            "env",
+            f"IGGY_SYSTEM_PATH={self.folder / 'data'}",
+            f"IGGY_TCP_ADDRESS=127.0.0.1:{self.port}",
+            "IGGY_HTTP_ENABLED=false",
+            "IGGY_QUIC_ENABLED=false",
+            "IGGY_WEBSOCKET_ENABLED=false",
+            "IGGY_ROOT_USERNAME=iggy",
+            "IGGY_ROOT_PASSWORD=iggy",
+            self.binary,
         ]
 
 

@@ -51,11 +51,12 @@ import wakuwaku as wk
 from wakuwaku.admin import list_dead_letters
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs import Log
+from wakuwaku.logs.iggy import IggyLog
 from wakuwaku.logs.kafka import KafkaLog
 from wakuwaku.logs.nats import NatsLog
 from wakuwaku.logs.redis import RedisLog
 
-from .servers import KafkaBroker, NatsServer, RedisServer, Server
+from .servers import IggyServer, KafkaBroker, NatsServer, RedisServer, Server
 
 EVENTS = 2400
 PARTITIONS = 4
@@ -94,15 +95,22 @@ ENGINES = {
     "redis": Engine("redis", RedisServer, lambda s: RedisLog(f"{s.url}?timeout=1"), deadline=60.0),
     "nats": Engine("nats", NatsServer, lambda s: NatsLog(s.url, timeout=1.0), deadline=60.0),
     "kafka": Engine("kafka", KafkaBroker, lambda s: KafkaLog(s.url, timeout=3.0), deadline=90.0),
+    "iggy": Engine("iggy", IggyServer, lambda s: IggyLog.from_url(f"{s.url}?timeout=1"), 60.0),
 }
-
-# An engine with a server (Iggy, when its log lands) is one more entry here.
 
 FAULTS = ("kill", "freeze", "restart_twice")
 
 # Cases that fail today, each with the symptom seen: none. A case added here
 # is a fault being fixed, never a design decision.
-KNOWN: dict[tuple[str, str], str] = {}
+KNOWN: dict[tuple[str, str], str] = {
+    ("iggy", "kill"): (
+        "after a SIGKILL and restart, Iggy 0.9.0-edge.5 keeps the consumer-group members "
+        "of before the restart (sessions that no longer exist) with their partitions; "
+        "the member that joins again gets only the rest, and the ghosts' partitions are "
+        "never handled (seen: 1 530 of 2 388 events, no pause for 60 s)"
+    ),
+    ("iggy", "restart_twice"): "as iggy-kill: ghost group members after a restart",
+}
 
 
 def cases() -> list[object]:

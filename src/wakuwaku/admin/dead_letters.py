@@ -41,7 +41,6 @@ from typing import Any
 import msgspec
 
 from .._errors import ConfigError, PartitionCountMismatch, UnknownTopicError
-from .._partitioner import partition_for
 from .._records import (
     H_ALG,
     H_ERROR,
@@ -667,7 +666,7 @@ async def _replay_page(
     their ledger records."""
     targets: dict[int, list[DeadLetter]] = {}
     for letter, key in letters:
-        targets.setdefault(partition_for(key, partitions), []).append(letter)
+        targets.setdefault(log.partition_for(key, partitions), []).append(letter)
     written: dict[int, tuple[int, int | None]] = {}
     for partition, copies in targets.items():
         if report.dry_run:

@@ -29,7 +29,6 @@ import msgspec
 from .._errors import ConfigError
 from .._events import Algebra, EventType, JsonCodec
 from .._json import DuplicateKeyError, decode_strict
-from .._partitioner import partition_for
 from .._records import Record, build_headers
 from ..engine import (
     TOPIC_NAMES_TOPIC,
@@ -426,7 +425,7 @@ async def _produce(
         except _Refused as exc:
             refuse(number, str(exc))
             continue
-        pending.setdefault(partition_for(key, partitions), []).append(record)
+        pending.setdefault(log.partition_for(key, partitions), []).append(record)
         waiting += 1
         if waiting >= _PRODUCE_BATCH:
             await flush()

@@ -334,7 +334,11 @@ class PartitionWorker:
         (:attr:`RetryState.dead_lettered`) keep a retry round from giving the
         same retry work up again when the crash came between a give-up's dead
         letters and its resolved marker. A partition without that offset yet
-        gets its end stored, so tracking starts now.
+        gets its end stored, so tracking starts now; on a log that cannot
+        tell a committed 0 from none (:attr:`Log.commits_zero`, Iggy), the
+        dead letters are read from the partition's start instead (storing
+        0 there would read back as none, and the dead letters written before
+        a crash would be skipped).
         """
         log_call = self.services.log_call
         group, dead_letter_topic, partition = (
@@ -346,6 +350,11 @@ class PartitionWorker:
             "load dead-letter offset",
             lambda: self.log.committed(group, dead_letter_topic, partition),
         )
+        if offset is None and not self.log.commits_zero:
+            starts = await log_call(
+                "start offsets", lambda: self.log.start_offsets(dead_letter_topic)
+            )
+            offset = starts.get(partition, 0)
         if offset is None:
             ends = await log_call("end offsets", lambda: self.log.end_offsets(dead_letter_topic))
             end = ends.get(partition, 0)

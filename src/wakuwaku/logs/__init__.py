@@ -27,6 +27,8 @@ URL options (a query; any other option name is refused by name):
 ``kafka``           ``prefix``, ``timeout``, ``transactions=1|0``,
                     ``security_protocol``, ``sasl_mechanism``,
                     ``ssl_ca_location`` (``docs/logs.md``)
+``iggy``            ``stream=NAME`` (default ``wakuwaku``: the Iggy stream
+                    holding the topics), ``timeout=SECONDS`` (default 5)
 ==================  =========================================================
 """
 
@@ -81,7 +83,8 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
     :raises ImportError: for ``redis://`` without redis-py (the message gives
         ``pip install 'wakuwaku[redis]'``).
     :raises ImportError: for a ``nats://`` URL without nats-py installed
-        (the message gives the ``pip install 'wakuwaku[nats]'`` line).
+        (the message gives the ``pip install 'wakuwaku[nats]'`` line); the
+        same for ``kafka://`` and ``iggy://`` without their extras.
     """
     parsed = parse_log_url(url)
     if parsed.scheme == "memory":
@@ -104,6 +107,10 @@ def open_log(url: str = DEFAULT_LOG_URL) -> Log:
         from .kafka import KafkaLog  # confluent-kafka is optional: imported only for this scheme
 
         return KafkaLog.from_url(url)
+    if parsed.scheme == "iggy":
+        from .iggy import IggyLog  # apache-iggy is optional: imported only for this scheme
+
+        return IggyLog.from_url(url)
     raise UnsupportedLogURL(redact_url(url), SUPPORTED_SCHEMES)
 
 

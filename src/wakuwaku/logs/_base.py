@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from .._errors import ConfigError, UnknownPartitionError
+from .._partitioner import partition_for as kafka_partition_for
 from .._records import Record
 
 OutgoingRecord = tuple[Mapping[str, bytes], bytes]
@@ -254,6 +255,21 @@ class Log(abc.ABC):
     url: str = ""
     atomic_store: bool = False
     """True when :meth:`store` writes all or nothing (one transaction)."""
+
+    commits_zero: bool = True
+    """False for a log that stores an offset only with a record below it
+    (Iggy stores "the last record consumed"): a committed 0 reads back as
+    None there, so a reader must take None as "from the start"."""
+
+    def partition_for(self, key: str | bytes, partitions: int) -> int:
+        """The partition a record of ``key`` goes to in a topic of ``partitions``.
+
+        Kafka's default partitioner (murmur2, design §2) unless the engine
+        has its own producers' rule (Iggy: xxHash32 of the key), so records
+        of other producers of that engine land where ours do. A str key is
+        UTF-8 encoded.
+        """
+        return kafka_partition_for(key, partitions)
 
     @abc.abstractmethod
     async def create_topic(

@@ -43,6 +43,7 @@ LOG_URL_OPTIONS: dict[str, Collection[str]] = {
         "sasl_mechanism",
         "ssl_ca_location",
     ),
+    "iggy": ("stream", "timeout"),
 }
 """The URL options each scheme takes (``docs/logs.md`` says what each means)."""
 

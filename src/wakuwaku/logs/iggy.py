@@ -1,0 +1,1151 @@
+"""The Apache Iggy log: topics are Iggy topics of one stream (URL ``iggy://user:password@host:port``).
+
+Mapping (``docs/logs.md``, "The Apache Iggy log"):
+
+- one Iggy stream (default ``wakuwaku``, created on first use) holds the
+  log's topics; a topic is an Iggy topic with the same partition count,
+  partitions numbered from 0;
+- headers are Iggy user headers (string keys, raw byte values); what Iggy
+  cannot carry as a header (an empty value, a name or value over 255 bytes)
+  and an empty body travel in the payload, under the reserved header
+  ``wk-iggy-envelope``;
+- a key's partition is Iggy's own message-key partitioning (xxHash32 of the
+  key bytes, seed 0, modulo the partition count), so a record any Iggy
+  producer sends by message key lands where ours does;
+- offsets are Iggy offsets (dense from 0);
+- ownership is Iggy's consumer groups: a member joins the Iggy consumer
+  group ``<group>`` of each topic it reads, over a connection of its own, and
+  owns the partitions the server assigns it (see :class:`IggyLog`);
+- a group's committed offsets are stored on the server as the offsets of
+  the Iggy consumer named ``<group>``; a member's commit of a partition it
+  owns also passes the server's consumer-group offset fence first.
+
+Iggy has no transactions and no conditional append: what a member that lost
+a partition can still write is said in :class:`IggyLog` and the docs.
+
+apache-iggy (the Rust SDK behind an asyncio API) is imported here only
+(extra ``iggy``); every call is bounded by the log's ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import os
+import struct
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+try:
+    import xxhash
+    from apache_iggy import (
+        AutoLogin,
+        Consumer,
+        IggyClient,
+        PollingStrategy,
+        ReceiveMessage,
+        SendMessage,
+        TcpConfig,
+        TcpReconnectionConfig,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the Iggy log needs apache-iggy: pip install 'wakuwaku[iggy]'") from exc
+
+import msgspec
+
+from .._clock import BLOCKING_CALLS
+from .._errors import (
+    ConfigError,
+    FencedError,
+    LogError,
+    LogUnavailableError,
+    PartitionCountMismatch,
+    UnknownTopicError,
+)
+from .._records import Record, unreadable_record
+from ._base import (
+    AppendTokens,
+    Lease,
+    Log,
+    OutgoingRecord,
+    TopicInfo,
+    check_commit,
+    check_partition,
+    check_record,
+    check_token,
+    check_topic_name,
+)
+from ._url import check_servers, option_seconds, parse_log_url
+
+__all__ = (
+    "HEADER_ROOM",
+    "MAX_PAYLOAD",
+    "PASSWORD_ENV",
+    "USERNAME_ENV",
+    "IggyLog",
+    "iggy_partition",
+)
+
+logger = logging.getLogger("wakuwaku.logs.iggy")
+
+_T = TypeVar("_T")
+
+USERNAME_ENV = "WAKUWAKU_IGGY_USERNAME"
+"""The user name used when the URL names none."""
+PASSWORD_ENV = "WAKUWAKU_IGGY_PASSWORD"
+"""The password used when the URL names none (never printed)."""
+
+MAX_PAYLOAD = 64_000_000
+"""Iggy's largest message payload (bytes): ``MAX_PAYLOAD_SIZE`` of its server."""
+HEADER_ROOM = 1_000_000
+"""Bytes kept free below :data:`MAX_PAYLOAD` on every topic but the engine's
+retry, dead-letter and replay topics, so a record at its main topic's limit
+can still be retried and dead-lettered with the headers the engine adds."""
+ENVELOPE = "wk-iggy-envelope"
+"""Reserved header: the payload is ``msgpack([headers, body])`` (headers Iggy
+cannot carry, an empty body)."""
+_MAX_HEADER = 255  # bytes of one Iggy header name or value
+_MAX_HEADERS = 90_000  # of Iggy's 100 000 bytes of user headers, less framing
+_HEADER_FRAMING = 16  # per header: kinds and lengths, counted generously
+_MAX_PARTITIONS = 1000
+_DERIVED = ("wk-retry.", "wk-dlq.", "wk-replayed.")
+_SYNC_EVERY = 0.5  # seconds between a member's assignment syncs
+_READ_PAUSE = 0.02  # seconds between polls of a waiting read
+_READER = "wakuwaku-reader"
+
+# Binary commands apache-iggy 0.9.0 does not wrap (codes of the server's protocol).
+_GET_OFFSET = 120
+_STORE_OFFSET = 121
+_DELETE_OFFSET = 122
+_SYNC_GROUP = 606
+_KIND_CONSUMER = 1
+_KIND_GROUP = 2
+_ACK_QUORUM = 1
+
+_UNAVAILABLE = (
+    "disconnected",
+    "not connected",
+    "connection",
+    "timed out",
+    "timeout",
+    "cannot connect",
+    "broken pipe",
+    "reset by peer",
+    "empty response",
+    "refused",
+    "unavailable",
+    "not primary",
+    "i/o",
+    "io error",
+)
+"""Words of the client's errors that mean the server is not answering now."""
+_generations = itertools.count(1)
+
+
+def iggy_partition(key: str | bytes, partitions: int) -> int:
+    """Iggy's message-key partitioning: xxHash32 of the key bytes (seed 0) mod ``partitions``.
+
+    The server's ``Partitioning::messages_key`` (``core/common/src/utils/hash.rs``);
+    a str key is UTF-8 encoded.
+    """
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    return int(xxhash.xxh32_intdigest(raw, seed=0)) % partitions
+
+
+def _derived(topic: str) -> bool:
+    return any(marker in topic for marker in _DERIVED)
+
+
+def _ident(value: str | int) -> bytes:
+    """An Iggy identifier on the wire: kind, length, value."""
+    if isinstance(value, int):
+        return bytes((1, 4)) + struct.pack("<I", value)
+    raw = value.encode("utf-8")
+    return bytes((2, len(raw))) + raw
+
+
+def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
+    found = message.user_headers()
+    if not found:
+        return {}
+    out: dict[str, bytes] = {}
+    for key, value in found.items():
+        name = key.value
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        raw = value.value
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8")
+        elif not isinstance(raw, bytes):
+            raw = str(raw).encode("utf-8")
+        out[str(name)] = raw
+    return out
+
+
+@dataclass
+class _Joined:
+    """One Iggy consumer-group membership of a member (one topic)."""
+
+    partitions: dict[int, int] = field(default_factory=dict)  # partition -> lease generation
+    server_generation: int = -1
+
+
+class _Member:
+    """One group member: a connection of its own (Iggy's group members are
+    sessions), the topics whose Iggy consumer group it joined, and a task
+    that asks the server for its assignment every :data:`_SYNC_EVERY` seconds."""
+
+    def __init__(self, group: str, member: str, client: IggyClient | None) -> None:
+        self.group = group
+        self.member = member
+        self.client = client
+        self.topics: dict[str, _Joined] = {}
+        self.held: set[tuple[str, int]] = set()
+        self.joining = asyncio.Lock()
+        self.changed = asyncio.Event()  # replaced at each change: waiters keep theirs
+        self.task: asyncio.Task[None] | None = None
+
+    def bump(self) -> None:
+        old, self.changed = self.changed, asyncio.Event()
+        old.set()
+
+
+class IggyLog(Log):
+    """A :class:`~wakuwaku.logs.Log` on Apache Iggy (``iggy://user:password@host:port``).
+
+    :param address: the server's TCP ``host:port``.
+    :param username: / :param password: the Iggy user (never printed).
+    :param stream: the Iggy stream holding the log's topics (created on first use).
+    :param timeout: the bound of every call to the server (seconds, finite,
+        > 0); past it the call raises :class:`~wakuwaku.LogUnavailableError`.
+
+    Ownership: :meth:`acquire_partition` joins the Iggy consumer group
+    ``<group>`` of the topic as ``member`` (one connection per member) and
+    answers from the assignment the server gives it; ``ttl`` decides
+    nothing. The server moves a partition at once when a member joins or
+    leaves, and when a member's connection closes (a member that stops
+    answering pings loses its partitions after the server's heartbeat
+    window, 36 s by default). Each member asks for its assignment every
+    0.5 s and before each fenced write.
+
+    What a member that lost a partition can still write (Iggy has no
+    transactions and no conditional append): an append or commit that began
+    its ownership check before the server moved the partition (one round
+    trip and the write itself); its commits of the partition it owned are
+    refused by the server (the consumer-group offset fence), its appends
+    to retry and dead-letter topics are not.
+
+    :raises ConfigError: for a bad address, stream name or timeout.
+    """
+
+    commits_zero = False
+    """Iggy stores the last record consumed: a committed 0 reads back as None."""
+    max_record_size = MAX_PAYLOAD - HEADER_ROOM
+    """The largest record (body and headers, bytes) on a main topic."""
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:8090",
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        stream: str = "wakuwaku",
+        timeout: float = 5.0,
+    ) -> None:
+        check_servers("Iggy", address, "iggy://user:password@host:port")
+        if "," in address:
+            raise ConfigError("an Iggy log names one server: iggy://user:password@host:port")
+        if not isinstance(stream, str) or not stream or len(stream.encode()) > _MAX_HEADER:
+            raise ConfigError(f"an Iggy stream name takes 1-255 bytes, got {stream!r}")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigError(f"timeout must be finite seconds > 0, got {timeout!r}")
+        self.address = address
+        self.stream = stream
+        self.timeout = float(timeout)
+        self._username = username or os.environ.get(USERNAME_ENV) or "iggy"
+        self._password = password if password is not None else os.environ.get(PASSWORD_ENV, "")
+        query = [] if stream == "wakuwaku" else [f"stream={stream}"]
+        if timeout != 5.0:
+            query.append(f"timeout={timeout:g}")
+        self.url = f"iggy://{address}" + ("?" + "&".join(query) if query else "")
+        self._client: IggyClient | None = None
+        self._connecting = asyncio.Lock()
+        self._stream_ready = False
+        self._topics: dict[str, int] = {}
+        self._derived: set[str] = set()
+        self._members: dict[tuple[str, str], _Member] = {}
+        self._tokens = AppendTokens()
+        self._reader = Consumer.Single(_READER)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"IggyLog({self.url!r})"
+
+    def partition_for(self, key: str | bytes, partitions: int) -> int:
+        """Iggy's message-key partitioning (:func:`iggy_partition`)."""
+        return iggy_partition(key, partitions)
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _config(self) -> TcpConfig:
+        return TcpConfig(
+            server_address=self.address,
+            auto_login=AutoLogin.username_password(self._username, self._password),
+            # The log reconnects by itself, with a new client (_renew): the
+            # SDK's own loop, once a call waiting in it was cancelled by the
+            # timeout, answered "Disconnected" forever after a server restart.
+            reconnection=TcpReconnectionConfig(enabled=False),
+            nodelay=True,
+        )
+
+    async def _connect(self) -> IggyClient:
+        client = IggyClient(self._config())
+        await self._bounded("connect", client.connect)
+        return client
+
+    async def _admin(self) -> IggyClient:
+        if self._closed:
+            raise LogError(f"the Iggy log {self.url} is closed")
+        if self._client is None:
+            async with self._connecting:
+                if self._client is None:
+                    self._client = await self._connect()
+        return self._client
+
+    async def _bounded(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Await ``call()`` within ``timeout``, translating the client's errors."""
+        try:
+            with BLOCKING_CALLS.track():
+                return await asyncio.wait_for(_awaited(call()), self.timeout)
+        except TimeoutError as exc:
+            raise LogUnavailableError(
+                f"Iggy log {self.url} is unavailable ({what}): no answer within {self.timeout} s"
+            ) from exc
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise self._error(what, exc) from exc
+
+    async def _call(self, what: str, call: Callable[[IggyClient], Awaitable[_T]]) -> _T:
+        client = await self._admin()
+        try:
+            return await self._bounded(what, lambda: call(client))
+        except LogUnavailableError:
+            if self._client is client:
+                self._client = None  # the next call connects again (_renew)
+            raise
+
+    async def _on_member(
+        self, member: _Member, what: str, call: Callable[[IggyClient], Awaitable[_T]]
+    ) -> _T:
+        """``call`` on the member's own connection. A connection that fails is
+        dropped with its memberships (a new session is no member of anything):
+        the engine sees its partitions gone and acquires them again, joining anew.
+        """
+        if member.client is None:
+            member.client = await self._connect()
+        client = member.client
+        try:
+            return await self._bounded(what, lambda: call(client))
+        except LogUnavailableError:
+            if member.client is client:
+                member.client = None
+                if member.topics:
+                    member.topics.clear()
+                    member.held.clear()
+                    member.bump()
+            raise
+
+    def _error(self, what: str, exc: BaseException) -> LogError:
+        text = str(exc) or type(exc).__name__
+        if isinstance(exc, OSError) or any(w in text.lower() for w in _UNAVAILABLE):
+            return LogUnavailableError(f"Iggy log {self.url} is unavailable ({what}): {text}")
+        return LogError(f"Iggy log {self.url} failed ({what}): {text}")
+
+    async def _ensure_stream(self) -> None:
+        if self._stream_ready:
+            return
+        found = await self._call("get stream", lambda c: c.get_stream(self.stream))
+        if found is None:
+            try:
+                await self._call("create stream", lambda c: c.create_stream(self.stream))
+            except LogUnavailableError:
+                raise
+            except LogError:
+                # Made by another process meanwhile: there now, or a real refusal.
+                if await self._call("get stream", lambda c: c.get_stream(self.stream)) is None:
+                    raise
+        self._stream_ready = True
+
+    # -- topics ---------------------------------------------------------------
+
+    def _check_name(self, topic: str) -> None:
+        check_topic_name(topic)
+        if len(topic.encode("utf-8")) > _MAX_HEADER:
+            raise ConfigError(f"invalid Iggy topic name {topic!r}: at most 255 bytes of UTF-8")
+
+    async def _partitions_or_none(self, topic: str, *, fresh: bool = False) -> int | None:
+        if not fresh and topic in self._topics:
+            return self._topics[topic]
+        self._check_name(topic)
+        await self._ensure_stream()
+        found = await self._call("describe topic", lambda c: c.get_topic(self.stream, topic))
+        if found is None:
+            self._topics.pop(topic, None)
+            return None
+        self._topics[topic] = int(found.partitions_count)
+        return self._topics[topic]
+
+    async def _partitions(self, topic: str, *, fresh: bool = False) -> int:
+        count = await self._partitions_or_none(topic, fresh=fresh)
+        if count is None:
+            raise UnknownTopicError(topic)
+        return count
+
+    async def create_topic(
+        self, topic: str, partitions: int, *, derived_from: str | None = None
+    ) -> TopicInfo:
+        """Create the Iggy topic ``topic`` in the log's stream; see :meth:`Log.create_topic`.
+
+        ``derived_from`` (or a derived name, ``wk-retry.`` / ``wk-dlq.`` /
+        ``wk-replayed.``) gives the topic :data:`HEADER_ROOM` more bytes per
+        record in this instance.
+
+        :raises ConfigError: for a bad name (over 255 bytes of UTF-8 too) or
+            a count outside 1..1000 (Iggy's limit).
+        :raises PartitionCountMismatch: when the topic exists with another count.
+        """
+        self._check_name(topic)
+        if (
+            isinstance(partitions, bool)
+            or not isinstance(partitions, int)
+            or not 1 <= partitions <= _MAX_PARTITIONS
+        ):
+            raise ConfigError(
+                f"topic {topic!r}: partition count must be >= 1 (at most 1000 on Iggy), "
+                f"got {partitions!r}"
+            )
+        if derived_from is not None or _derived(topic):
+            self._derived.add(topic)
+        existing = await self._partitions_or_none(topic, fresh=True)
+        if existing is None:
+            try:
+                # Each record is written out as it comes (not after 1 024 of
+                # them, the server's default): a server killed with SIGKILL
+                # kept nothing it had acknowledged on a default topic, records
+                # nor stored offsets.
+                await self._call(
+                    "create topic",
+                    lambda c: c.create_topic(
+                        self.stream, topic, partitions, messages_required_to_save=1
+                    ),
+                )
+            except LogUnavailableError:
+                raise
+            except LogError:
+                existing = await self._partitions_or_none(topic, fresh=True)
+                if existing is None:
+                    raise
+            else:
+                existing = partitions
+                self._topics[topic] = partitions
+        if existing != partitions:
+            raise PartitionCountMismatch(topic, existing, partitions)
+        return TopicInfo(topic, partitions)
+
+    async def describe_topic(self, topic: str) -> TopicInfo:
+        return TopicInfo(topic, await self._partitions(topic, fresh=True))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        """Every topic of the log's stream, by name (none while the stream does not exist)."""
+        found = await self._call("get stream", lambda c: c.get_stream(self.stream))
+        if found is None:
+            return []
+        topics = await self._call("list topics", lambda c: c.get_topics(self.stream))
+        return sorted(
+            (TopicInfo(t.name, int(t.partitions_count)) for t in topics), key=lambda t: t.name
+        )
+
+    async def delete_topic(self, topic: str) -> bool:
+        """Delete the Iggy topic with its records, consumer groups and stored offsets.
+
+        This instance's members leave nothing behind: their memberships of
+        the topic's consumer groups go with it.
+
+        :returns: False when there was no such topic.
+        """
+        if await self._partitions_or_none(topic, fresh=True) is None:
+            return False
+        try:
+            await self._call("delete topic", lambda c: c.delete_topic(self.stream, topic))
+        except LogUnavailableError:
+            raise
+        except LogError:
+            if await self._partitions_or_none(topic, fresh=True) is None:
+                return False
+            raise
+        self._topics.pop(topic, None)
+        self._derived.discard(topic)
+        for member in self._members.values():
+            if member.topics.pop(topic, None) is not None:
+                member.held = {h for h in member.held if h[0] != topic}
+                member.bump()
+        return True
+
+    # -- records --------------------------------------------------------------
+
+    def _limit(self, topic: str) -> int:
+        return MAX_PAYLOAD if topic in self._derived else MAX_PAYLOAD - HEADER_ROOM
+
+    def _message(
+        self, topic: str, partition: int, headers: Mapping[str, bytes], body: bytes
+    ) -> Any:
+        """The Iggy message of one record (:data:`ENVELOPE` for what headers cannot carry).
+
+        :raises ConfigError: for a record over the topic's limit, naming it.
+        """
+        size = len(body) + sum(len(k.encode()) + len(v) for k, v in headers.items())
+        limit = self._limit(topic)
+        if size > limit:
+            key = headers.get("wk-key", b"")
+            raise ConfigError(
+                f"a record of key {bytes(key)[:80]!r} for {topic}/{partition} is {size} bytes "
+                f"(body and headers); Iggy topic {topic!r} takes at most {limit} (Iggy's "
+                f"message limit is {MAX_PAYLOAD} bytes"
+                + ("" if topic in self._derived else f", less {HEADER_ROOM} for retry headers")
+                + ")"
+            )
+        plain: dict[str, bytes] = {}
+        extra: dict[str, bytes] = {}
+        room = _MAX_HEADERS
+        for name, value in headers.items():
+            width = len(name.encode("utf-8"))
+            cost = width + len(value) + _HEADER_FRAMING
+            if 0 < len(value) <= _MAX_HEADER and width <= _MAX_HEADER and cost <= room:
+                plain[name] = value
+                room -= cost
+            else:
+                extra[name] = value
+        if not extra and body:
+            return SendMessage(body, plain or None)
+        payload = msgspec.msgpack.encode([extra, body])
+        if len(payload) > MAX_PAYLOAD:
+            raise ConfigError(
+                f"a record for {topic}/{partition} does not fit Iggy's message limit of "
+                f"{MAX_PAYLOAD} bytes once its long headers are moved into the payload"
+            )
+        plain[ENVELOPE] = b"1"
+        return SendMessage(payload, plain)
+
+    def _record(self, message: ReceiveMessage) -> Record:
+        offset = int(message.offset())
+        stamp = message.timestamp() / 1_000_000
+        body = message.payload()
+        try:
+            headers = _headers_of(message)
+        except (ValueError, UnicodeError) as exc:
+            return unreadable_record(offset, f"Iggy user headers not decodable: {exc}", body)
+        if ENVELOPE not in headers:
+            return Record(offset, headers, body, stamp)
+        headers.pop(ENVELOPE)
+        try:
+            extra, inner = msgspec.msgpack.decode(body, type=tuple[dict[str, bytes], bytes])
+        except msgspec.DecodeError:
+            return unreadable_record(
+                offset, f"a record marked {ENVELOPE} whose payload is not one", body
+            )
+        headers.update(extra)
+        return Record(offset, headers, inner, stamp)
+
+    async def append(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[OutgoingRecord],
+        *,
+        fence: Lease | None = None,
+        token: str | None = None,
+    ) -> list[int]:
+        """Send ``records`` to one partition as one Iggy batch; returns their offsets.
+
+        With ``fence``, the member must own the fence's partition now (asked
+        of the server right before the send). A ``token`` is remembered by
+        this instance once the server confirmed the batch; Iggy keeps no
+        token: a send whose answer was lost may have been stored, and
+        sending it again may store it twice.
+
+        :raises ConfigError: for a record over the topic's limit (naming it);
+            nothing is written.
+        :raises FencedError: when the fence's partition is no longer this
+            member's; nothing is written.
+        """
+        check_token(token)
+        checked = [(check_record(h, b), b) for h, b in records]
+        check_partition(topic, partition, await self._partitions(topic))
+        if not checked:
+            return []
+        done = self._tokens.get(topic, partition, token, len(checked))
+        if done is not None:
+            if fence is not None:
+                await self._fence_owner(fence)
+            return done
+        messages = [self._message(topic, partition, h, bytes(b)) for h, b in checked]
+        if fence is not None:
+            await self._fence_owner(fence)
+        try:
+            answer = await self._call(
+                f"append to {topic}/{partition}",
+                lambda c: c.send_messages(self.stream, topic, partition, messages),
+            )
+        except LogUnavailableError:
+            raise
+        except LogError:
+            await self._unknown_topic(topic)
+            raise
+        if not answer.confirmations:
+            raise LogError(f"Iggy log {self.url}: append to {topic}/{partition} got no offset")
+        base = int(answer.confirmations[0].base_offset)
+        offsets = list(range(base, base + len(messages)))
+        self._tokens.put(topic, partition, token, offsets)
+        return offsets
+
+    async def _unknown_topic(self, topic: str) -> None:
+        """After a refused call: :class:`UnknownTopicError` when the topic is gone."""
+        count = await self._partitions_or_none(topic, fresh=True)
+        if count is None:
+            raise UnknownTopicError(topic)
+
+    async def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 500,
+        wait: float = 0.0,
+    ) -> list[Record]:
+        """Poll up to ``max_records`` records from ``offset`` on (by offset, storing nothing).
+
+        With ``wait``, polls again every 20 ms until a record is there or
+        ``wait`` seconds have passed.
+        """
+        check_partition(topic, partition, await self._partitions(topic))
+        deadline = time.monotonic() + max(wait, 0.0)
+        strategy = PollingStrategy.Offset(max(offset, 0))
+        while True:
+            try:
+                found = await self._poll(topic, partition, strategy, max(1, max_records))
+            except LogUnavailableError:
+                raise
+            except LogError:
+                await self._unknown_topic(topic)
+                raise
+            records = [self._record(m) for m in found if m.offset() >= offset]
+            if records or time.monotonic() >= deadline:
+                return records[:max_records]
+            await asyncio.sleep(min(_READ_PAUSE, max(0.0, deadline - time.monotonic())))
+
+    async def _poll(
+        self, topic: str, partition: int, strategy: PollingStrategy, count: int
+    ) -> list[ReceiveMessage]:
+        """One poll of ``partition`` as the log's reader (it stores no offset)."""
+        return await self._call(
+            f"read {topic}/{partition}",
+            lambda c: c.poll_messages(
+                self.stream,
+                topic,
+                consumer=self._reader,
+                polling_strategy=strategy,
+                count=count,
+                auto_commit=False,
+                partition_id=partition,
+            ),
+        )
+
+    async def _partition_info(self, topic: str) -> list[Any]:
+        await self._ensure_stream()
+        found = await self._call("describe topic", lambda c: c.get_topic(self.stream, topic))
+        if found is None:
+            self._topics.pop(topic, None)
+            raise UnknownTopicError(topic)
+        self._topics[topic] = int(found.partitions_count)
+        return sorted(found.partitions, key=lambda p: p.id)
+
+    @staticmethod
+    def _end(info: Any) -> int:
+        # current_offset is the last record's offset (0 on an empty partition).
+        if int(info.messages_count) == 0 and int(info.current_offset) == 0:
+            return 0
+        return int(info.current_offset) + 1
+
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        return {int(p.id): self._end(p) for p in await self._partition_info(topic)}
+
+    async def start_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition, the offset of the first stored record (the end when none)."""
+        out: dict[int, int] = {}
+        for info in await self._partition_info(topic):
+            partition = int(info.id)
+            if int(info.messages_count) == 0:
+                out[partition] = self._end(info)
+                continue
+            first = await self._poll(topic, partition, PollingStrategy.First(), 1)
+            out[partition] = int(first[0].offset()) if first else self._end(info)
+        return out
+
+    # -- offsets ----------------------------------------------------------------
+
+    def _offset_request(
+        self, kind: int, consumer: str, topic: str, partition: int, tail: bytes = b""
+    ) -> bytes:
+        return (
+            bytes((kind,))
+            + _ident(consumer)
+            + _ident(self.stream)
+            + _ident(topic)
+            + b"\x01"
+            + struct.pack("<I", partition)
+            + tail
+        )
+
+    @staticmethod
+    def _check_group(group: str) -> None:
+        if len(group.encode("utf-8")) > _MAX_HEADER:
+            raise ConfigError(f"an Iggy consumer or group name takes at most 255 bytes: {group!r}")
+
+    async def _stored(self, kind: int, group: str, topic: str, p: int) -> int:
+        """The stored offset (Iggy's: the last consumed record), -1 when none."""
+        request = self._offset_request(kind, group, topic, p)
+        answer = await self._call(
+            f"committed offset {topic}/{p}",
+            lambda c: c.send_binary_request(_GET_OFFSET, request),
+        )
+        if len(answer) < 20:
+            return -1
+        return int(struct.unpack_from("<Q", answer, 12)[0])
+
+    async def committed(self, group: str, topic: str, partition: int) -> int | None:
+        """The group's committed offset: the next offset to read (Iggy stores the
+        last record consumed; this is one past it). None when none was stored,
+        the topic is gone, or the group committed 0 (Iggy cannot store "before
+        the first record")."""
+        self._check_group(group)
+        count = await self._partitions_or_none(topic)
+        if count is None:
+            return None
+        check_partition(topic, partition, count)
+        try:
+            stored = await self._stored(_KIND_CONSUMER, group, topic, partition)
+        except LogUnavailableError:
+            raise
+        except LogError:
+            if await self._partitions_or_none(topic, fresh=True) is None:
+                return None
+            raise
+        return None if stored < 0 else stored + 1
+
+    async def commit(
+        self,
+        group: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        generation: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store the group's position (the next offset to read) on the server.
+
+        Iggy stores the last record consumed, so ``offset`` N is stored as
+        N - 1, as the offset of the Iggy consumer ``<group>``; 0 deletes it.
+        With ``fence`` or ``generation``, the member must own the partition
+        now (asked of the server); when the partition is the member's own
+        (not a retry partition of it), the offset also passes the server's
+        consumer-group offset fence, which refuses a member that no longer
+        owns it.
+
+        :raises ConfigError: as :meth:`Log.commit`, and for an offset past the
+            partition's end offset (Iggy stores offsets of records only).
+        :raises FencedError: as :meth:`Log.commit`.
+        """
+        offset = check_commit(group, topic, partition, offset)
+        self._check_group(group)
+        check_partition(topic, partition, await self._partitions(topic))
+        owner: _Member | None = None
+        if fence is not None:
+            if fence.group != group:
+                raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+            owner = await self._fence_owner(fence)
+            if (fence.topic, fence.partition) != (topic, partition):
+                owner = None  # a retry partition: not in the member's Iggy group
+        elif generation is not None:
+            owner = await self._generation_owner(group, topic, partition, generation)
+        if offset == 0:
+            await self._delete_offset(_KIND_CONSUMER, group, topic, partition)
+            return
+        if owner is not None:
+            await self._store(owner, _KIND_GROUP, group, topic, partition, offset - 1)
+        await self._store(None, _KIND_CONSUMER, group, topic, partition, offset - 1)
+
+    async def _store(
+        self, owner: _Member | None, kind: int, group: str, topic: str, partition: int, stored: int
+    ) -> None:
+        """Store ``stored`` as Iggy's offset: the group's (``_KIND_GROUP``, on
+        ``owner``'s connection, fenced by the server) or the consumer's named
+        ``group`` (``_KIND_CONSUMER``, on the log's connection)."""
+        request = self._offset_request(
+            kind, group, topic, partition, struct.pack("<Q", stored) + bytes((_ACK_QUORUM,))
+        )
+
+        def send(client: IggyClient) -> Awaitable[bytes]:
+            return client.send_binary_request(_STORE_OFFSET, request)
+
+        what = f"commit {topic}/{partition}"
+        try:
+            if owner is not None:
+                await self._on_member(owner, what, send)
+            else:
+                await self._call(what, send)
+        except LogUnavailableError:
+            raise
+        except LogError as exc:
+            await self._unknown_topic(topic)
+            if kind == _KIND_GROUP:
+                raise FencedError(group, topic, partition, -1) from exc
+            ends = await self.end_offsets(topic)
+            if stored + 1 > ends.get(partition, 0):
+                raise ConfigError(
+                    f"commit of group {group!r} on {topic}/{partition}: offset {stored + 1} is "
+                    f"past the end offset {ends.get(partition, 0)} (Iggy stores offsets of "
+                    "stored records only)"
+                ) from exc
+            raise
+
+    async def _delete_offset(self, kind: int, group: str, topic: str, partition: int) -> bool:
+        if await self._stored(kind, group, topic, partition) < 0:
+            return False
+        request = self._offset_request(kind, group, topic, partition, bytes((_ACK_QUORUM,)))
+        await self._call(
+            f"delete offset {topic}/{partition}",
+            lambda c: c.send_binary_request(_DELETE_OFFSET, request),
+        )
+        return True
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        """Delete the group's stored offsets and its Iggy consumer groups (on
+        ``topic``, or on every topic of the stream); this instance's members
+        of it leave first.
+
+        :returns: how many stored offsets were deleted.
+        :raises UnknownTopicError: when ``topic`` does not exist.
+        """
+        self._check_group(group)
+        if topic is not None:
+            topics = [TopicInfo(topic, await self._partitions(topic, fresh=True))]
+        else:
+            topics = await self.list_topics()
+        for key in [k for k in self._members if k[0] == group]:
+            member = self._members[key]
+            for name in [t.name for t in topics if t.name in member.topics]:
+                await self._leave(member, name)
+        deleted = 0
+        for info in topics:
+            for partition in range(info.partitions):
+                if await self._delete_offset(_KIND_CONSUMER, group, info.name, partition):
+                    deleted += 1
+            await self._drop_group(group, info.name)
+        return deleted
+
+    async def _drop_group(self, group: str, topic: str) -> None:
+        """Delete the Iggy consumer group ``group`` of ``topic`` when there is one."""
+        found = await self._call(
+            "describe group", lambda c: c.get_consumer_group(self.stream, topic, group)
+        )
+        if found is not None:
+            await self._call(
+                "delete group", lambda c: c.delete_consumer_group(self.stream, topic, group)
+            )
+
+    # -- ownership ------------------------------------------------------------------
+
+    async def _member(self, group: str, member: str) -> _Member:
+        key = (group, member)
+        found = self._members.get(key)
+        if found is None:
+            found = self._members.setdefault(key, _Member(group, member, None))
+        if found.task is None or found.task.done():
+            found.task = asyncio.create_task(
+                self._keep_synced(found), name=f"wakuwaku-iggy-member-{member}"
+            )
+        return found
+
+    async def _sync(self, member: _Member, topic: str) -> _Joined | None:
+        """Ask the server for ``member``'s partitions of ``topic`` (its Iggy group).
+
+        :returns: the membership, or None when the server no longer counts
+            the member in (it left, its session ended, the group is gone).
+        """
+        joined = member.topics.get(topic)
+        if joined is None:
+            return None
+        request = _ident(self.stream) + _ident(topic) + _ident(member.group)
+        answer = await self._on_member(
+            member,
+            f"sync group {member.group!r} on {topic}",
+            lambda c: c.send_binary_request(_SYNC_GROUP, request),
+        )
+        now: dict[int, int] = {}
+        if len(answer) >= 12:
+            server_generation, count = struct.unpack_from("<QI", answer, 0)
+            ids = struct.unpack_from(f"<{count}I", answer, 12)
+            now = {p: joined.partitions.get(p) or next(_generations) for p in ids}
+            joined.server_generation = server_generation
+        if now != joined.partitions:
+            joined.partitions = now
+            member.held &= {(topic, p) for p in now} | {h for h in member.held if h[0] != topic}
+            member.bump()
+        if len(answer) < 12:
+            member.topics.pop(topic, None)
+            member.bump()
+            return None
+        return joined
+
+    async def _keep_synced(self, member: _Member) -> None:
+        """The member's assignment, asked every :data:`_SYNC_EVERY` seconds."""
+        while not self._closed:
+            for topic in list(member.topics):
+                try:
+                    await self._sync(member, topic)
+                except LogError as exc:
+                    logger.debug("Iggy group %s: sync failed: %s", member.group, exc)
+            # Not a blocking call: a fake clock may move meanwhile (each
+            # sync's request is one, through _bounded).
+            await asyncio.sleep(_SYNC_EVERY)
+
+    async def _join(self, member: _Member, topic: str) -> None:
+        group = member.group
+        found = await self._call(
+            "describe group", lambda c: c.get_consumer_group(self.stream, topic, group)
+        )
+        if found is None:
+            try:
+                await self._call(
+                    "create group", lambda c: c.create_consumer_group(self.stream, topic, group)
+                )
+            except LogUnavailableError:
+                raise
+            except LogError:
+                pass  # made by another member meanwhile; the join says if not
+        await self._on_member(
+            member,
+            f"join group {group!r} on {topic}",
+            lambda c: c.join_consumer_group(self.stream, topic, group),
+        )
+        member.topics[topic] = _Joined()
+
+    async def _leave(self, member: _Member, topic: str) -> None:
+        if member.topics.pop(topic, None) is None:
+            return
+        member.held = {h for h in member.held if h[0] != topic}
+        member.bump()
+        with contextlib.suppress(LogError):  # gone already: the group or the topic
+            if member.client is not None:
+                await self._on_member(
+                    member,
+                    f"leave group {member.group!r} on {topic}",
+                    lambda c: c.leave_consumer_group(self.stream, topic, member.group),
+                )
+
+    async def acquire_partition(
+        self, group: str, topic: str, partition: int, member: str, ttl: float
+    ) -> Lease | None:
+        """A lease while the server assigns ``partition`` to ``member`` in the Iggy
+        consumer group ``group`` of ``topic``.
+
+        The member's first call for a topic creates the Iggy group when
+        missing and joins it (the server rebalances at once). ``ttl`` only
+        sets ``expires_at``.
+        """
+        self._check_group(group)
+        check_partition(topic, partition, await self._partitions(topic))
+        owner = await self._member(group, member)
+        async with owner.joining:
+            if topic not in owner.topics:
+                await self._join(owner, topic)
+            joined = await self._sync(owner, topic)
+        if joined is None:
+            return None
+        generation = joined.partitions.get(partition)
+        if generation is None:
+            return None
+        owner.held.add((topic, partition))
+        return Lease(group, topic, partition, member, generation, time.time() + ttl)
+
+    async def _fence_owner(self, fence: Lease) -> _Member:
+        """The member holding ``fence`` now, asked of the server.
+
+        :raises FencedError: when the server no longer assigns the fence's
+            partition to it (or another assignment replaced that one).
+        """
+        member = self._members.get((fence.group, fence.member))
+        joined = await self._sync(member, fence.topic) if member is not None else None
+        if (
+            member is None
+            or joined is None
+            or joined.partitions.get(fence.partition) != fence.generation
+        ):
+            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+        return member
+
+    async def _generation_owner(
+        self, group: str, topic: str, partition: int, generation: int
+    ) -> _Member:
+        for member in list(self._members.values()):
+            if member.group == group and topic in member.topics:
+                lease = Lease(group, topic, partition, member.member, generation, 0.0)
+                with contextlib.suppress(FencedError):
+                    return await self._fence_owner(lease)
+        raise FencedError(group, topic, partition, generation)
+
+    async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
+        """Who owns each partition of ``topic`` in ``group`` now, from the server
+        (members of every process).
+
+        A member of this instance is named and has its lease generation; a
+        member the server lists that this instance does not know is named
+        ``iggy-member-<id>`` (Iggy's member id) with generation 0.
+        ``expires_at`` is now: Iggy keeps an assignment while the member's
+        session lives, with no expiry to show.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        self._check_group(group)
+        await self._partitions(topic, fresh=True)
+        found = await self._call(
+            "describe group", lambda c: c.get_consumer_group(self.stream, topic, group)
+        )
+        if found is None:
+            return {}
+        local = [
+            (m.member, j)
+            for m in self._members.values()
+            if m.group == group and (j := m.topics.get(topic)) is not None
+        ]
+        now = time.time()
+        out: dict[int, Lease] = {}
+        for member in found.members:
+            partitions = {int(p) for p in member.partitions}
+            name, mine = f"iggy-member-{member.id}", None
+            for local_name, joined in local:
+                if partitions and set(joined.partitions) == partitions:
+                    name, mine = local_name, joined
+            for partition in sorted(partitions):
+                generation = mine.partitions[partition] if mine is not None else 0
+                out[partition] = Lease(group, topic, partition, name, generation, now)
+        return dict(sorted(out.items()))
+
+    async def ownership_changed(self, group: str, member: str, within: float) -> None:
+        """Return when ``member``'s assignment changed, or after ``within`` seconds
+        (:class:`~wakuwaku.engine._ownership.AssignmentLog`)."""
+        found = self._members.get((group, member))
+        if found is None:
+            # Joining: the server's answer is real I/O, so a fake clock must
+            # not run ahead meanwhile.
+            with BLOCKING_CALLS.track():
+                await asyncio.sleep(min(within, 0.1))
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(found.changed.wait(), within)
+
+    def ownership_state(self, lease: Lease) -> str:
+        """``owned`` while the last answer of the server assigns the lease's partition
+        to its member in its generation, else ``gone`` (Iggy moves a partition at
+        once: there is no revoking state)."""
+        member = self._members.get((lease.group, lease.member))
+        joined = member.topics.get(lease.topic) if member is not None else None
+        if joined is None or joined.partitions.get(lease.partition) != lease.generation:
+            return "gone"
+        return "owned"
+
+    async def release_partition(self, lease: Lease) -> None:
+        """Let a partition go; the member leaves the topic's Iggy group once it
+        holds none of its partitions, and closes its connection once it holds
+        nothing."""
+        member = self._members.get((lease.group, lease.member))
+        if member is None:
+            return
+        joined = member.topics.get(lease.topic)
+        if joined is None or joined.partitions.get(lease.partition) != lease.generation:
+            return
+        member.held.discard((lease.topic, lease.partition))
+        if any(t == lease.topic for t, _ in member.held):
+            return
+        await self._leave(member, lease.topic)
+        if not member.topics:
+            await self._drop_member(member)
+
+    async def _drop_member(self, member: _Member) -> None:
+        self._members.pop((member.group, member.member), None)
+        if member.task is not None:
+            member.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await member.task
+        for topic in list(member.topics):
+            await self._leave(member, topic)
+
+    # -- close ---------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Leave every group and drop the connections; calling it again does nothing."""
+        if self._closed:
+            return
+        for member in list(self._members.values()):
+            try:
+                await self._drop_member(member)
+            except LogError as exc:  # the server is away: its session ends with the socket
+                logger.debug("Iggy group %s: leaving failed: %s", member.group, exc)
+        self._closed = True
+        self._client = None
+
+    # -- URLs ----------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: str) -> IggyLog:
+        """``iggy://[user[:password]@]host:port[?stream=NAME&timeout=SECONDS]``.
+
+        Without credentials in the URL, ``WAKUWAKU_IGGY_USERNAME`` (default
+        ``iggy``) and ``WAKUWAKU_IGGY_PASSWORD`` give them; neither is part
+        of :attr:`url` or any message. TLS and personal access tokens are not
+        supported yet.
+
+        :raises ConfigError: for a URL without ``host:port`` or a bad option.
+        """
+        parsed = parse_log_url(url)
+        credentials, at, address = parsed.rest.rstrip("/").rpartition("@")
+        user = password = None
+        if at:
+            name, colon, secret = credentials.partition(":")
+            user = unquote(name) or None
+            password = unquote(secret) if colon else None
+        timeout = option_seconds(parsed, "timeout", 5.0)
+        if timeout <= 0:
+            raise ConfigError("bad Iggy log URL: timeout must be seconds > 0")
+        return cls(
+            address,
+            username=user,
+            password=password,
+            stream=parsed.options.get("stream", "wakuwaku"),
+            timeout=timeout,
+        )
+
+
+async def _awaited(awaitable: Awaitable[_T]) -> _T:
+    return await awaitable

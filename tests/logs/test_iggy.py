@@ -1,0 +1,185 @@
+"""The log contract on :class:`wakuwaku.logs.iggy.IggyLog`, and what only Iggy has."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+from apache_iggy import IggyClient, Partitioning, SendMessage
+
+import wakuwaku as wk
+from wakuwaku import ConfigError, FencedError, open_log
+from wakuwaku.logs import Log
+from wakuwaku.logs.iggy import (
+    _KIND_GROUP,
+    HEADER_ROOM,
+    MAX_PAYLOAD,
+    PASSWORD_ENV,
+    IggyLog,
+    iggy_partition,
+)
+
+from ..conftest import IGGY_URL
+from ..iggy_support import drop_stream, fresh_stream, iggy_log
+from .contract import LogContract
+
+pytestmark = pytest.mark.iggy
+
+
+class TestIggyLog(LogContract):
+    multiprocess = True
+    lease_expiry = False
+    chosen_partitions = False
+    commits_past_the_end = False
+    exact_retention = False
+
+    @pytest.fixture
+    async def log(self) -> AsyncIterator[Log]:
+        stream = fresh_stream()
+        log = iggy_log(stream)
+        try:
+            yield log
+        finally:
+            await log.close()
+            await drop_stream(stream)
+
+
+@pytest.fixture
+async def log() -> AsyncIterator[IggyLog]:
+    stream = fresh_stream()
+    log = iggy_log(stream)
+    try:
+        yield log
+    finally:
+        await log.close()
+        await drop_stream(stream)
+
+
+def test_url_options_and_secrets_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log("iggy://alice:s3cret@127.0.0.1:8090?stream=orders&timeout=3")
+    assert isinstance(log, IggyLog)
+    assert (log.address, log.stream, log.timeout) == ("127.0.0.1:8090", "orders", 3.0)
+    assert log.url == "iggy://127.0.0.1:8090?stream=orders&timeout=3"
+    assert "s3cret" not in repr(log) and "s3cret" not in log.url
+    monkeypatch.setenv(PASSWORD_ENV, "from-env")
+    assert IggyLog.from_url("iggy://127.0.0.1:8090")._password == "from-env"
+    with pytest.raises(ConfigError, match="unknown option 'prefix'") as caught:
+        open_log("iggy://alice:s3cret@127.0.0.1:8090?prefix=x")
+    assert "s3cret" not in str(caught.value)
+    for bad in ("iggy://", "iggy://127.0.0.1:8090?timeout=0", "iggy://127.0.0.1:8090?timeout=nan"):
+        with pytest.raises(ConfigError):
+            open_log(bad)
+
+
+async def test_our_keys_land_where_iggys_message_key_partitioning_puts_them(
+    log: IggyLog,
+) -> None:
+    """A record any Iggy producer sends by message key (``Partitioning.messages_key``:
+    the server's xxHash32) lands on the partition our producer picks."""
+    await log.create_topic("orders", 7)
+    keys = [f"key-{n}" for n in range(40)]
+    published = await wk.Producer(log, "orders").publish_many([_Tick(k) for k in keys])
+    client = IggyClient.from_connection_string(IGGY_URL)
+    await client.connect()
+    for item in published:
+        answer = await client.send_messages(
+            log.stream,
+            "orders",
+            Partitioning.messages_key(item.key.encode()),
+            [SendMessage(b"{}")],
+        )
+        assert answer.confirmations[0].partition_id == item.partition
+        assert item.partition == iggy_partition(item.key, 7) == log.partition_for(item.key, 7)
+
+
+async def test_headers_iggy_cannot_carry_travel_in_the_payload(log: IggyLog) -> None:
+    """Iggy refuses empty bodies, empty header values and names or values over 255
+    bytes; such records still round-trip, and a plain Iggy reader sees the short
+    headers as user headers."""
+    await log.create_topic("orders", 1)
+    headers = {"wk-key": b"k", "empty": b"", "wk-error": b"e" * 4000, "n" * 300: b"v"}
+    await log.append("orders", 0, [(headers, b""), ({"wk-key": b"k"}, b"plain")])
+    first, second = await log.read("orders", 0, 0)
+    assert (first.headers, first.body) == (headers, b"")
+    assert (second.headers, second.body) == ({"wk-key": b"k"}, b"plain")
+
+
+async def test_a_record_over_the_topic_limit_is_refused_naming_it(log: IggyLog) -> None:
+    log = iggy_log(log.stream, timeout=60.0)  # 63 MB through a loaded shared machine
+    await log.create_topic("orders", 1)
+    await log.create_topic("orders-retry", 1, derived_from="orders")
+    limit = MAX_PAYLOAD - HEADER_ROOM
+    with pytest.raises(ConfigError, match=f"takes at most {limit}"):
+        await log.append("orders", 0, [({"wk-key": b"k"}, b"x" * limit)])
+    assert await log.end_offsets("orders") == {0: 0}
+    # A record at the main topic's limit still fits its retry topic with more headers.
+    big = ({"wk-key": b"k"}, b"x" * (limit - 10))
+    retry = ({**big[0], "wk-error": b"e" * 4000, "wk-src": b"orders/0/0"}, big[1])
+    try:
+        assert await log.append("orders-retry", 0, [retry]) == [0]
+    finally:
+        await log.close()
+
+
+async def test_the_server_refuses_the_group_offset_of_a_member_that_left(log: IggyLog) -> None:
+    """Iggy's consumer-group offset fence: once the server moved the partition, a
+    stale member's commit of it is refused (FencedError), and nothing is stored,
+    even when its local view still says it owns the partition."""
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [({"wk-key": b"k"}, b"x") for _ in range(5)])
+    old = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    assert old is not None
+    zombie = log._members[("g", "a")]
+    await log.commit("g", "orders", 0, 2, fence=old)
+    # a leaves the group on the server, but keeps believing it owns the partition.
+    assert zombie.client is not None
+    await zombie.client.leave_consumer_group(log.stream, "orders", "g")
+    other = iggy_log(log.stream)
+    try:
+        new = await other.acquire_partition("g", "orders", 0, "b", ttl=60.0)
+        assert new is not None
+        with pytest.raises(FencedError):
+            await log._store(zombie, _KIND_GROUP, "g", "orders", 0, 3)
+        with pytest.raises(FencedError):
+            await log.commit("g", "orders", 0, 4, fence=old)
+        assert await other.committed("g", "orders", 0) == 2
+        await other.commit("g", "orders", 0, 5, fence=new)
+        assert await log.committed("g", "orders", 0) == 5
+    finally:
+        await other.close()
+
+
+@wk.event("iggy.tick", key="key")
+class _Tick(msgspec.Struct, frozen=True):
+    key: str
+    n: int = 0
+
+
+async def test_a_member_checks_its_assignment_before_each_write(log: IggyLog) -> None:
+    """When another member joins, the server moves partitions at once; the old
+    owner's next fenced append and commit of a moved partition are refused
+    before anything is sent, without waiting for its periodic sync."""
+    await log.create_topic("orders", 2)
+    await log.create_topic("wk-retry.g.orders", 2)
+    await log.append("orders", 0, [({"wk-key": b"k"}, b"x")])
+    await log.append("orders", 1, [({"wk-key": b"k"}, b"x")])
+    leases = [await log.acquire_partition("g", "orders", p, "a", ttl=60.0) for p in (0, 1)]
+    assert all(lease is not None for lease in leases)
+    other = iggy_log(log.stream)
+    try:
+        taken = [await other.acquire_partition("g", "orders", p, "b", ttl=60.0) for p in (0, 1)]
+        moved = [lease for lease, new in zip(leases, taken, strict=True) if new is not None]
+        assert len(moved) == 1, "the server gives the joining member one of the two"
+        [stale] = moved
+        assert stale is not None
+        assert log.ownership_state(stale) == "owned"  # the periodic sync has not run yet
+        with pytest.raises(FencedError):
+            await log.append("wk-retry.g.orders", stale.partition, [({}, b"late")], fence=stale)
+        with pytest.raises(FencedError):
+            await log.commit("g", "orders", stale.partition, 1, fence=stale)
+        assert log.ownership_state(stale) == "gone"
+        assert await log.end_offsets("wk-retry.g.orders") == {0: 0, 1: 0}
+        assert await log.committed("g", "orders", stale.partition) is None
+    finally:
+        await other.close()
