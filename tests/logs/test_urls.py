@@ -1,6 +1,6 @@
 """One rule for a log's call bound, in every URL and every constructor.
 
-``timeout`` bounds every server call of the Redis, NATS and Kafka logs. It
+``timeout`` bounds every server call of the Redis, NATS, Kafka and Iggy logs. It
 was checked three ways: ``nats://...?timeout=nan`` passed (NaN compares false
 with every deadline, so no call would ever time out), Kafka's ``?timeout=0``
 silently became 10 s, and each log parsed its own query string. Now every
@@ -18,6 +18,7 @@ import pytest
 
 from wakuwaku import ConfigError
 from wakuwaku.logs import Log, open_log
+from wakuwaku.logs.iggy import IggyLog
 from wakuwaku.logs.kafka import KafkaLog
 from wakuwaku.logs.nats import NatsLog
 from wakuwaku.logs.redis import RedisLog
@@ -26,11 +27,13 @@ URLS = {
     "redis": "redis://:s3cret@127.0.0.1:6379/0",
     "nats": "nats://user:s3cret@127.0.0.1:4222",
     "kafka": "kafka://user:s3cret@127.0.0.1:9092",
+    "iggy": "iggy://iggy:s3cret@127.0.0.1:8090",
 }
 BUILD: dict[str, Callable[[float], Log]] = {
     "redis": lambda t: RedisLog("redis://127.0.0.1:6379/0", timeout=t),
     "nats": lambda t: NatsLog("nats://127.0.0.1:4222", timeout=t),
     "kafka": lambda t: KafkaLog("127.0.0.1:9092", timeout=t),
+    "iggy": lambda t: IggyLog("127.0.0.1:8090", timeout=t),
 }
 BAD = ["0", "-1", "nan", "inf", "-inf", "3601", "1e9", "x", ""]
 

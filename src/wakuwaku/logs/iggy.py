@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import os
 import struct
 import time
@@ -81,7 +80,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
-from ._url import check_servers, option_seconds, parse_log_url
+from ._url import check_servers, check_timeout, option_timeout, parse_log_url
 
 __all__ = (
     "HEADER_ROOM",
@@ -263,13 +262,7 @@ class IggyLog(Log):
             raise ConfigError("an Iggy log names one server: iggy://user:password@host:port")
         if not isinstance(stream, str) or not stream or len(stream.encode()) > _MAX_HEADER:
             raise ConfigError(f"an Iggy stream name takes 1-255 bytes, got {stream!r}")
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not math.isfinite(timeout)
-            or timeout <= 0
-        ):
-            raise ConfigError(f"timeout must be finite seconds > 0, got {timeout!r}")
+        timeout = check_timeout(timeout)
         self.address = address
         self.stream = stream
         self.timeout = float(timeout)
@@ -1135,9 +1128,7 @@ class IggyLog(Log):
             name, colon, secret = credentials.partition(":")
             user = unquote(name) or None
             password = unquote(secret) if colon else None
-        timeout = option_seconds(parsed, "timeout", 5.0)
-        if timeout <= 0:
-            raise ConfigError("bad Iggy log URL: timeout must be seconds > 0")
+        timeout = option_timeout(parsed, "timeout", 5.0)
         return cls(
             address,
             username=user,
