@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test services lint bench clean
+.PHONY: demo test check services lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,14 @@ test: $(STAMP)
 	@bash ci/services.sh || { [ "$${CI:-}" != true ] && echo "services: not all are up; their tests skip here (with CI=true they fail)"; }
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest --cov --cov-report=term
+
+# The quick loop: lint, then every test that needs no server, no browser and
+# no subprocess run (markers redis, nats, kafka, iggy, postgres, browser,
+# slow), on every core. `make test` runs all of it, in CI too.
+QUICK := not (slow or redis or nats or kafka or iggy or postgres or browser)
+check: $(STAMP)
+	$(MAKE) --no-print-directory lint
+	$(PY) -m pytest -n auto -q -m "$(QUICK)"
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples conftest.py

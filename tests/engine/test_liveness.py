@@ -13,6 +13,7 @@ are progress, never a stall.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -232,3 +233,45 @@ async def test_a_partition_waiting_out_a_long_retry_delay_goes_on_when_the_log_a
         await task
     assert {p for p, _ in handled} == {0, 1}
     assert took < 20.0  # not the 60 s partition 1 was waiting out
+
+
+class CancelSwallowingLeases:
+    """``inner``, except that lease renewals wait for an answer that never
+    comes and, when cancelled, return the lease as if nothing happened: what
+    redis-py was seen to do with a cancel delivered during a command."""
+
+    def __init__(self, inner: Log) -> None:
+        self.inner = inner
+        self.acquired = 0
+        self.renewing = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def acquire_partition(self, *args: Any, **kwargs: Any) -> Any:
+        self.acquired += 1
+        if self.acquired > 1:  # a renewal
+            self.renewing.set()
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed
+                await asyncio.Event().wait()
+        return await self.inner.acquire_partition(*args, **kwargs)
+
+
+async def test_a_lease_renewer_whose_cancel_the_log_swallowed_still_ends() -> None:
+    # The worker ended (the drain is done), its renewer was cancelled inside a
+    # renewal, the log swallowed the cancel and the renewer renewed on: the
+    # supervisor waited for it forever and drain() never returned.
+    log = wk.MemoryLog()
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    seen: list[int] = []
+
+    leases = CancelSwallowingLeases(log)
+
+    async def handle(run: Sequence[Item]) -> None:
+        await leases.renewing.wait()  # the drain ends while a renewal hangs
+        seen.extend(e.n for e in run)
+
+    consumer = Consumer(_config(lease_ttl=0.6), [Handler(Item, handle)], leases)  # type: ignore[arg-type]
+    await asyncio.wait_for(consumer.drain(), 10)
+    assert seen == [1] and leases.acquired >= 2

@@ -4,6 +4,7 @@ and schedules on a fake clock against a scripted stand-in client."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from typing import Any
 
@@ -498,3 +499,27 @@ async def test_a_hanging_subscription_delays_polling_by_one_interval_only() -> N
     result = await wait_for_result(stub, JOB, STEP, 60, poll_interval=2, clock=clock)  # type: ignore[arg-type]
     assert result.content == "ok"
     assert times(stub, "get") == [2.0, 4.0]
+
+
+class CancelSwallowingRedis(StubRedis):
+    """A client whose ``get`` waits for an answer that never comes and, when its
+    task is cancelled, returns as if nothing happened: what redis-py 8.1 was
+    seen to do under load (a command returned normally in a cancelled task)."""
+
+    async def get(self, key: str) -> Any:
+        self.calls.append(("get", self.clock.monotonic()))
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        return None
+
+
+async def test_a_wait_ends_at_its_timeout_even_when_the_client_swallows_the_cancel() -> None:
+    # The poller's read was cancelled at the timeout, the client swallowed the
+    # cancel, and the poller went on polling: the wait never returned, with no
+    # timer left in the event loop (one run in a few hundred under load).
+    clock = FakeClock()
+    stub = CancelSwallowingRedis(clock)
+    waiting = wait_for_result(stub, JOB, STEP, 10, poll_interval=1, clock=clock)  # type: ignore[arg-type]
+    with pytest.raises(ResultTimeoutError):
+        await asyncio.wait_for(waiting, 5)  # real seconds: it hung forever before
+    assert stub.closed == 1

@@ -495,6 +495,11 @@ class Consumer:
             raise
         finally:
             lost = renewer.done() and not renewer.cancelled()
+            # The renewer stops on this flag, not only on its cancel: a log
+            # client can swallow a cancel delivered during a call (redis-py
+            # was seen to), and a renewer that went on would keep the lease
+            # of a worker that ended, and this gather would never return.
+            worker.ended = True
             renewer.cancel()
             watchdog.cancel()
             await asyncio.gather(renewer, watchdog, return_exceptions=True)

@@ -128,8 +128,10 @@ class LeaseOwnership(Ownership):
         once; an unreachable log only once the deadline has passed.
         """
         clock, ttl = self.config.clock, self.config.lease_ttl
-        while True:
+        while not worker.ended:
             await clock.sleep(ttl / 3)
+            if worker.ended:
+                return
             sent = clock.monotonic()
             try:
                 renewed = await self.log.acquire_partition(
@@ -168,7 +170,7 @@ class AssignedOwnership(Ownership):
 
     async def watch(self, lease: Lease, worker: PartitionWorker) -> None:
         """Wait for the log to say the partition is revoked or lost; stop the worker."""
-        while True:
+        while not worker.ended:
             state = self.assignments.ownership_state(lease)
             if state != "owned":
                 logger.info(

@@ -149,6 +149,10 @@ class PartitionWorker:
     def lease_deadline(self, deadline: float) -> None:
         self.services.lease_deadline = deadline
 
+    ended = False
+    """Set by the consumer once :meth:`run` has returned: the loops beside the
+    worker (lease renewal, assignment watch) end on it."""
+
     def stop(self) -> None:
         """Ask the worker to stop: no new chunk starts, waits are abandoned."""
         self.services.stop()

@@ -81,6 +81,8 @@ __all__ = (
 logger = logging.getLogger("wakuwaku.reliability.waiter")
 
 _PUBLISH_LUA = resources.files(__package__).joinpath("result_publish.lua").read_text("utf-8")
+_LISTEN_SLICE = 1.0
+"""Seconds a pub/sub read waits before the listener looks at ``stopped`` again."""
 _ACK_LUA = resources.files(__package__).joinpath("result_ack.lua").read_text("utf-8")
 
 DEFAULT_RESULT_TTL = 86_400.0
@@ -478,6 +480,13 @@ class _Wait:
         # Destructive mode: a GETDEL was sent on a key we saw, and we never got
         # its answer. If the key is then absent, that read consumed it.
         self.claim_in_doubt = False
+        # Set when the wait ends: the loops below stop on it, not only on
+        # their task's cancellation. redis-py (8.1 seen) can let a command
+        # return normally although its task was cancelled during it; a loop
+        # that relied on the cancel then polled on forever, and the wait
+        # never returned (not even at its timeout) while its cleanup waited
+        # for that loop.
+        self.stopped = False
 
     async def run(self, limit: float) -> Result:
         listener = asyncio.create_task(self._listen(), name=f"wk-nudges:{self.key}")
@@ -493,18 +502,21 @@ class _Wait:
             last = sanitize(self.last_error) if self.last_error is not None else None
             raise ResultTimeoutError(self.job_id, self.step, limit, last)
         finally:
+            self.stopped = True
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _listen(self) -> None:
         failures = 0
-        while True:
+        while not self.stopped:
             pubsub = self.redis.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
-                while True:
-                    message = await pubsub.get_message(timeout=None)
+                while not self.stopped:
+                    # Bounded: a read whose cancellation the client swallowed
+                    # must come back to look at ``stopped``.
+                    message = await pubsub.get_message(timeout=_LISTEN_SLICE)
                     if message is None:
                         continue
                     if message["type"] == "subscribe":
@@ -535,7 +547,7 @@ class _Wait:
         # trip; if it hangs, polling starts after one interval anyway.
         await self._sleep_or(self.ready, self.poll_interval)
         failures = 0
-        while True:
+        while not self.stopped:
             self.nudge.clear()  # before the read: a nudge during the read wakes us again
             outcome: Result | BaseException | None
             try:
@@ -561,6 +573,7 @@ class _Wait:
                     self.last_error = None
                 failures = 0
                 await self._sleep_or(self.nudge, self.poll_interval)
+        raise asyncio.CancelledError  # the wait ended (``stopped``)
 
     async def _read(self) -> Result | None:
         if self.mode is ReadMode.NON_DESTRUCTIVE:
