@@ -35,7 +35,7 @@ BUILD: dict[str, Callable[[float], Log]] = {
     "kafka": lambda t: KafkaLog("127.0.0.1:9092", timeout=t),
     "iggy": lambda t: IggyLog("127.0.0.1:8090", timeout=t),
 }
-BAD = ["0", "-1", "nan", "inf", "-inf", "3601", "1e9", "x", ""]
+BAD = ["0", "-1", "nan", "inf", "-inf", "3601", "1e9", "x", "", "1_0", " 1"]
 
 
 @pytest.mark.parametrize("bad", BAD)
@@ -70,3 +70,11 @@ def test_an_unknown_or_repeated_option_is_refused_the_same_way(scheme: str) -> N
         open_log(f"{URLS[scheme]}?tiemout=1")
     with pytest.raises(ConfigError, match="option 'timeout' is given twice"):
         open_log(f"{URLS[scheme]}?timeout=1&timeout=2")
+
+
+@pytest.mark.parametrize("scheme", ["nats", "kafka", "iggy"])
+def test_a_broken_ipv6_host_is_refused_before_any_connection(scheme: str) -> None:
+    # nats://u:pw@[::1?timeout=1 reached the NATS client and ended in a traceback.
+    with pytest.raises(ConfigError, match=r"broken \[IPv6\] host") as caught:
+        open_log(f"{scheme}://u:s3cret@[::1:4222?timeout=1")
+    assert "s3cret" not in str(caught.value)

@@ -42,7 +42,8 @@ def log_option(fn: F) -> F:
         metavar="URL",
         help=(
             f"The log (sqlite:///file.db[?fsync=0&busy_timeout=S], redis://host:port/db, "
-            f"nats://host:port, kafka://host:port[,host:port], memory://); env {LOG_ENV}."
+            f"nats://host:port, kafka://host:port[,host:port], iggy://user:password@host:port, "
+            f"memory://); env {LOG_ENV}."
         ),
     )(fn)
 

@@ -180,6 +180,8 @@ def option_timeout(parsed: LogURL, name: str, default: float) -> float:
     if raw is None:
         return default
     try:
+        if raw != raw.strip() or "_" in raw:  # float() takes " 1 " and "1_0"; a URL should not
+            raise ValueError(raw)
         return check_timeout(float(raw), name)
     except (ValueError, ConfigError):
         raise ConfigError(
@@ -202,6 +204,11 @@ def check_servers(kind: str, hosts: str, example: str) -> list[str]:
         raise ConfigError(f"bad {kind} log URL: it names no server; use {example}")
     for entry in entries:
         host, colon, port = entry.rpartition(":")
+        bracketed = host.startswith("[") or host.endswith("]")
+        if bracketed and not (host.startswith("[") and host.endswith("]") and len(host) > 2):
+            raise ConfigError(
+                f"bad {kind} log URL: {entry[:80]!r} has a broken [IPv6] host; use {example}"
+            )
         if not colon or not host.strip("[]"):
             raise ConfigError(f"bad {kind} log URL: {entry[:80]!r} is not host:port; use {example}")
         if not port.isdigit() or not 0 < int(port) < 65536:

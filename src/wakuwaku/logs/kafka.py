@@ -508,7 +508,8 @@ class KafkaLog(Log):
         ms = int(self.timeout * 1000)
         self._common: dict[str, Any] = {
             "bootstrap.servers": ",".join(hosts),
-            "socket.connection.setup.timeout.ms": ms,
+            # librdkafka takes 1 s at the least here; the call bound still holds.
+            "socket.connection.setup.timeout.ms": max(ms, 1000),
             "socket.timeout.ms": max(ms, 10),
             "reconnect.backoff.max.ms": 1000,
             # librdkafka's own connection errors (level 3) are not printed: an
