@@ -110,6 +110,11 @@ KNOWN: dict[tuple[str, str], str] = {
         "never handled (seen: 1 530 of 2 388 events, no pause for 60 s)"
     ),
     ("iggy", "restart_twice"): "as iggy-kill: ghost group members after a restart",
+    ("iggy", "freeze"): (
+        "intermittent, cause not found: failed once in a fresh clone's full run on a heavily "
+        "loaded machine (its output was not captured); passed 5 of 5 alone and 3 of 3 "
+        "beside two CPU burners"
+    ),
 }
 
 
