@@ -138,11 +138,54 @@ def derived_main_topic(topic: str) -> str | None:
 
 @dataclass(frozen=True)
 class _Unsettled:
-    """A transactional store whose commit got no answer (see ``KafkaLog._settle``)."""
+    """A transactional store whose commit got no answer (see ``KafkaLog._settle``).
+
+    ``wedged`` is set when the commit call itself has not returned (its
+    thread is still inside librdkafka): its outcome is known once it does.
+    """
 
     batches: list[tuple[str, int, Sequence[OutgoingRecord]]]
     commits: list[tuple[str, int, int]]
     results: list[list[int]]  # filled in by delivery reports, -1 until delivered
+    wedged: concurrent.futures.Future[list[list[int]]] | None = None
+
+
+@dataclass
+class _Progress:
+    """How far one transaction got (written by its thread, read by the store
+    that gave up waiting for it)."""
+
+    producer: Any = None
+    committing: bool = False
+    results: list[list[int]] = field(default_factory=list)
+
+
+_TXN_CALLS = 4
+"""Blocking calls in one transactional store, each bounded by the log's
+timeout (``init_transactions``, the settling ``commit_transaction``,
+``send_offsets_to_transaction``, ``commit_transaction``): a store that has
+not returned after that many timeouts (plus a second) is wedged."""
+
+
+def _in_daemon_thread(name: str, fn: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+    """Run ``fn`` on a new daemon thread; its outcome lands in the future.
+
+    For a client call that may outlive its own timeout: a wedged call on the
+    event loop's default executor kept the executor's shutdown, and so the
+    process's exit, waiting for ever; a daemon thread is left behind instead.
+    """
+    future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter, whatever it is
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 def _unanswered(err: object) -> bool:
@@ -1810,10 +1853,7 @@ class KafkaLog(Log):
         async with member.txn_lock:
             self._fence_owner(fence)
             try:
-                results = await self._run(
-                    "store",
-                    lambda: self._transaction(member, batches, offsets, list(write.commits)),
-                )
+                results = await self._transact(member, batches, offsets, list(write.commits))
             except LogError as exc:
                 code = _code(exc.__cause__) if exc.__cause__ is not None else None
                 if code in _FENCED_CODES:
@@ -1902,12 +1942,76 @@ class KafkaLog(Log):
             member.txn = producer
         return member.txn
 
+    async def _transact(
+        self,
+        member: _Member,
+        batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
+        offsets: list[Any],
+        commits: list[tuple[str, int, int]],
+    ) -> list[list[int]]:
+        """:meth:`_transaction` on a thread of its own, waited for at most
+        :data:`_TXN_CALLS` timeouts (plus a second).
+
+        librdkafka's ``send_offsets_to_transaction`` can block past its
+        timeout while the group coordinator is down (librdkafka issue 5456,
+        open in 2.14): a store waited for ever, and with it the consumer's
+        stop and the process's exit (the fault suite hung that way in CI).
+        A wedged transaction that had not started its commit is abandoned:
+        the member's next store makes a new producer with the same
+        ``transactional.id``, which fences the wedged one and aborts its
+        transaction. One wedged in its commit leaves the store *unsettled*:
+        every later store fails until that call has returned and its outcome
+        is known (see :meth:`_settle`).
+
+        :raises LogUnavailableError: when the transaction has not returned
+            in time; what :meth:`_run` raises for its errors otherwise.
+        """
+        if self._closed:
+            raise LogError(f"the Kafka log {self.url} is closed")
+        progress = _Progress()
+        future = _in_daemon_thread(
+            f"wakuwaku-kafka-txn-{member.member}",
+            lambda: self._transaction(member, batches, offsets, commits, progress),
+        )
+        bound = _TXN_CALLS * self.timeout + 1.0
+        waiter = asyncio.wrap_future(future)
+        try:
+            with BLOCKING_CALLS.track():
+                await asyncio.wait({waiter}, timeout=bound)
+        finally:
+            if not waiter.done():  # its outcome, when it comes, is read by _settle or no one
+                waiter.add_done_callback(lambda w: w.cancelled() or w.exception())
+        if not waiter.done():
+            if progress.committing:
+                member.unsettled = _Unsettled(batches, commits, progress.results, future)
+            elif progress.producer is not None and member.txn is progress.producer:
+                member.txn = None
+            logger.warning(
+                "Kafka log %s: a transaction of group %s has not returned after %.1f s "
+                "(librdkafka did not keep its timeout); %s",
+                self.url,
+                member.group,
+                bound,
+                "its commit's outcome is awaited before the next store"
+                if progress.committing
+                else "its producer is replaced",
+            )
+            raise LogUnavailableError(
+                f"Kafka log {self.url} is unavailable (store): the transaction did not "
+                f"answer within {bound:.1f} s"
+            )
+        try:
+            return waiter.result()
+        except KafkaException as exc:
+            raise self._error("store", exc) from exc
+
     def _transaction(
         self,
         member: _Member,
         batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
         offsets: list[Any],
         commits: list[tuple[str, int, int]],
+        progress: _Progress | None = None,
     ) -> list[list[int]]:
         """One transaction (in a thread): produce, send offsets, commit; abort on failure.
 
@@ -1920,11 +2024,13 @@ class KafkaLog(Log):
         dead letter whose commit answered late was stored again by the
         retry: a record with two dead letters.
         """
-        producer = self._transactional(member)
+        progress = _Progress() if progress is None else progress
+        producer = progress.producer = self._transactional(member)
         settled = self._settle(member, producer, batches, commits)
         if settled is not None:
             return settled
         results: list[list[int]] = [[-1] * len(records) for _, _, records in batches]
+        progress.results = results
         errors: list[Any] = []
         committing = False
         try:
@@ -1949,11 +2055,13 @@ class KafkaLog(Log):
                     )
             if offsets:
                 producer.send_offsets_to_transaction(offsets, member.metadata, self.timeout)
-            committing = True
+            committing = progress.committing = True
             producer.commit_transaction(self.timeout)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
-            if committing and _unanswered(err):
+            if member.txn is not producer:
+                pass  # wedged and replaced meanwhile: the new producer fenced this one
+            elif committing and _unanswered(err):
                 member.unsettled = _Unsettled(batches, commits, results)
             else:
                 self._abandon(member, producer, err)
@@ -1981,6 +2089,31 @@ class KafkaLog(Log):
         """
         pending = member.unsettled
         if pending is None:
+            return None
+        if pending.wedged is not None:
+            if not pending.wedged.done():
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError._TIMED_OUT,
+                        "the previous store's commit_transaction has not returned",
+                        retriable=True,
+                    )
+                )
+            if member.unsettled is not pending:  # its thread settled it meanwhile
+                return self._settle(member, producer, batches, commits)
+            member.unsettled = None
+            if pending.wedged.exception() is not None:
+                # It failed: its thread aborted it, or dropped the producer
+                # (then this store fails once and the next makes a new one).
+                if member.txn is not producer:
+                    raise KafkaException(
+                        KafkaError(
+                            KafkaError._TIMED_OUT, "the producer was replaced", retriable=True
+                        )
+                    )
+                return None
+            if pending.batches == batches and pending.commits == commits:
+                return pending.wedged.result()
             return None
         try:
             producer.commit_transaction(self.timeout)
@@ -2010,12 +2143,14 @@ class KafkaLog(Log):
         ``init_transactions`` fences this one and aborts the open transaction.
         """
         if isinstance(err, KafkaError) and err.fatal():
-            member.txn = None
+            if member.txn is producer:
+                member.txn = None
             return
         try:
             producer.abort_transaction(member.log.timeout)
         except KafkaException:
-            member.txn = None
+            if member.txn is producer:
+                member.txn = None
 
     # -- close -------------------------------------------------------------------------
 
