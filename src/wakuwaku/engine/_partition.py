@@ -198,7 +198,7 @@ class PartitionWorker:
                     self.caught_up = True
                     if self._on_caught_up is not None:
                         self._on_caught_up()
-                    await self._commit_retry()
+                    await self._store_retry_offset()
                     await services.sleep(self._idle_wait())
                     continue
                 self.caught_up = False
@@ -256,12 +256,12 @@ class PartitionWorker:
             if result.stopped:
                 try:
                     await outbox.flush()
-                    await self._commit_retry()
+                    await self._store_retry_offset()
                 except Abandon:
                     pass  # the log refused while stopping: store nothing more
                 raise Abandon
             await outbox.flush()
-            await self._commit_retry()
+            await self._store_retry_offset()
 
     async def _restore(self) -> None:
         """Rebuild retry state from the retry partition and find the start position."""
@@ -472,12 +472,16 @@ class PartitionWorker:
             ),
         )
 
-    async def _commit_retry(self) -> None:
+    async def _store_retry_offset(self) -> None:
         """Store the retry partition's lowest pending offset (design §6).
 
-        The retry partition has no lease of its own: it belongs to the main
-        partition's owner, so the commit carries the main lease as its fence
-        and is refused once another member owns the partition (design §15).
+        An outbox flush stores the low watermark from *before* the records it
+        writes (never above the truth); called right after a flush that wrote
+        records, this one stores the watermark they moved, and is a no-op
+        otherwise. The retry partition has no lease of its own: it belongs to
+        the main partition's owner, so the commit carries the main lease as
+        its fence and is refused once another member owns the partition
+        (design §15).
         """
         await self.outbox.flush()
 
