@@ -116,7 +116,7 @@ class Producer:
         """
         partitions = await self.partitions()
         properties = inject(properties)  # the current trace context, when tracing (otel extra)
-        limit = int(getattr(self.log, "max_record_size", 0))
+        limit = self.log.max_record_size
         by_partition: dict[int, list[tuple[int, str, OutgoingRecord]]] = {}
         count = 0
         for index, event in enumerate(events):

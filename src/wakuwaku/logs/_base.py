@@ -1,4 +1,4 @@
-"""The log contract: what every adapter (memory, SQLite, Redis, NATS) provides.
+"""The log contract: what every adapter (memory, SQLite, Redis, NATS, Kafka, Iggy) provides.
 
 A *log* holds topics; a topic has a fixed number of partitions; a partition
 is an ordered sequence of records with int offsets that grow monotonically
@@ -11,10 +11,15 @@ with a *generation* number. Every write the engine makes for a partition it
 owns carries that lease as a *fence*: :meth:`Log.append`, :meth:`Log.commit`
 and :meth:`Log.store` with ``fence=lease`` are refused with
 :class:`~wakuwaku.FencedError`, writing nothing, once another member took
-the lease over. The check and the write are one transaction (SQLite), one
-lock hold (memory) or one server-side script (Redis), never a read followed
-by a write. The fence names the *main* partition's lease; the write may go
-to another topic (the group's retry and dead-letter topics).
+the lease over. On SQLite, memory and Redis the check and the write are one
+transaction, one lock hold or one server-side script, never a read followed
+by a write. The logs of the servers that have no such step say what is left:
+NATS writes under a fence record it checks first, Kafka fences with its
+transactions (with ``transactions=0``, a check of the member's assignment
+followed by the write), and Iggy has neither transactions nor a conditional
+append (``docs/logs.md`` gives each log's window). The fence names the *main*
+partition's lease; the write may go to another topic (the group's retry and
+dead-letter topics).
 
 :meth:`Log.store` writes what one batch stores (retry work, dead letters,
 offsets) together: atomically where the log can (:attr:`Log.atomic_store`),
@@ -255,6 +260,14 @@ class Log(abc.ABC):
     url: str = ""
     atomic_store: bool = False
     """True when :meth:`store` writes all or nothing (one transaction)."""
+
+    @property
+    def max_record_size(self) -> int:
+        """The largest record (body and headers, bytes) an append takes, with
+        room left for the headers the engine adds when it moves the record to
+        a retry or dead-letter topic; 0 when the log has no limit of its own.
+        :class:`~wakuwaku.Producer` refuses a larger record before writing."""
+        return 0
 
     commits_zero: bool = True
     """False for a log that stores an offset only with a record below it
