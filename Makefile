@@ -26,10 +26,12 @@ demo: $(STAMP)
 services:
 	bash ci/services.sh
 
-# Four workers on this project's 2-core machines: most of a test's time is
-# spent waiting on a server or a subprocess (11.8 min instead of about 40
-# serially, measured on a quiet machine). WORKERS=1 runs serially.
-WORKERS ?= 4
+# One xdist worker by default: a test that hangs is stopped by its timeout
+# and the worker replaced, and the run goes on. WORKERS=4 runs the suite in
+# about 12 minutes instead of about 40 on a quiet 2-core machine, but with
+# coverage on 2 cores a few fake-clock and fault tests still miss their
+# marks there (see docs/services.md, "Running the tests"), so CI stays at one worker until they do.
+WORKERS ?= 1
 
 test: $(STAMP)
 	@bash ci/services.sh || { [ "$${CI:-}" != true ] && echo "services: not all are up; their tests skip here (with CI=true they fail)"; }
