@@ -4,6 +4,12 @@ A record is headers (``str -> bytes``) plus body bytes plus an offset. The
 producer stamps every ``wk-*`` header; the consumer checks them all with
 :func:`validate_headers`, which returns either the parsed headers or one
 :class:`ReasonCode` with a human explanation.
+
+This module is the one home of every ``wk-*`` header name the library
+writes or reads (the ``H_*`` constants: the producer's, the retry topic's,
+the dead-letter ledger's), and of the one reader of ``wk-src``
+(:func:`read_source`, with :func:`checked_source` for callers that only
+need to know whether it is usable). Every other module imports them.
 """
 
 from __future__ import annotations
@@ -46,9 +52,22 @@ H_RAW_HEADERS = "wk-raw-headers"
 """On an unreadable record: the stored header bytes the log could not decode,
 kept as they were (absent when there were none)."""
 
-RETRY_ONLY_HEADERS = frozenset(
-    {H_FAILED_AT, "wk-marker", "wk-through", "wk-reset", "wk-failures", "wk-at"}
-)
+H_THROUGH = "wk-through"
+"""Retry topic, on a ``done`` marker: the last work offset it settles."""
+H_RESET = "wk-reset"
+"""Retry topic, on a ``done`` marker: the key's attempt count starts again."""
+H_FAILURES = "wk-failures"
+"""Retry topic, on a failed-attempt marker: the key's failures so far."""
+H_AT = "wk-at"
+"""Retry topic, on a marker: when it was written (ms since the epoch)."""
+H_DUE = "wk-due-at"
+"""Retry topic, on a work record: when its key's next attempt is due (ms since the epoch)."""
+H_DLQ_OFFSET = "wk-dlq-offset"
+"""Replay ledger: the dead letter's offset in its ``wk-dlq.<group>.<topic>`` partition."""
+H_REPLAYED_TO = "wk-replayed-to"
+"""Replay ledger: ``<partition>@<offset>`` of the copy in the main topic."""
+
+RETRY_ONLY_HEADERS = frozenset({H_FAILED_AT, H_MARKER, H_THROUGH, H_RESET, H_FAILURES, H_AT})
 """Headers the engine writes on its retry topic only (design §8): on a main-topic
 record they make it ``malformed_header``, so that nobody can forge a marker or
 a failure time through the main topic."""
@@ -158,11 +177,34 @@ def encode_source(source: Source) -> bytes:
 
 
 def decode_source(raw: bytes) -> Source:
-    """Parse a ``wk-src`` header value.
+    """Parse a ``wk-src`` header value, unchecked (:func:`read_source` checks).
 
     :raises msgspec.DecodeError: when it is not a valid source.
     """
     return _src_decoder.decode(raw)
+
+
+def read_source(raw: bytes) -> Source:
+    """The ``wk-src`` header value ``raw`` as a checked :class:`Source`.
+
+    The one reader of ``wk-src``: a source names a partition >= 0, at least
+    one offset, every offset >= 0, and at least one message id, none empty.
+
+    :raises ValueError: saying what is wrong (not JSON of the right shape,
+        or the rule above broken); ``msgspec.DecodeError`` is one.
+    """
+    source = _src_decoder.decode(raw)
+    if (
+        not source.ids
+        or not source.offsets
+        or source.partition < 0
+        or any(o < 0 for o in source.offsets)
+        or not all(source.ids)
+    ):
+        raise ValueError(
+            f"header wk-src needs message ids, offsets >= 0 and a partition >= 0, got {raw[:200]!r}"
+        )
+    return source
 
 
 def message_id(
@@ -337,20 +379,11 @@ def _check_source(raw: bytes | None) -> Source | _Problem | None:
     if raw is None:
         return None
     try:
-        source = decode_source(raw)
+        return read_source(raw)
     except msgspec.DecodeError as exc:
         return _Problem(f"header wk-src is broken: {exc}")
-    if (
-        not source.ids
-        or not source.offsets
-        or source.partition < 0
-        or any(o < 0 for o in source.offsets)
-        or not all(source.ids)
-    ):
-        return _Problem(
-            f"header wk-src needs message ids, offsets >= 0 and a partition >= 0, got {raw!r}"
-        )
-    return source
+    except ValueError as exc:
+        return _Problem(str(exc))
 
 
 def checked_source(raw: bytes) -> Source | None:

@@ -87,12 +87,12 @@ async def test_a_stale_owner_cannot_commit() -> None:
     new = await log.acquire_partition("g", "t", 0, "b", ttl=10.0)
     assert new is not None and new.generation > old.generation
     try:
-        await log.commit("g", "t", 0, 5, generation=old.generation)
+        await log.commit("g", "t", 0, 5, fence=old)
     except wk.FencedError as exc:
         assert exc.partition == 0 and exc.generation == old.generation
     else:
         raise AssertionError("a stale generation committed")
-    await log.commit("g", "t", 0, 5, generation=new.generation)
+    await log.commit("g", "t", 0, 5, fence=new)
     assert await log.committed("g", "t", 0) == 5
 
 

@@ -544,7 +544,7 @@ class LogContract:
         assert new.generation > old.generation
         # The old owner is fenced: it can neither store offsets nor take the lease back.
         with pytest.raises(FencedError) as caught:
-            await log.commit("g", "orders", 0, 5, generation=old.generation)
+            await log.commit("g", "orders", 0, 5, fence=old)
         assert (
             caught.value.group,
             caught.value.topic,
@@ -553,13 +553,13 @@ class LogContract:
         ) == ("g", "orders", 0, old.generation)
         assert await log.committed("g", "orders", 0) is None
         assert await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is None
-        await log.commit("g", "orders", 0, 5, generation=new.generation)
+        await log.commit("g", "orders", 0, 5, fence=new)
         assert await log.committed("g", "orders", 0) == 5
 
-    async def test_commit_with_a_generation_but_no_lease_is_fenced(self, log: Log) -> None:
+    async def test_commit_under_a_lease_never_taken_is_fenced(self, log: Log) -> None:
         await log.create_topic("orders", 1)
         with pytest.raises(FencedError):
-            await log.commit("g", "orders", 0, 1, generation=1)
+            await log.commit("g", "orders", 0, 1, fence=Lease("g", "orders", 0, "a", 1, 0.0))
         assert await log.committed("g", "orders", 0) is None
 
     async def test_release_lets_another_member_in_at_once(self, log: Log) -> None:
@@ -570,7 +570,7 @@ class LogContract:
         taken = await log.acquire_partition("g", "orders", 0, "b", ttl=60.0)
         assert taken is not None and taken.generation > lease.generation
         with pytest.raises(FencedError):
-            await log.commit("g", "orders", 0, 1, generation=lease.generation)
+            await log.commit("g", "orders", 0, 1, fence=lease)
         # Releasing a lease that was taken over does not free the new owner's.
         await log.release_partition(lease)
         assert await log.acquire_partition("g", "orders", 0, "c", ttl=60.0) is None

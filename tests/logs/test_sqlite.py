@@ -165,7 +165,7 @@ async def test_two_instances_on_one_file_share_everything(tmp_path: Path) -> Non
         lease = await one.acquire_partition("g", "orders", 0, "a", ttl=60.0)
         assert lease is not None
         assert await two.acquire_partition("g", "orders", 0, "b", ttl=60.0) is None
-        await two.commit("g", "orders", 0, 3, generation=lease.generation)
+        await two.commit("g", "orders", 0, 3, fence=lease)
         assert await one.committed("g", "orders", 0) == 3
 
 

@@ -38,11 +38,10 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from .._errors import ConfigError, PartitionCountMismatch, UnknownTopicError
 from .._records import (
     H_ALG,
+    H_DLQ_OFFSET,
     H_ERROR,
     H_FOR_GROUP,
     H_GROUP,
@@ -50,6 +49,7 @@ from .._records import (
     H_MARKER,
     H_PROPS,
     H_REASON,
+    H_REPLAYED_TO,
     H_SRC,
     H_TYPE,
     H_UNREADABLE,
@@ -58,8 +58,8 @@ from .._records import (
     ReasonCode,
     Record,
     Source,
-    decode_source,
     header_text,
+    read_source,
 )
 from .._sanitize import sanitize
 from ..engine import (
@@ -91,10 +91,6 @@ __all__ = (
 )
 
 _PAGE = 500
-H_DLQ_OFFSET = "wk-dlq-offset"
-"""Ledger records: the dead letter's offset in its ``wk-dlq.<group>.<topic>`` partition."""
-H_REPLAYED_TO = "wk-replayed-to"
-"""Ledger records: ``<partition>@<offset>`` of the copy in the main topic."""
 MARKER_REPLAYED = b"replayed"
 MISSING_REASON = "<missing>"
 """How :class:`Status` counts dead letters without a ``wk-reason`` header."""
@@ -216,8 +212,8 @@ def parse_dead_letter(partition: int, record: Record) -> DeadLetter:
         problems.append("no wk-src header: the original message identity is unknown")
     else:
         try:
-            source = decode_source(bytes(raw_src))
-        except msgspec.DecodeError as exc:
+            source = read_source(bytes(raw_src))
+        except ValueError as exc:
             problems.append(f"wk-src is broken: {sanitize(exc, 200)}")
     return DeadLetter(
         partition=partition,

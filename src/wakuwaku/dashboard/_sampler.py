@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .. import WakuwakuError, sanitize
+from .._records import H_ERROR
 from ..admin import (
     MISSING_REASON,
     Status,
@@ -36,8 +37,6 @@ from ..logs import Lease, Log
 
 logger = logging.getLogger("wakuwaku.dashboard")
 
-ERROR_HEADER = "wk-error"
-"""The wire format's header with a failure's sanitized text (design §3)."""
 QUARANTINE_ERRORS = 200
 """First-failure texts read per round, for the earliest quarantined keys."""
 KEY_LIMIT = 1000
@@ -297,7 +296,7 @@ class Sampler:
             where = (q.partition, q.retry_offset)
             if where not in known:
                 page = await self.log.read(retry, q.partition, q.retry_offset, 1)
-                raw = page[0].headers.get(ERROR_HEADER) if page else None
+                raw = page[0].headers.get(H_ERROR) if page else None
                 known[where] = sanitize(bytes(raw), 500) if raw is not None else ""
             found[where] = known[where]
         return found

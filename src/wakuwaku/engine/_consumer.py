@@ -422,7 +422,7 @@ class Consumer:
                 partition=partition,
                 handlers=self.handlers,
                 stats=self.stats,
-                generation=lease.generation,
+                lease=lease,
                 lease_deadline=sent + ttl,
                 on_caught_up=self._caught_up.set,
                 health=self._health,

@@ -42,7 +42,7 @@ from typing import Any
 from .._errors import ErrorClass
 from .._records import H_GROUP, ReasonCode, Record, key_or_none
 from .._sanitize import sanitize
-from ..logs import Log
+from ..logs import Lease, Log
 from ._attempts import Attempts
 from ._config import ConsumerConfig, DeliveryMode
 from ._executor import ChunkExecutor, SegmentOutcome
@@ -66,7 +66,8 @@ class PartitionWorker:
     :param partition: the partition.
     :param handlers: handler per type tag.
     :param stats: counters shared by the consumer's partition workers.
-    :param generation: the partition lease's generation (fences commits).
+    :param lease: the partition's lease; its writes and commits are fenced
+        by it (None: no lease, no fence).
     :param lease_deadline: when the lease runs out unless renewed (the clock's
         monotonic seconds); no chunk starts past it (the consumer renews it).
     :param on_caught_up: called each time a poll finds nothing new (the
@@ -92,7 +93,7 @@ class PartitionWorker:
         partition: int,
         handlers: Mapping[str, Handler[Any]],
         stats: ConsumerStats,
-        generation: int | None = None,
+        lease: Lease | None = None,
         lease_deadline: float = math.inf,
         on_caught_up: Callable[[], None] | None = None,
         executor: ThreadPool | None = None,
@@ -104,7 +105,7 @@ class PartitionWorker:
             topic=topic,
             partition=partition,
             stats=stats,
-            generation=generation,
+            lease=lease,
             lease_deadline=lease_deadline,
             health=health,
         )
@@ -113,7 +114,6 @@ class PartitionWorker:
         self.topic = topic
         self.partition = partition
         self.stats = stats
-        self.generation = generation
         self.clock = config.clock
         self.retry_topic = services.retry_topic
         self.dead_letter_topic = services.dead_letter_topic
@@ -468,7 +468,7 @@ class PartitionWorker:
         await self.services.log_call(
             "commit offset",
             lambda: self.log.commit(
-                self.config.group, self.topic, self.partition, offset, generation=self.generation
+                self.config.group, self.topic, self.partition, offset, fence=self.services.fence
             ),
         )
 

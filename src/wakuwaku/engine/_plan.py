@@ -20,6 +20,7 @@ import msgspec
 from .._events import Algebra, EventType
 from .._records import (
     H_ALG,
+    H_DUE,
     H_ERROR,
     H_FAILED_AT,
     H_GROUP,
@@ -273,7 +274,7 @@ def decode_records(
 
 
 RETRY_WORK_HEADERS = frozenset(
-    {H_VERSION, H_TYPE, H_KEY, H_ALG, H_FAILED_AT, "wk-due-at", H_ERROR, H_GROUP, H_SRC}
+    {H_VERSION, H_TYPE, H_KEY, H_ALG, H_FAILED_AT, H_DUE, H_ERROR, H_GROUP, H_SRC}
 )
 """The headers of a retry work record as the engine writes it for a main
 record with only the four producer headers (``wk-due-at`` is the retry

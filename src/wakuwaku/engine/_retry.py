@@ -70,20 +70,25 @@ from typing import Any, Protocol, TypeVar
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import EventType
 from .._records import (
+    H_AT,
+    H_DUE,
     H_ERROR,
     H_FAILED_AT,
+    H_FAILURES,
     H_GROUP,
     H_KEY,
     H_MARKER,
     H_REASON,
+    H_RESET,
     H_SRC,
+    H_THROUGH,
     H_UNREADABLE,
     H_VERSION,
     WIRE_VERSION,
     ReasonCode,
     Record,
     Source,
-    decode_source,
+    checked_source,
     encode_source,
     header_text,
     key_or_none,
@@ -96,11 +101,6 @@ R = TypeVar("R")
 #: Records one read of a retry partition returns at most.
 READ_PAGE = 1000
 
-H_THROUGH = "wk-through"
-H_RESET = "wk-reset"
-H_FAILURES = "wk-failures"
-H_AT = "wk-at"
-H_DUE = "wk-due-at"
 
 MARKER_RESOLVED = b"resolved"
 MARKER_ATTEMPT_FAILED = b"attempt-failed"
@@ -208,12 +208,7 @@ def main_source(record: Record, topic: str, partition: int, ident: str) -> Sourc
 def retry_source(record: Record) -> Source | None:
     """The ``wk-src`` a retry record carries, or None when it is missing or broken."""
     raw = record.headers.get(H_SRC)
-    if raw is None:
-        return None
-    try:
-        return decode_source(raw)
-    except Exception:  # noqa: BLE001 - a broken header is reported by the caller
-        return None
+    return None if raw is None else checked_source(bytes(raw))
 
 
 def _offsets() -> array[int]:

@@ -116,8 +116,8 @@ class PartitionServices:
     :param topic: the (qualified) main topic.
     :param partition: the partition.
     :param stats: counters shared by the consumer's partition workers.
-    :param generation: the partition lease's generation (fences writes);
-        None without a lease (no fence).
+    :param lease: the partition's lease: every write and commit carries it
+        as its fence; None without a lease (no fence).
     :param lease_deadline: when the lease runs out unless renewed (the
         clock's monotonic seconds); no chunk starts past it.
     :param health: shared by the consumer's partitions (:class:`LogHealth`);
@@ -139,7 +139,7 @@ class PartitionServices:
         topic: str,
         partition: int,
         stats: ConsumerStats,
-        generation: int | None = None,
+        lease: Lease | None = None,
         lease_deadline: float = math.inf,
         health: LogHealth | None = None,
     ) -> None:
@@ -150,15 +150,10 @@ class PartitionServices:
         self.retry_topic = config.retry_topic(topic)
         self.dead_letter_topic = config.dead_letter_topic(topic)
         self.stats = stats
-        self.generation = generation
         self.lease_deadline = lease_deadline
         # Every write for this partition carries its lease (design §15): the log
         # refuses it once another member owns the partition.
-        self.fence = (
-            None
-            if generation is None
-            else Lease(config.group, topic, partition, config.member_id, generation, 0.0)
-        )
+        self.fence = lease
         self.clock = config.clock
         self.health = health if health is not None else LogHealth()
         self.retry = RetryState(config.delay, config.clock, group=config.group)

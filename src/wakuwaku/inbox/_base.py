@@ -48,7 +48,7 @@ from typing import Any
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
 from .._events import EventType
-from .._records import H_SRC, Record, decode_source, message_id
+from .._records import H_SRC, Record, message_id, read_source
 
 DEFAULT_TABLE = "wk_inbox"
 """The default claims table; the dead-letter table is ``<table>_dead``."""
@@ -147,12 +147,12 @@ def record_keys(
     """
     raw_src = record.headers.get(H_SRC)
     if raw_src is not None:
-        source = decode_source(raw_src)
-        if not source.ids:
+        try:
+            source = read_source(raw_src)
+        except ValueError as exc:
             raise ValueError(
-                f"the wk-src header of the record at {topic}/{partition}/"
-                f"{record.offset} lists no message ids"
-            )
+                f"the wk-src header of the record at {topic}/{partition}/{record.offset}: {exc}"
+            ) from exc
         if len(source.offsets) != len(source.ids):
             return [InboxKey(mid) for mid in source.ids]
         return [

@@ -391,21 +391,19 @@ class Log(abc.ABC):
         partition: int,
         offset: int,
         *,
-        generation: int | None = None,
         fence: Lease | None = None,
     ) -> None:
         """Store ``offset`` (the next offset to read) as the group's position.
 
-        :param generation: the lease generation of the committer on this
-            (group, topic, partition); when given, a commit from a stale
-            generation is refused.
-        :param fence: the lease this commit is made under when it is another
-            partition's (a retry partition belongs to its main partition's
-            owner).
+        :param fence: the lease this commit is made under: the partition's
+            own, or its main partition's for a retry partition (which belongs
+            to the main partition's owner). A commit under a lease that is no
+            longer current is refused; without one the commit is not fenced
+            (tools, tests, a consumer without ownership).
         :raises ConfigError: for an empty group or a negative offset
             (:func:`check_commit`).
-        :raises FencedError: when ``generation`` or ``fence`` is no longer the
-            current lease generation; nothing is stored.
+        :raises FencedError: when ``fence`` is no longer the current lease
+            generation; nothing is stored.
         """
 
     @abc.abstractmethod

@@ -67,7 +67,7 @@ from .._errors import (
     PartitionCountMismatch,
     UnknownTopicError,
 )
-from .._records import Record, unreadable_record
+from .._records import H_KEY, Record, unreadable_record
 from ._base import (
     AppendTokens,
     Lease,
@@ -509,7 +509,7 @@ class IggyLog(Log):
         size = len(body) + sum(len(k.encode()) + len(v) for k, v in headers.items())
         limit = self._limit(topic)
         if size > limit:
-            key = headers.get("wk-key", b"")
+            key = headers.get(H_KEY, b"")
             raise ConfigError(
                 f"a record of key {bytes(key)[:80]!r} for {topic}/{partition} is {size} bytes "
                 f"(body and headers); Iggy topic {topic!r} takes at most {limit} (Iggy's "
@@ -752,14 +752,13 @@ class IggyLog(Log):
         partition: int,
         offset: int,
         *,
-        generation: int | None = None,
         fence: Lease | None = None,
     ) -> None:
         """Store the group's position (the next offset to read) on the server.
 
         Iggy stores the last record consumed, so ``offset`` N is stored as
         N - 1, as the offset of the Iggy consumer ``<group>``; 0 deletes it.
-        With ``fence`` or ``generation``, the member must own the partition
+        With ``fence``, the member must own the partition
         now (asked of the server); when the partition is the member's own
         (not a retry partition of it), the offset also passes the server's
         consumer-group offset fence, which refuses a member that no longer
@@ -779,8 +778,6 @@ class IggyLog(Log):
             owner = await self._fence_owner(fence)
             if (fence.topic, fence.partition) != (topic, partition):
                 owner = None  # a retry partition: not in the member's Iggy group
-        elif generation is not None:
-            owner = await self._generation_owner(group, topic, partition, generation)
         if offset == 0:
             await self._delete_offset(_KIND_CONSUMER, group, topic, partition)
             return
@@ -997,16 +994,6 @@ class IggyLog(Log):
         ):
             raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
         return member
-
-    async def _generation_owner(
-        self, group: str, topic: str, partition: int, generation: int
-    ) -> _Member:
-        for member in list(self._members.values()):
-            if member.group == group and topic in member.topics:
-                lease = Lease(group, topic, partition, member.member, generation, 0.0)
-                with contextlib.suppress(FencedError):
-                    return await self._fence_owner(lease)
-        raise FencedError(group, topic, partition, generation)
 
     async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
         """Who owns each partition of ``topic`` in ``group`` now, from the server

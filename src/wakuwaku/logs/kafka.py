@@ -63,7 +63,7 @@ from .._errors import (
     PartitionCountMismatch,
     UnknownTopicError,
 )
-from .._records import Record
+from .._records import H_KEY, Record
 from .._topics import split_derived_topic
 from ._base import (
     AppendTokens,
@@ -928,7 +928,7 @@ class KafkaLog(Log):
                 )
             size = len(body) + sum(len(k) + len(v) for k, v in headers.items())
             if size + _BATCH_OVERHEAD > limit:
-                key = headers.get("wk-key", b"")
+                key = headers.get(H_KEY, b"")
                 raise ConfigError(
                     f"a record of key {bytes(key)!r} for {topic}/{partition} is {size} bytes "
                     f"(body and headers); topic {topic!r} takes at most {limit - _BATCH_OVERHEAD} "
@@ -945,8 +945,8 @@ class KafkaLog(Log):
 
     @staticmethod
     def _message(headers: Mapping[str, bytes]) -> tuple[bytes | None, list[tuple[str, bytes]]]:
-        key = headers.get("wk-key")
-        rest = [(k, bytes(v)) for k, v in headers.items() if k != "wk-key"]
+        key = headers.get(H_KEY)
+        rest = [(k, bytes(v)) for k, v in headers.items() if k != H_KEY]
         return (bytes(key) if key is not None else None), rest
 
     async def append(
@@ -1241,8 +1241,8 @@ class KafkaLog(Log):
                 raise self._error(f"read {topic}/{partition}", KafkaException(err))
             headers = {k: (v if v is not None else b"") for k, v in (msg.headers() or ())}
             key = msg.key()
-            if key is not None and "wk-key" not in headers:
-                headers["wk-key"] = key
+            if key is not None and H_KEY not in headers:
+                headers[H_KEY] = key
             value = msg.value()
             out.append(
                 Record(
@@ -1457,13 +1457,12 @@ class KafkaLog(Log):
         partition: int,
         offset: int,
         *,
-        generation: int | None = None,
         fence: Lease | None = None,
     ) -> None:
         """Store the group's offset; see :meth:`Log.commit`.
 
-        With ``generation`` or ``fence``: only the member owning the
-        partition in that generation commits, through its own consumer, so
+        With ``fence``: only the member owning the partition in that
+        generation commits, through its own consumer, so
         the broker refuses the commit once the group's generation moved on
         (``FencedError``). Without: through the admin API, which Kafka allows
         only while the group has no active member, and read back.
@@ -1479,21 +1478,7 @@ class KafkaLog(Log):
         offset = check_commit(group, topic, partition, offset)
         check_partition(topic, partition, await self._partitions(topic))
         member: _Member | None
-        if fence is None and generation is not None:
-            owner = next(
-                (
-                    (m, o)
-                    for m in self._members.values()
-                    if m.group == group
-                    and (o := m.current(topic, partition)) is not None
-                    and o.generation == generation
-                ),
-                None,
-            )
-            if owner is None:
-                raise FencedError(group, topic, partition, generation)
-            member = owner[0]
-        elif fence is not None:
+        if fence is not None:
             if fence.group != group:
                 raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
             member = self._fence_owner(fence)
@@ -1501,9 +1486,7 @@ class KafkaLog(Log):
             member = next((m for m in self._members.values() if m.group == group), None)
         tp = TopicPartition(self._name(topic), partition, offset)
         if member is not None:
-            await self._member_commit(
-                member, [tp], fence or _lease_of(group, topic, partition, generation)
-            )
+            await self._member_commit(member, [tp], fence)
             return
         request = [ConsumerGroupTopicPartitions(self._name(group), [tp])]
 
@@ -2237,9 +2220,3 @@ class KafkaLog(Log):
             transactions=option_bool(parsed, "transactions", True),
             security=security,
         )
-
-
-def _lease_of(group: str, topic: str, partition: int, generation: int | None) -> Lease | None:
-    if generation is None:
-        return None
-    return Lease(group, topic, partition, "", generation, 0.0)

@@ -182,7 +182,6 @@ class MemoryLog(Log):
         partition: int,
         offset: int,
         *,
-        generation: int | None = None,
         fence: Lease | None = None,
     ) -> None:
         offset = check_commit(group, topic, partition, offset)
@@ -190,10 +189,6 @@ class MemoryLog(Log):
             parts = self._partitions(topic)
             check_partition(topic, partition, len(parts))
             self._check_fence(fence)
-            if generation is not None:
-                lease = self._leases.get((group, topic, partition))
-                if lease is None or lease.generation != generation:
-                    raise FencedError(group, topic, partition, generation)
             self._offsets[(group, topic, partition)] = offset
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:

@@ -1418,12 +1418,11 @@ class NatsLog(Log):
         partition: int,
         offset: int,
         *,
-        generation: int | None = None,
         fence: Lease | None = None,
     ) -> None:
         """Store the group's offset; see :meth:`Log.commit`.
 
-        A fenced commit (``generation`` or ``fence``) is atomic with its
+        A fenced commit (``fence``) is atomic with its
         check: the bucket's last sequence is read, then the leases, and the
         offset is written with ``Nats-Expected-Last-Sequence``, so any write
         to the bucket in between (a lease taken over included) makes the
@@ -1436,17 +1435,13 @@ class NatsLog(Log):
         check_partition(topic, partition, await self._partitions(topic))
         subject = self._key("o", group, topic, partition)
         value = _encode(_Offset(group, offset))
-        fences = [fence] if fence is not None else []
-        if generation is not None:
-            fences.append(Lease(group, topic, partition, "", generation, 0.0))
-        if not fences:
+        if fence is None:
             await self._put(subject, value)
             return
         await self._ensure_bucket()
         for _ in range(_CAS_ATTEMPTS):
             last = await self._stream_last(self._kv_stream)
-            for lease in fences:
-                await self._check_fence(lease)
+            await self._check_fence(fence)
             if await self._put(subject, value, stream_last=last):
                 return
         raise LogUnavailableError(

@@ -481,15 +481,12 @@ class RedisLog(Log):
         partition: int,
         offset: int,
         *,
-        generation: int | None = None,
         fence: Lease | None = None,
     ) -> None:
         """Store the group's offset, fenced in the same script; see :meth:`Log.commit`."""
         offset = check_commit(group, topic, partition, offset)
         await self._partition(topic, partition)
         fences = [fence] if fence is not None else []
-        if generation is not None:
-            fences.append(Lease(group, topic, partition, "", generation, 0.0))
         await self._run_write(group, [], [(topic, partition, offset)], fences)
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:

@@ -650,7 +650,6 @@ class SQLiteLog(Log):
         partition: int,
         offset: int,
         *,
-        generation: int | None = None,
         fence: Lease | None = None,
     ) -> None:
         """Store the group's offset; see :meth:`Log.commit`.
@@ -660,10 +659,10 @@ class SQLiteLog(Log):
 
         :raises UnknownTopicError: / :raises UnknownPartitionError: for a
             topic or partition that does not exist.
-        :raises FencedError: when ``generation`` is not the current lease's.
+        :raises FencedError: when ``fence`` is not the current lease.
         """
         offset = check_commit(group, topic, partition, offset)
-        await self._run(self._commit, group, topic, partition, offset, generation, fence)
+        await self._run(self._commit, group, topic, partition, offset, fence)
         if self.retention:
             self._forget(topic)
 
@@ -678,7 +677,6 @@ class SQLiteLog(Log):
         topic: str,
         partition: int,
         offset: int,
-        generation: int | None,
         fence: Lease | None,
     ) -> None:
         db = self._db()
@@ -686,8 +684,6 @@ class SQLiteLog(Log):
         now = time.time()
         db.execute("BEGIN IMMEDIATE")
         self._check_fence(db, fence)
-        if generation is not None:
-            self._check_fence(db, Lease(group, topic, partition, "", generation, 0.0))
         self._upsert_commit(db, group, topic, partition, offset, now)
         db.execute("COMMIT")
         if self.retention and now - self._retained_at.get(topic, 0.0) >= _RETENTION_INTERVAL:
