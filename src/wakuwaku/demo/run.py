@@ -130,9 +130,6 @@ class Chaos:
 
     lock_at: float | None = None
     kill_at: float | None = None
-    reset: bool = False
-    progress: str = "auto"
-    plot: Path | None = None
     kills: int = 0
     unlocked: bool = False
     notes: list[str] = field(default_factory=list)
