@@ -1,7 +1,8 @@
 """What a run of the flights demo is asked to do: :class:`DemoOptions`.
 
 Every other module of the demo reads the options; this one imports only the
-standard library and calls nothing of the demo.
+standard library and calls nothing of the demo, so the CLI builds ``wakuwaku
+demo flights``'s options and their defaults from it without loading the demo.
 """
 
 from __future__ import annotations
