@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from .ports import free_port
+
 SERVICES: dict[str, tuple[str, int]] = {
     "redis": ("127.0.0.1", 6379),
     "nats": ("127.0.0.1", 4222),
@@ -133,9 +135,7 @@ def current_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if _in_ci():
             pytest.fail(f"{message}; CI must run the NATS suite on both servers", pytrace=False)
         pytest.skip(message)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     store = tmp_path_factory.mktemp("nats-current")
     output = (store / "server.log").open("wb")
     process = subprocess.Popen(

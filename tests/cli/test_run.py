@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from wakuwaku.cli import ExitCode, main
 from wakuwaku.logs.sqlite import SQLiteLog
 
 from ..engine.consumers import recorder
+from ..ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "tests.engine.consumers.recorder:build"
@@ -142,12 +142,6 @@ def test_run_on_an_unknown_topic_or_a_missing_log_exits_3(
 # ------------------------------------------------------------- real processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_for(condition: object, what: str, timeout: float = 30.0) -> None:
     """Poll a real process's progress (not a timing check: just waiting for it)."""
     deadline = time.monotonic() + timeout
@@ -203,7 +197,7 @@ def test_a_signal_stops_the_process_gracefully_and_a_restart_goes_on(
 def test_run_serves_prometheus_metrics(ticks: tuple[str, Path]) -> None:
     pytest.importorskip("prometheus_client")
     url, out = ticks
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "WK_TEST_FAIL": "7"}
     env.pop("WAKUWAKU_LOG", None)
     process = subprocess.Popen(

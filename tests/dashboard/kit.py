@@ -4,7 +4,6 @@ dashboard's tests; and a dashboard served on a free loopback port."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 import uuid
@@ -21,6 +20,7 @@ from wakuwaku.logs import open_log
 from wakuwaku.testing import FakeClock
 
 from ..conftest import NATS_URL, REDIS_URL
+from ..ports import free_port
 
 TOPIC = "orders"
 GROUP = "billing"
@@ -140,13 +140,6 @@ async def build(url: str, **names: object) -> Built:
     finally:
         await log.close()
     return Built(url)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @contextmanager

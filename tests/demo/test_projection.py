@@ -24,7 +24,7 @@ from wakuwaku.demo.flights import (
     Projection,
     RegisterPublished,
 )
-from wakuwaku.demo.run import verify
+from wakuwaku.demo.verify import verify
 from wakuwaku.engine import Consumer, ConsumerConfig
 from wakuwaku.engine.classifiers import classify_sqlite
 

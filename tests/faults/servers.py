@@ -31,15 +31,10 @@ from typing import Protocol
 
 import pytest
 
+from ..ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_LIB = Path(os.environ.get("WAKUWAKU_SERVICES_DIR", ROOT / ".services")) / "kafka" / "lib"
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def answers(port: int, timeout: float = 0.5) -> bool:

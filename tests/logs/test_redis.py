@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ from wakuwaku.logs import Log
 from wakuwaku.logs.redis import PASSWORD_ENV, RedisLog
 
 from ..conftest import REDIS_URL
+from ..ports import free_port
 from .contract import LogContract
 
 pytestmark = pytest.mark.redis
@@ -230,12 +230,6 @@ async def read_everything(log: Log, topic: str, partition: int) -> list[Record]:
     while page := await log.read(topic, partition, out[-1].offset + 1 if out else 0, 100):
         out.extend(page)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.parametrize("main", ["orders", "shop.orders", "a.wk-retry.b.c"])

@@ -1,4 +1,10 @@
-"""``wakuwaku demo flights``: run the flights demo (see :mod:`wakuwaku.demo`)."""
+"""``wakuwaku demo flights``: run the flights demo (see :mod:`wakuwaku.demo`).
+
+Every ``wakuwaku`` command imports this module, so it takes the options and
+their defaults from :mod:`wakuwaku.demo.options` alone; the demo itself
+(:mod:`wakuwaku.demo.run`, which registers the demo's event types) is
+imported only when the command runs.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from ..demo.run import DEFAULT_DELAYS, DemoOptions
+from ..demo.options import DEFAULT_DELAYS, DemoOptions
 from ._options import parse_retry_delays
 
 

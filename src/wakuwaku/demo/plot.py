@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
+    from .options import DemoOptions
+    from .processes import Chaos
     from .progress import Progress
-    from .run import Chaos, DemoOptions
 
 COLORS = {"produce": "tab:blue", "consume": "tab:green", "replay": "tab:purple"}
 
