@@ -14,14 +14,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PRIVATE_CONTRACT = "Only a package's own modules import its private modules"
+ENGINE_CONTRACT = (
+    "The engine and the producer use the logs, inbox and reliability packages "
+    "through their public faces"
+)
+ENGINE_LOWER = ("logs", "inbox", "reliability")
 
 
-def private_contract() -> dict[str, Any]:
-    """The forbidden contract that keeps the upper packages off the lower ones' private modules."""
+def private_contract(name: str = PRIVATE_CONTRACT) -> dict[str, Any]:
+    """The forbidden contract ``name`` of pyproject.toml (by default the one that
+    keeps the upper packages off the lower ones' private modules)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contracts = config["tool"]["importlinter"]["contracts"]
-    found = [c for c in contracts if c["name"] == PRIVATE_CONTRACT]
-    assert len(found) == 1, f"pyproject.toml has no contract named {PRIVATE_CONTRACT!r}"
+    found = [c for c in contracts if c["name"] == name]
+    assert len(found) == 1, f"pyproject.toml has no contract named {name!r}"
     contract: dict[str, Any] = found[0]
     assert contract["type"] == "forbidden"
     return contract
@@ -73,3 +79,16 @@ def test_every_private_module_of_a_lower_package_is_forbidden_to_the_upper_ones(
     )
     stale = sorted(listed - private)
     assert not stale, f"forbidden_modules in pyproject.toml names no private module: {stale}"
+
+
+def test_the_engine_is_kept_off_every_private_module_of_the_packages_below_it() -> None:
+    contract = private_contract(ENGINE_CONTRACT)
+    assert "wakuwaku.engine" in contract["source_modules"]
+    private: set[str] = set()
+    for name in ENGINE_LOWER:
+        private |= private_modules(SRC / "wakuwaku" / name)
+    listed = set(contract["forbidden_modules"])
+    assert listed == private, (
+        f"forbidden_modules of {ENGINE_CONTRACT!r} in pyproject.toml: "
+        f"add {sorted(private - listed)}, remove {sorted(listed - private)}"
+    )

@@ -33,7 +33,7 @@ import logging
 from typing import Protocol, runtime_checkable
 
 from .._errors import SetupError
-from ..logs._base import Lease, Log
+from ..logs import Lease, Log
 from ._config import ConsumerConfig
 from ._partition import PartitionWorker
 from ._setup import setup_fault
