@@ -52,9 +52,9 @@ from wakuwaku.engine._plan import (
     chunks,
     decode_batch,
     decode_records,
-    group,
     plan,
     plan_groups,
+    runs_by_key,
 )
 from wakuwaku.testing import FakeClock
 
@@ -333,14 +333,16 @@ def careful_decode(records: Sequence[Record]) -> tuple[list[Item], list[Reject]]
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=specs, steps=gaps)
-def test_decode_batch_groups_exactly_as_group_does(batch: list[Spec], steps: list[int]) -> None:
+def test_decode_batch_groups_exactly_as_runs_by_key_does(
+    batch: list[Spec], steps: list[int]
+) -> None:
     """The engine's one-pass decode-and-group equals decoding each record the
     careful way (every header checked), then grouping."""
     records = build_batch(batch, steps)
     items, groups, rejects = decode_batch(records, TOPIC, PARTITION, TYPES)
     assert (items, rejects) == careful_decode(records), "the short path agrees with the careful one"
     assert (items, rejects) == decode_records(records, TOPIC, PARTITION, TYPES)
-    expected = group(items)
+    expected = runs_by_key(items)
     assert list(groups) == list(expected), "keys in first-seen order"
     for key, runs in expected.items():
         assert [[id(i) for i in run] for run in groups[key]] == [

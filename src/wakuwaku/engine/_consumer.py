@@ -90,7 +90,7 @@ class Consumer:
         # that drain() notices idleness at once instead of on its next tick.
         self._caught_up = asyncio.Event()
         # Sync handlers' threads, made by run().
-        self._executor: ThreadPoolExecutor | None = None
+        self._thread_pool: ThreadPoolExecutor | None = None
         # Leases of ours, or assignments the log pushes (Kafka): _ownership.py.
         self._ownership = ownership_for(log, config)
         # One for all partitions: the first to reach the log after an outage
@@ -221,7 +221,7 @@ class Consumer:
         # (asyncio's default pool, min(32, cpus + 4) threads, capped them
         # whatever the config said). Threads start only when used: at most
         # as many as ever ran at once.
-        self._executor = executor = ThreadPoolExecutor(
+        self._thread_pool = thread_pool = ThreadPoolExecutor(
             max_workers=self.config.max_concurrency * max(1, len(self._assignment)),
             thread_name_prefix=f"wakuwaku-{self.config.group}",
         )
@@ -259,7 +259,7 @@ class Consumer:
                 loop.remove_signal_handler(sig)
             # Never blocks the loop: a chunk cancelled at the shutdown deadline
             # may leave its thread running until the handler returns.
-            executor.shutdown(wait=False, cancel_futures=True)
+            thread_pool.shutdown(wait=False, cancel_futures=True)
         return self.stats
 
     async def drain(self, *, install_signal_handlers: bool = False) -> ConsumerStats:
@@ -426,7 +426,7 @@ class Consumer:
                 lease_deadline=sent + ttl,
                 on_caught_up=self._caught_up.set,
                 health=self._health,
-                executor=self._executor,
+                thread_pool=self._thread_pool,
             )
             self.workers[(topic, partition)] = worker
             if self._stop.is_set():

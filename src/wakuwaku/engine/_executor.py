@@ -358,7 +358,7 @@ class ChunkExecutor:
 
     def _sync_call(self, handler: Handler[Any]) -> Callable[[list[Any]], Awaitable[None]]:
         """A sync handler's call on the consumer's thread pool."""
-        return partial(handler.__call__, executor=self._pool)
+        return partial(handler.__call__, thread_pool=self._pool)
 
     def _failure(
         self, exc: BaseException, handler: Handler[Any], key: str, chunk: Iterable[Item]

@@ -73,10 +73,10 @@ class Handler(Generic[T]):
             raise NotImplementedError(f"{type(self).__qualname__} must override handle()")
         return self._fn(run)
 
-    async def __call__(self, run: Sequence[T], executor: Executor | None = None) -> None:
+    async def __call__(self, run: Sequence[T], thread_pool: Executor | None = None) -> None:
         """Run the handler: on the loop if async, in a worker thread if sync.
 
-        :param executor: where a sync handler runs (the consumer passes its
+        :param thread_pool: where a sync handler runs (the consumer passes its
             own pool); None: asyncio's default executor. The thread sees the
             caller's context variables (``wakuwaku.context()``).
         """
@@ -88,7 +88,7 @@ class Handler(Generic[T]):
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
         with BLOCKING_CALLS.track():
-            outcome = await loop.run_in_executor(executor, context.run, self.handle, run)
+            outcome = await loop.run_in_executor(thread_pool, context.run, self.handle, run)
         if inspect.isawaitable(outcome):
             await outcome
 

@@ -48,7 +48,7 @@ from ._config import ConsumerConfig, DeliveryMode
 from ._executor import ChunkExecutor, SegmentOutcome
 from ._handler import Handler
 from ._outbox import Outbox
-from ._plan import Groups, Run, Segment, decode_batch, group, plan_groups
+from ._plan import Groups, Run, Segment, decode_batch, plan_groups, runs_by_key
 from ._retry import RetryState, load_retry_state, retry_source
 from ._shared import Abandon, LogHealth, PartitionServices, logger
 from ._stats import ConsumerStats
@@ -75,7 +75,7 @@ class PartitionWorker:
     :param health: the consumer's :class:`~._shared.LogHealth`, shared by its
         partitions (a partition whose log call succeeds after an outage
         wakes the others' retries).
-    :param executor: the thread pool sync handlers run on (None: asyncio's
+    :param thread_pool: the thread pool sync handlers run on (None: asyncio's
         default one); not to be confused with :attr:`chunk_executor`, the
         :class:`ChunkExecutor` that calls the handlers.
 
@@ -96,7 +96,7 @@ class PartitionWorker:
         lease: Lease | None = None,
         lease_deadline: float = math.inf,
         on_caught_up: Callable[[], None] | None = None,
-        executor: ThreadPool | None = None,
+        thread_pool: ThreadPool | None = None,
         health: LogHealth | None = None,
     ) -> None:
         self.services = services = PartitionServices(
@@ -119,7 +119,7 @@ class PartitionWorker:
         self.dead_letter_topic = services.dead_letter_topic
         self._fields = services.fields
         self.outbox = Outbox(services)
-        self.chunk_executor = ChunkExecutor(services, self.outbox, handlers, executor)
+        self.chunk_executor = ChunkExecutor(services, self.outbox, handlers, thread_pool)
         self.attempts = Attempts(services, self.chunk_executor, self.outbox)
         self.types = self.attempts.types
         self.position = 0
@@ -488,7 +488,7 @@ class PartitionWorker:
     # -------------------------------------------------------------------- batch
 
     async def _process_batch(self, records: list[Record]) -> None:
-        executor = self.chunk_executor
+        chunk_executor = self.chunk_executor
         # Without an inbox nothing needs the items of a batch that goes well:
         # the runs keep records instead (see Run).
         items, groups, rejects = decode_batch(
@@ -496,21 +496,21 @@ class PartitionWorker:
             self.topic,
             self.partition,
             self.types,
-            compact=not executor.has_inbox,
+            compact=not chunk_executor.has_inbox,
             group=self.config.group,
         )
         if rejects:
             self.outbox.dead_letter_rejects(rejects)
-        if executor.has_inbox:
-            groups = group(await executor.inbox_filter(items))
+        if chunk_executor.has_inbox:
+            groups = runs_by_key(await chunk_executor.inbox_filter(items))
         if self.retry.keys or self.retry.routed:
             self._route_quarantined(groups)
-        segments = plan_groups(groups, reduces=executor.reduces)
-        if executor.reduces:
+        segments = plan_groups(groups, reduces=chunk_executor.reduces)
+        if chunk_executor.reduces:
             self.stats.reduced_away += sum(
                 len(run) for runs in groups.values() for run in runs
             ) - sum(len(run) for seg in segments for run in seg.runs)
-        await executor.run_segments(segments, self._after_main_segment, self._handled)
+        await chunk_executor.run_segments(segments, self._after_main_segment, self._handled)
 
     def _route_quarantined(self, groups: Groups) -> None:
         """Take the items of quarantined keys out of ``groups`` and send them

@@ -334,7 +334,7 @@ def decode_batch(
     compact: bool = False,
     group: str | None = None,
 ) -> tuple[list[Item], Groups, list[Reject]]:
-    """:func:`decode_records`, and the items grouped as :func:`group` does, in one pass.
+    """:func:`decode_records`, and the items grouped as :func:`runs_by_key` does, in one pass.
 
     :param compact: build no item for a record on the short path whose type
         has no own id: its run keeps the record (see :class:`Run`), and the
@@ -400,7 +400,7 @@ def decode_batch(
             else:
                 entry = Item(key, etype, value, record, where, _NO_PROPS)
                 append(entry)
-        # Grouping as group() does, inline: this loop runs once per record.
+        # Grouping as runs_by_key() does, inline: this loop runs once per record.
         if runs and (last := runs[-1]).event_type is etype:
             last.events.append(value)
             last.entries.append(entry)
@@ -619,7 +619,7 @@ def _combine(etype: EventType[Any], a: Item, b: Item) -> Any:
         return None
 
 
-def group(items: Iterable[Item]) -> Groups:
+def runs_by_key(items: Iterable[Item]) -> Groups:
     """Group items by key and cut each key's items into runs of one type (design §5.3).
 
     :func:`decode_batch` does the same inline, for the records it decodes.
@@ -662,7 +662,7 @@ def plan_groups(groups: Groups, *, reduces: bool = True) -> list[Segment]:
 
 def plan(items: Iterable[Item]) -> list[Segment]:
     """Segments per key, each a list of reduced runs, in first-seen key order (design §5.3)."""
-    return plan_groups(group(items))
+    return plan_groups(runs_by_key(items))
 
 
 def chunk_plan(
