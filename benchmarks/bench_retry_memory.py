@@ -37,9 +37,9 @@ from pathlib import Path
 import msgspec
 
 import wakuwaku as wk
-from wakuwaku._records import H_ERROR, H_FAILED_AT, H_SRC, Source, encode_source, message_id
+from wakuwaku._records import H_DUE, H_ERROR, H_FAILED_AT, H_SRC, Source, encode_source, message_id
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
-from wakuwaku.engine._retry import H_DUE, ms_text
+from wakuwaku.engine._retry import ms_text
 
 TOPIC = "ticks"
 GROUP = "bench"

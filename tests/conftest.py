@@ -13,10 +13,17 @@ loopback port for the session, next to the Debian one (2.9) on 4222.
 The ``browser`` marker works like a service marker: the test needs Debian's
 ``chromium`` (``ci/services.sh`` installs it) and Playwright; locally their
 absence skips, with ``CI=true`` it fails.
+
+Every asyncio test runs on :class:`ThreadCheckedLoop`: a call into the loop
+from another thread fails the test, as in asyncio's debug mode, without that
+mode's cost (it extracts a stack for every callback, which made the suite 2
+to 10 times slower per test). A coroutine never awaited still fails a test
+(``filterwarnings = error``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -24,8 +31,10 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import Context
 from pathlib import Path
+from typing import TypeVarTuple
 
 import pytest
 
@@ -44,6 +53,42 @@ NATS_URL = os.environ.get("WAKUWAKU_TEST_NATS", "nats://127.0.0.1:4222")
 POSTGRES_DSN = os.environ.get("WAKUWAKU_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 KAFKA_BOOTSTRAP = os.environ.get("WAKUWAKU_TEST_KAFKA", "127.0.0.1:9092")
 IGGY_URL = os.environ.get("WAKUWAKU_TEST_IGGY", "iggy://iggy:iggy@127.0.0.1:8090")
+
+
+_Ts = TypeVarTuple("_Ts")
+
+
+class ThreadCheckedLoop(asyncio.SelectorEventLoop):
+    """The event loop of every asyncio test: scheduling a callback from a
+    thread other than the loop's raises ``RuntimeError`` (an adapter must use
+    ``call_soon_threadsafe`` from its client's threads), the check asyncio's
+    debug mode makes, without its per-callback stack extraction."""
+
+    def call_soon(
+        self,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> asyncio.Handle:
+        self._check_thread()  # type: ignore[attr-defined]
+        return super().call_soon(callback, *args, context=context)
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        self._check_thread()  # type: ignore[attr-defined]
+        return super().call_at(when, callback, *args, context=context)
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every asyncio test's loop (pytest-asyncio's hook): see :class:`ThreadCheckedLoop`."""
+    return {"checked": ThreadCheckedLoop}
 
 
 def _reachable(host: str, port: int) -> bool:

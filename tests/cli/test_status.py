@@ -12,12 +12,12 @@ import msgspec
 import pytest
 
 import wakuwaku as wk
-from wakuwaku._records import H_MARKER
+from wakuwaku._records import H_AT, H_DUE, H_MARKER
 from wakuwaku.admin import Status, consumer_status
 from wakuwaku.cli import ExitCode, main
 from wakuwaku.cli._status import when
 from wakuwaku.engine import Consumer
-from wakuwaku.engine._retry import H_AT, H_DUE, MARKER_ATTEMPT_FAILED
+from wakuwaku.engine._retry import MARKER_ATTEMPT_FAILED
 from wakuwaku.logs import Log
 from wakuwaku.logs.sqlite import SQLiteLog
 from wakuwaku.testing import FakeClock

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 
 import wakuwaku as wk
-from wakuwaku._records import H_FAILED_AT, H_KEY, H_SRC, Source, encode_source
+from wakuwaku._records import H_DUE, H_FAILED_AT, H_KEY, H_SRC, Source, encode_source
 from wakuwaku.engine import Handler, _attempts
-from wakuwaku.engine._retry import H_DUE, RetryState, ms_text
+from wakuwaku.engine._retry import RetryState, ms_text
 from wakuwaku.logs import Log
 from wakuwaku.testing import FakeClock
 

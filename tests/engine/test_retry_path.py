@@ -28,6 +28,7 @@ import wakuwaku as wk
 from wakuwaku._events import event_type
 from wakuwaku._records import (
     H_ALG,
+    H_DUE,
     H_ERROR,
     H_FAILED_AT,
     H_GROUP,
@@ -45,7 +46,7 @@ from wakuwaku._records import (
 from wakuwaku.engine import Handler, _shared
 from wakuwaku.engine._outbox import _MARK, _bare_source
 from wakuwaku.engine._plan import decode_batch, decode_records
-from wakuwaku.engine._retry import H_DUE, RetryState, WrittenCache, load_retry_state, ms_text
+from wakuwaku.engine._retry import RetryState, WrittenCache, load_retry_state, ms_text
 from wakuwaku.logs import Log
 from wakuwaku.testing import FakeClock
 
