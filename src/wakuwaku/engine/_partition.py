@@ -230,7 +230,7 @@ class PartitionWorker:
         self.retry.forget_routed(following)
 
     async def _poll(self, offset: int) -> list[Record]:
-        return await self.services.log_call(
+        return await self.services.read(
             "poll",
             lambda: self.log.read(self.topic, self.partition, offset, self.config.max_poll_records),
         )

@@ -190,6 +190,33 @@ class PartitionServices:
     def stop_requested(self) -> bool:
         return self._stop.is_set()
 
+    async def read(self, operation: str, call: Callable[[], Awaitable[R]]) -> R:
+        """:meth:`log_call` for a read, abandoned at once at a stop.
+
+        A read has nothing to finish: a stop cancels one in flight instead of
+        waiting for it. A read whose reply never comes (a request lost in a
+        server restart) held a stop for the whole ``shutdown_timeout``, and
+        a drain's caller for as long.
+
+        :raises Abandon: at a stop (before or during the read), and as
+            :meth:`log_call` does.
+        :raises SetupError: as :meth:`log_call` does.
+        """
+        if self._stop.is_set():
+            raise Abandon
+        reading = asyncio.ensure_future(self.log_call(operation, call))
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait((reading, stopper), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not reading.done():
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)
+        if reading.cancelled():
+            raise Abandon
+        return reading.result()
+
     def times(self) -> tuple[float, float]:
         """Wall and monotonic time (seconds), read together (see
         :meth:`RetryState.apply`)."""
