@@ -13,8 +13,8 @@ import pytest
 
 from wakuwaku.demo.data import expected_totals, read_planes
 
-from .. import kafka_support
-from ..conftest import KAFKA_BOOTSTRAP, NATS_URL, REDIS_URL
+from .. import iggy_support, kafka_support
+from ..conftest import IGGY_URL, KAFKA_BOOTSTRAP, NATS_URL, REDIS_URL
 from ..logs.test_redis import purge
 from ..nats_support import drop_prefix, fresh_prefix
 
@@ -146,6 +146,15 @@ async def kafka_url(tmp_path: Path) -> AsyncIterator[str]:
         kafka_support.drop_prefix(prefix)
 
 
+@contextlib.asynccontextmanager
+async def iggy_url(tmp_path: Path) -> AsyncIterator[str]:
+    stream = iggy_support.fresh_stream()
+    try:
+        yield f"{IGGY_URL}?stream={stream}"
+    finally:
+        await iggy_support.drop_stream(stream)
+
+
 # One entry per engine: a fresh URL (unique prefix on the shared servers) and
 # its cleanup. The demo itself only uses the Log interface.
 ENGINES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[str]]] = {
@@ -153,6 +162,7 @@ ENGINES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[str]]
     "redis": redis_url,
     "nats": nats_url,
     "kafka": kafka_url,
+    "iggy": iggy_url,
 }
 
 
@@ -162,6 +172,7 @@ ENGINES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[str]]
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("nats", marks=pytest.mark.nats),
         pytest.param("kafka", marks=pytest.mark.kafka),
+        pytest.param("iggy", marks=pytest.mark.iggy),
     ]
 )
 async def log_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:

@@ -595,6 +595,21 @@ class LogContract:
         with pytest.raises(UnknownTopicError):
             await owners("g", "nope")
 
+    async def test_group_offsets_list_what_each_owning_group_committed(self, log: Log) -> None:
+        await log.create_topic("orders", 2)
+        assert await log.append("orders", 0, [rec(b"a"), rec(b"b"), rec(b"c")]) == [0, 1, 2]
+        found = await log.group_offsets("orders")
+        if found is None:
+            assert type(log).__name__ == "MemoryLog", "only the memory log cannot list them"
+            return
+        assert found == {}
+        lease = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+        assert lease is not None
+        await log.commit("g", "orders", 0, 3, fence=lease)
+        assert await log.group_offsets("orders") == {"g": {0: 3}}
+        with pytest.raises(UnknownTopicError):
+            await log.group_offsets("nope")
+
     # -- fenced writes (design §15) ------------------------------------------
 
     async def _taken_over(self, log: Log) -> tuple[Lease, Lease]:

@@ -68,6 +68,7 @@ from .._errors import (
     UnknownTopicError,
 )
 from .._records import H_KEY, Record, unreadable_record
+from .._topics import split_derived_topic
 from ._base import (
     AppendTokens,
     Lease,
@@ -113,10 +114,10 @@ _MAX_HEADER = 255  # bytes of one Iggy header name or value
 _MAX_HEADERS = 90_000  # of Iggy's 100 000 bytes of user headers, less framing
 _HEADER_FRAMING = 16  # per header: kinds and lengths, counted generously
 _MAX_PARTITIONS = 1000
-_DERIVED = ("wk-retry.", "wk-dlq.", "wk-replayed.")
 _SYNC_EVERY = 0.5  # seconds between a member's assignment syncs
 _READ_PAUSE = 0.02  # seconds between polls of a waiting read
 _READER = "wakuwaku-reader"
+_DROP_SETTLE = 0.1  # seconds close() gives a dropped client's runtime to end
 
 # Binary commands apache-iggy 0.9.0 does not wrap (codes of the server's protocol).
 _GET_OFFSET = 120
@@ -158,7 +159,8 @@ def iggy_partition(key: str | bytes, partitions: int) -> int:
 
 
 def _derived(topic: str) -> bool:
-    return any(marker in topic for marker in _DERIVED)
+    """True for an engine-made topic name (the one rule, :mod:`wakuwaku._topics`)."""
+    return split_derived_topic(topic) is not None
 
 
 def _ident(value: str | int) -> bytes:
@@ -725,6 +727,32 @@ class IggyLog(Log):
             return -1
         return int(struct.unpack_from("<Q", answer, 12)[0])
 
+    async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
+        """Committed offsets on ``topic`` of every group that has an Iggy consumer
+        group on it: group -> partition -> next offset to read.
+
+        Iggy lists consumer groups per topic, not the consumers that stored
+        offsets: a group that only ever committed without joining (a tool's
+        ``commit``, a consumer without ownership), and a group's offsets on
+        its retry topic (whose partitions belong to the main topic's members,
+        outside any Iggy group), are not listed. A group with nothing stored
+        is left out.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        :raises LogUnavailableError: when the server does not answer.
+        """
+        count = await self._partitions(topic)
+        groups = await self._call(
+            f"list groups of {topic}", lambda c: c.get_consumer_groups(self.stream, topic)
+        )
+        out: dict[str, dict[int, int]] = {}
+        for name in sorted({g.name for g in groups}):
+            stored = {p: await self._stored(_KIND_CONSUMER, name, topic, p) for p in range(count)}
+            offsets = {p: o + 1 for p, o in stored.items() if o >= 0}
+            if offsets:
+                out[name] = offsets
+        return out
+
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         """The group's committed offset: the next offset to read (Iggy stores the
         last record consumed; this is one past it). None when none was stored,
@@ -1093,7 +1121,15 @@ class IggyLog(Log):
             except LogError as exc:  # the server is away: its session ends with the socket
                 logger.debug("Iggy group %s: leaving failed: %s", member.group, exc)
         self._closed = True
+        dropped = self._client is not None
         self._client = None
+        if dropped:
+            # Dropping the client lets its Rust runtime end the connection
+            # in the background, which calls back into Python. A process
+            # that exited at once aborted (SIGABRT, exit 134) about 1 run in
+            # 10, its tokio thread taking the GIL during interpreter
+            # shutdown; 0.1 s for that to end made it 0 of 200.
+            await asyncio.sleep(_DROP_SETTLE)
 
     # -- URLs ----------------------------------------------------------------------
 
