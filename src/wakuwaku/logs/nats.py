@@ -77,6 +77,7 @@ from ._jetstream import (
     escape,
 )
 from ._jetstream import TOKEN_ENV as TOKEN_ENV  # the environment variable for the token
+from ._nats_bucket import LeaseEntry, StateBucket, encode
 from ._url import LOG_URL_OPTIONS, check_servers, check_timeout, option_timeout, parse_log_url
 
 if TYPE_CHECKING:
@@ -102,7 +103,6 @@ class _Envelope(msgspec.Struct, array_like=True, gc=False):
     chunks: list[int] | None = None
 
 
-_encode = msgspec.msgpack.Encoder().encode
 _decode_envelope = msgspec.msgpack.Decoder(_Envelope).decode
 
 
@@ -134,27 +134,11 @@ def _foreign_record(msg: Msg, at: Delivery) -> Record:
     return Record(at.stream_seq - 1, headers, bytes(msg.data), at.timestamp)
 
 
-class _Lease(msgspec.Struct, gc=False):
-    member: str
-    generation: int
-    expires_at: float
-
-
 class _Fence(msgspec.Struct, array_like=True, gc=False):
     """A fence record: from here on, only this generation of the lease may append."""
 
     member: str
     generation: int
-
-
-class _Offset(msgspec.Struct, array_like=True, gc=False):
-    group: str
-    offset: int
-
-
-class _Topic(msgspec.Struct, gc=False):
-    name: str
-    partitions: int
 
 
 @dataclass
@@ -215,8 +199,6 @@ class NatsLog(Log):
         self._password = password
         hosts = ",".join(s.split("://", 1)[-1].rsplit("@", 1)[-1] for s in self.servers)
         self.url = f"nats://{hosts}" + ("" if prefix == "wk" else f"?prefix={prefix}")
-        self.bucket = f"{prefix}_state"
-        self._kv_stream = f"KV_{self.bucket}"
         self._js = JetStream(
             self.servers,
             url=self.url,
@@ -225,11 +207,12 @@ class NatsLog(Log):
             password=password,
             timeout=self.timeout,
         )
+        self._state = StateBucket(self._js, prefix)
+        self.bucket = self._state.name
         self._topics: dict[str, int] = {}
         self._readers: dict[tuple[str, int], _Reader] = {}
         # Chunk streams seen to exist (a direct get on a missing one gets no answer).
         self._chunk_streams: set[str] = set()
-        self._bucket_ready = False
         # Fenced appends (see append): per lease (group, topic, partition,
         # generation) and target stream, the stream's last sequence as this
         # instance knows it; the targets it knows are registered; the leases
@@ -247,11 +230,8 @@ class NatsLog(Log):
         """The JetStream stream (and subject) of one partition."""
         return f"{self.prefix}_{escape(topic)}_P{partition}"
 
-    def _key(self, kind: str, group: str, topic: str, partition: int) -> str:
-        return f"$KV.{self.bucket}.{kind}.{escape(group)}.{escape(topic)}.{partition}"
-
     def _topic_key(self, topic: str) -> str:
-        return f"$KV.{self.bucket}.t.{escape(topic)}"
+        return self._state.topic_key(topic)
 
     @property
     def max_payload(self) -> int:
@@ -283,59 +263,6 @@ class NatsLog(Log):
 
     # -- state bucket -------------------------------------------------------
 
-    async def _ensure_bucket(self) -> None:
-        if self._bucket_ready:
-            return
-        config = {
-            "name": self._kv_stream,
-            "subjects": [f"$KV.{self.bucket}.>"],
-            "max_msgs_per_subject": 1,
-            "discard": "new",
-            "allow_rollup_hdrs": True,
-            "deny_delete": True,
-            "allow_direct": True,
-            "storage": "file",
-            "num_replicas": 1,
-            "duplicate_window": DUPLICATE_WINDOW_NS,
-        }
-        await self._js.create_stream(config, what=f"cannot create bucket {self.bucket}")
-        self._bucket_ready = True
-
-    async def _get(self, subject: str) -> tuple[bytes, int] | None:
-        """The latest value of a bucket key and its revision, or None."""
-        await self._ensure_bucket()
-        found = await self._js.direct_get(self._kv_stream, {"last_by_subj": subject})
-        return None if found is None else (found.data, found.seq)
-
-    async def _put(
-        self,
-        subject: str,
-        value: bytes,
-        *,
-        revision: int | None = None,
-        stream_last: int | None = None,
-    ) -> bool:
-        """Write a bucket key; False when the compare-and-set lost.
-
-        :param revision: the key's revision this write replaces (0: the key
-            must not exist); None writes unconditionally.
-        :param stream_last: the bucket's last sequence this write expects:
-            any other write to the bucket since makes it lose.
-        """
-        headers: dict[str, str] = {}
-        if revision is not None:
-            headers["Nats-Expected-Last-Subject-Sequence"] = str(revision)
-        if stream_last is not None:
-            headers["Nats-Expected-Last-Sequence"] = str(stream_last)
-        await self._ensure_bucket()
-        try:
-            await self._js.publish(
-                subject, value, headers or None, what=f"writing {subject} failed"
-            )
-        except WrongLastSequence:
-            return False
-        return True
-
     # -- topics -------------------------------------------------------------
 
     async def create_topic(
@@ -354,8 +281,7 @@ class NatsLog(Log):
         if existing is None:
             for partition in range(partitions):
                 await self._create_stream(self.stream_name(topic, partition))
-            value = _encode(_Topic(topic, partitions))
-            if not await self._put(self._topic_key(topic), value, revision=0):
+            if not await self._state.put_topic(topic, partitions):
                 existing = await self._partitions_or_none(topic)
         if existing is not None and existing != partitions:
             raise PartitionCountMismatch(topic, existing, partitions)
@@ -380,11 +306,9 @@ class NatsLog(Log):
         known = self._topics.get(topic)
         if known is not None:
             return known
-        found = await self._get(self._topic_key(topic))
-        if found is None:
-            return None
-        count = msgspec.msgpack.decode(found[0], type=_Topic).partitions
-        self._topics[topic] = count
+        count = await self._state.topic(topic)
+        if count is not None:
+            self._topics[topic] = count
         return count
 
     async def _partitions(self, topic: str) -> int:
@@ -397,10 +321,7 @@ class NatsLog(Log):
         return TopicInfo(topic, await self._partitions(topic))
 
     async def list_topics(self) -> list[TopicInfo]:
-        await self._ensure_bucket()
-        entries = await self._scan(self._kv_stream, f"$KV.{self.bucket}.t.>")
-        topics = [msgspec.msgpack.decode(data, type=_Topic) for _, data in entries]
-        return sorted((TopicInfo(t.name, t.partitions) for t in topics), key=lambda t: t.name)
+        return await self._state.topics()
 
     async def delete_topic(self, topic: str) -> bool:
         """Delete the topic's streams, offsets, leases and entry; see :meth:`Log.delete_topic`.
@@ -436,9 +357,9 @@ class NatsLog(Log):
         partition = partitions
         while await self._js.delete_stream(self.stream_name(topic, partition)):
             partition += 1
-        await self._drop_fences(f"$KV.{self.bucket}.f.*.{escape(topic)}.*")
+        await self._drop_fences(self._state.keys("f", topic=topic))
         for kind in ("o", "l"):
-            await self._purge_keys(f"$KV.{self.bucket}.{kind}.*.{escape(topic)}.*")
+            await self._purge_keys(self._state.keys(kind, topic=topic))
         # Purged without a marker, so the name can be created again from scratch.
         await self._purge_keys(self._topic_key(topic))
         self._topics.pop(topic, None)
@@ -460,13 +381,11 @@ class NatsLog(Log):
         if topic is not None:
             self._topics.pop(topic, None)
             await self._partitions(topic)
-            where = f"{escape(topic)}.*"
         else:
-            await self._ensure_bucket()
-            where = ">"
-        await self._drop_fences(f"$KV.{self.bucket}.f.{escape(group)}.{where}")
-        removed = await self._purge_keys(f"$KV.{self.bucket}.o.{escape(group)}.{where}")
-        await self._purge_keys(f"$KV.{self.bucket}.l.{escape(group)}.{where}")
+            await self._state.ensure()
+        await self._drop_fences(self._state.keys("f", group=group, topic=topic))
+        removed = await self._purge_keys(self._state.keys("o", group=group, topic=topic))
+        await self._purge_keys(self._state.keys("l", group=group, topic=topic))
         return removed
 
     async def _drop_fences(self, subject: str) -> None:
@@ -475,8 +394,8 @@ class NatsLog(Log):
         The leases go too, and a lease made again starts from generation 1:
         the old generations' fence records would refuse it.
         """
-        head = f"$KV.{self.bucket}.f."
-        for key, data in await self._scan(self._kv_stream, subject):
+        head = f"$KV.{self._state.name}.f."
+        for key, data in await self._state.scan(subject):
             lease = key.removeprefix(head)
             for stream in msgspec.msgpack.decode(data, type=list[str]):
                 with contextlib.suppress(StreamNotFound):
@@ -488,9 +407,7 @@ class NatsLog(Log):
 
     async def _purge_keys(self, subject: str) -> int:
         """Purge the bucket's keys matching ``subject`` (no markers); returns how many."""
-        return await self._js.purge(
-            self._kv_stream, {"filter": subject}, what=f"cannot purge {subject}"
-        )
+        return await self._state.purge(subject)
 
     def _forget_readers(self, topic: str) -> None:
         for key in [key for key in self._readers if key[0] == topic]:
@@ -567,7 +484,7 @@ class NatsLog(Log):
         :raises LogUnavailableError: when the server does not answer in time.
         """
         check_token(token)
-        encoded = [_encode(_Envelope(check_record(h, b), bytes(b))) for h, b in records]
+        encoded = [encode(_Envelope(check_record(h, b), bytes(b))) for h, b in records]
         check_partition(topic, partition, await self._partitions(topic))
         stream = self.stream_name(topic, partition)
         base = token or uuid.uuid4().hex
@@ -623,16 +540,16 @@ class NatsLog(Log):
         mark = (fence.group, fence.topic, fence.partition, stream)
         if mark in self._registered:
             return
-        subject = self._key("f", fence.group, fence.topic, fence.partition)
-        await self._ensure_bucket()
+        subject = self._state.key("f", fence.group, fence.topic, fence.partition)
+        await self._state.ensure()
         for _ in range(CAS_ATTEMPTS):
-            last = await self._js.last_sequence(self._kv_stream)
-            found = await self._get(subject)
+            last = await self._state.last_sequence()
+            found = await self._state.get(subject)
             streams = [] if found is None else msgspec.msgpack.decode(found[0], type=list[str])
             if stream in streams:
                 break
             await self._check_fence(fence)
-            if await self._put(subject, _encode(sorted([*streams, stream])), stream_last=last):
+            if await self._state.put(subject, encode(sorted([*streams, stream])), stream_last=last):
                 break
         else:
             raise LogUnavailableError(
@@ -708,7 +625,9 @@ class NatsLog(Log):
         mark = (lease.group, lease.topic, lease.partition, lease.generation)
         if mark in self._fenced_leases:
             return True
-        found = await self._get(self._key("f", lease.group, lease.topic, lease.partition))
+        found = await self._state.get(
+            self._state.key("f", lease.group, lease.topic, lease.partition)
+        )
         streams = [] if found is None else msgspec.msgpack.decode(found[0], type=list[str])
         for stream in streams:
             try:
@@ -729,7 +648,7 @@ class NatsLog(Log):
         :raises FencedError: when a higher generation is there.
         """
         subject = self._fence_subject(stream, lease)
-        record = _encode(_Fence(lease.member, lease.generation))
+        record = encode(_Fence(lease.member, lease.generation))
         for _ in range(CAS_ATTEMPTS):
             found = await self._js.direct_get(stream, {"last_by_subj": subject})
             revision = 0
@@ -798,7 +717,7 @@ class NatsLog(Log):
             await self._publish_once(stream, payload[i : i + size], f"{msg_id}:{j}")
             for j, i in enumerate(range(0, len(payload), size))
         ]
-        return _encode(_Envelope({}, b"", seqs))
+        return encode(_Envelope({}, b"", seqs))
 
     async def _load_chunks(self, stream: str, seqs: list[int]) -> bytes:
         """The chunks ``seqs`` of ``stream``, joined.
@@ -969,30 +888,6 @@ class NatsLog(Log):
                 )
         return Record(at.stream_seq - 1, envelope.headers, envelope.body, at.timestamp)
 
-    async def _scan(self, stream: str, subject: str) -> list[tuple[str, bytes]]:
-        """The last message of every subject matching ``subject``: (subject, data)."""
-        config = {
-            "ack_policy": "none",
-            "deliver_policy": "last_per_subject",
-            "filter_subject": subject,
-            "inactive_threshold": 60_000_000_000,
-            "mem_storage": True,
-            "num_replicas": 1,
-        }
-        answer = await self._js.create_consumer(stream, config, what=f"cannot list {subject}")
-        consumer = answer["name"]
-        pending = int(answer.get("num_pending", 0))
-        out: list[tuple[str, bytes]] = []
-        try:
-            while len(out) < pending:
-                msgs = await self._js.fetch(stream, consumer, min(1000, pending - len(out)), 0.0)
-                if not msgs:
-                    break
-                out.extend((m.subject, m.data) for m in msgs if m.data)
-        finally:
-            await self._js.delete_consumer(stream, consumer)
-        return out
-
     async def _stream_state(self, topic: str, partition: int) -> tuple[int, int, dict[str, int]]:
         """A partition stream's ``(first_seq, last_seq, {fence subject: messages})``."""
         stream = self.stream_name(topic, partition)
@@ -1049,15 +944,9 @@ class NatsLog(Log):
         """:raises FencedError: when ``fence`` is not its partition's current lease."""
         if fence is None:
             return
-        current = await self._lease(fence.group, fence.topic, fence.partition)
+        current = await self._state.lease(fence.group, fence.topic, fence.partition)
         if current is None or current[0].generation != fence.generation:
             raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
-
-    async def _lease(self, group: str, topic: str, partition: int) -> tuple[_Lease, int] | None:
-        found = await self._get(self._key("l", group, topic, partition))
-        if found is None:
-            return None
-        return msgspec.msgpack.decode(found[0], type=_Lease), found[1]
 
     async def commit(
         self,
@@ -1081,16 +970,14 @@ class NatsLog(Log):
         """
         offset = check_commit(group, topic, partition, offset)
         check_partition(topic, partition, await self._partitions(topic))
-        subject = self._key("o", group, topic, partition)
-        value = _encode(_Offset(group, offset))
         if fence is None:
-            await self._put(subject, value)
+            await self._state.put_offset(group, topic, partition, offset, stream_last=None)
             return
-        await self._ensure_bucket()
+        await self._state.ensure()
         for _ in range(CAS_ATTEMPTS):
-            last = await self._js.last_sequence(self._kv_stream)
+            last = await self._state.last_sequence()
             await self._check_fence(fence)
-            if await self._put(subject, value, stream_last=last):
+            if await self._state.put_offset(group, topic, partition, offset, stream_last=last):
                 return
         raise LogUnavailableError(
             f"NATS log {self.url}: the bucket {self.bucket} stayed too "
@@ -1098,18 +985,12 @@ class NatsLog(Log):
         )
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
-        found = await self._get(self._key("o", group, topic, partition))
-        return None if found is None else msgspec.msgpack.decode(found[0], type=_Offset).offset
+        return await self._state.offset(group, topic, partition)
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
         """See :meth:`Log.group_offsets <wakuwaku.logs.Log.group_offsets>`."""
         await self._partitions(topic)
-        entries = await self._scan(self._kv_stream, f"$KV.{self.bucket}.o.*.{escape(topic)}.*")
-        found: dict[str, dict[int, int]] = {}
-        for subject, data in entries:
-            entry = msgspec.msgpack.decode(data, type=_Offset)
-            found.setdefault(entry.group, {})[int(subject.rsplit(".", 1)[1])] = entry.offset
-        return {g: dict(sorted(parts.items())) for g, parts in sorted(found.items())}
+        return await self._state.offsets(topic)
 
     async def acquire_partition(
         self, group: str, topic: str, partition: int, member: str, ttl: float
@@ -1128,9 +1009,8 @@ class NatsLog(Log):
             raise ConfigError("a lease needs a non-empty member name")
         if ttl <= 0:
             raise ConfigError(f"a lease ttl must be > 0 seconds, got {ttl!r}")
-        subject = self._key("l", group, topic, partition)
         for _ in range(CAS_ATTEMPTS):
-            current = await self._lease(group, topic, partition)
+            current = await self._state.lease(group, topic, partition)
             now = time.time()
             revision = 0
             generation = 1
@@ -1140,8 +1020,8 @@ class NatsLog(Log):
                     return None
                 generation = held.generation + (held.member != member)
             lease = Lease(group, topic, partition, member, generation, now + float(ttl))
-            value = _encode(_Lease(member, generation, lease.expires_at))
-            if await self._put(subject, value, revision=revision):
+            entry = LeaseEntry(member, generation, lease.expires_at)
+            if await self._state.put_lease(group, topic, partition, entry, revision):
                 # Before anything is read under it, the lease fences the streams
                 # its earlier holders wrote to (see append).
                 return lease if await self._fence_targets(lease) else None
@@ -1153,7 +1033,7 @@ class NatsLog(Log):
         """See :meth:`Log.partition_owners <wakuwaku.logs.Log.partition_owners>`."""
         found: dict[int, Lease] = {}
         for p in range(await self._partitions(topic)):
-            held = await self._lease(group, topic, p)
+            held = await self._state.lease(group, topic, p)
             if held is not None and held[0].member:
                 lease = held[0]
                 found[p] = Lease(group, topic, p, lease.member, lease.generation, lease.expires_at)
@@ -1161,13 +1041,14 @@ class NatsLog(Log):
 
     async def release_partition(self, lease: Lease) -> None:
         """Give up ``lease`` when it is still the current one; see :meth:`Log.release_partition`."""
-        subject = self._key("l", lease.group, lease.topic, lease.partition)
         for _ in range(CAS_ATTEMPTS):
-            current = await self._lease(lease.group, lease.topic, lease.partition)
+            current = await self._state.lease(lease.group, lease.topic, lease.partition)
             if current is None or current[0].generation != lease.generation:
                 return
-            value = _encode(_Lease("", lease.generation, 0.0))
-            if await self._put(subject, value, revision=current[1]):
+            entry = LeaseEntry("", lease.generation, 0.0)
+            if await self._state.put_lease(
+                lease.group, lease.topic, lease.partition, entry, current[1]
+            ):
                 return
 
     # -- retention and shutdown ---------------------------------------------
