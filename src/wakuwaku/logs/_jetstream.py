@@ -51,6 +51,7 @@ __all__ = (
     "JetStream",
     "JetStreamError",
     "NoResponders",
+    "Publish",
     "Stored",
     "StreamNotFound",
     "WrongLastSequence",
@@ -70,6 +71,9 @@ CAS_ATTEMPTS = 64
 
 DUPLICATE_WINDOW_NS = 120_000_000_000
 """How long a stream remembers a ``Nats-Msg-Id`` to drop a duplicate (ns: the API's unit)."""
+
+Publish = Callable[[str, bytes, Mapping[str, str] | None], Awaitable[int]]
+"""Publishes one message (subject, data, headers) as :meth:`JetStream.publish` does."""
 
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 _MAX_ESCAPED = 160  # longer escaped names are hashed (stream names become directory names)

@@ -72,12 +72,12 @@ from ._jetstream import (
     JetStreamError,
     NoResponders,
     StreamNotFound,
-    WrongLastSequence,
     delivery,
     escape,
 )
 from ._jetstream import TOKEN_ENV as TOKEN_ENV  # the environment variable for the token
 from ._nats_bucket import LeaseEntry, StateBucket, encode
+from ._nats_fences import Fences, fence_subjects
 from ._url import LOG_URL_OPTIONS, check_servers, check_timeout, option_timeout, parse_log_url
 
 if TYPE_CHECKING:
@@ -88,7 +88,6 @@ __all__ = ("NatsLog", "escape")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9-]{1,32}")
 _CHUNK_MARGIN = 4096  # room for the chunk message's own framing and NATS headers
 _BLOB_SUFFIX = "_B"
-_FENCE = "fence"  # subjects <partition stream>.fence.<group>.<topic>.<n> hold fence records
 
 
 class _MissingChunk(LogError):
@@ -132,13 +131,6 @@ def _foreign_record(msg: Msg, at: Delivery) -> Record:
         for name, value in (msg.headers or {}).items()
     }
     return Record(at.stream_seq - 1, headers, bytes(msg.data), at.timestamp)
-
-
-class _Fence(msgspec.Struct, array_like=True, gc=False):
-    """A fence record: from here on, only this generation of the lease may append."""
-
-    member: str
-    generation: int
 
 
 @dataclass
@@ -209,17 +201,19 @@ class NatsLog(Log):
         )
         self._state = StateBucket(self._js, prefix)
         self.bucket = self._state.name
+        # Records go through self._publish and leases are checked by
+        # self._check_fence, looked up at each call (tests replace them to
+        # stage a takeover between two steps).
+        self._fences = Fences(
+            self._js,
+            self._state,
+            publish=lambda *message: self._publish(*message),
+            check_lease=lambda fence: self._check_fence(fence),
+        )
         self._topics: dict[str, int] = {}
         self._readers: dict[tuple[str, int], _Reader] = {}
         # Chunk streams seen to exist (a direct get on a missing one gets no answer).
         self._chunk_streams: set[str] = set()
-        # Fenced appends (see append): per lease (group, topic, partition,
-        # generation) and target stream, the stream's last sequence as this
-        # instance knows it; the targets it knows are registered; the leases
-        # whose targets it fenced when it took them.
-        self._fenced: dict[tuple[str, str, int, int, str], int] = {}
-        self._registered: set[tuple[str, str, int, str]] = set()
-        self._fenced_leases: set[tuple[str, str, int, int]] = set()
 
     def __repr__(self) -> str:
         return f"NatsLog({self.url!r})"
@@ -292,7 +286,7 @@ class NatsLog(Log):
         """Create a stream whose subject is its name (plus fence subjects when ``fenced``)."""
         config = {
             "name": name,
-            "subjects": [name, f"{name}.{_FENCE}.>"] if fenced else [name],
+            "subjects": [name, fence_subjects(name)] if fenced else [name],
             "storage": "file",
             "retention": "limits",
             "discard": "old",
@@ -357,7 +351,7 @@ class NatsLog(Log):
         partition = partitions
         while await self._js.delete_stream(self.stream_name(topic, partition)):
             partition += 1
-        await self._drop_fences(self._state.keys("f", topic=topic))
+        await self._fences.drop(topic=topic)
         for kind in ("o", "l"):
             await self._purge_keys(self._state.keys(kind, topic=topic))
         # Purged without a marker, so the name can be created again from scratch.
@@ -383,27 +377,10 @@ class NatsLog(Log):
             await self._partitions(topic)
         else:
             await self._state.ensure()
-        await self._drop_fences(self._state.keys("f", group=group, topic=topic))
+        await self._fences.drop(group=group, topic=topic)
         removed = await self._purge_keys(self._state.keys("o", group=group, topic=topic))
         await self._purge_keys(self._state.keys("l", group=group, topic=topic))
         return removed
-
-    async def _drop_fences(self, subject: str) -> None:
-        """Purge the fence records and target lists of the leases matching ``subject``.
-
-        The leases go too, and a lease made again starts from generation 1:
-        the old generations' fence records would refuse it.
-        """
-        head = f"$KV.{self._state.name}.f."
-        for key, data in await self._state.scan(subject):
-            lease = key.removeprefix(head)
-            for stream in msgspec.msgpack.decode(data, type=list[str]):
-                with contextlib.suppress(StreamNotFound):
-                    await self._js.purge(stream, {"filter": f"{stream}.{_FENCE}.{lease}"})
-        await self._purge_keys(subject)
-        self._fenced.clear()
-        self._registered.clear()
-        self._fenced_leases.clear()
 
     async def _purge_keys(self, subject: str) -> int:
         """Purge the bucket's keys matching ``subject`` (no markers); returns how many."""
@@ -490,7 +467,7 @@ class NatsLog(Log):
         base = token or uuid.uuid4().hex
         offsets: list[int] = []
         try:
-            last = None if fence is None else await self._fenced_last(fence, stream)
+            last = None if fence is None else await self._fences.last(fence, stream)
             for index, payload in enumerate(encoded):
                 msg_id = f"{base}:{index}"
                 if len(payload) > self._js.max_payload - _CHUNK_MARGIN:
@@ -498,193 +475,13 @@ class NatsLog(Log):
                 if fence is None or last is None:
                     offsets.append(await self._publish_once(stream, payload, msg_id) - 1)
                 else:
-                    last = await self._publish_fenced(stream, payload, fence, last, msg_id)
+                    last = await self._fences.publish(stream, payload, fence, last, msg_id)
                     offsets.append(last - 1)
         except NoResponders as exc:  # the stream is gone: deleted by another instance?
             raise await self._missing(topic, partition) from exc
         return offsets
 
     # -- fencing appends ----------------------------------------------------
-
-    def _fence_subject(self, stream: str, lease: Lease) -> str:
-        """The subject of ``lease``'s fence records in ``stream``."""
-        return f"{stream}.{_FENCE}.{escape(lease.group)}.{escape(lease.topic)}.{lease.partition}"
-
-    async def _fenced_last(self, fence: Lease, stream: str) -> int:
-        """``stream``'s last sequence for ``fence``'s next publish; registers the stream.
-
-        Known from this instance's last fenced publish; otherwise the stream
-        is registered under the lease, its last sequence read, and only then
-        the lease's fence record checked (a takeover after that read moves
-        the stream past it, so the publish is refused and checks again).
-
-        :raises FencedError: when a newer generation fenced the stream or
-            the lease is stale at registration.
-        """
-        key = (fence.group, fence.topic, fence.partition, fence.generation, stream)
-        last = self._fenced.get(key)
-        if last is None:
-            await self._register(fence, stream)
-            last = await self._js.last_sequence(stream)
-            await self._check_fence_record(stream, fence)
-            self._fenced[key] = last
-        return last
-
-    async def _register(self, fence: Lease, stream: str) -> None:
-        """Note ``stream`` as a target of ``fence``'s lease (key ``f.<group>.<topic>.<n>``).
-
-        Written like a fenced commit (the bucket's last sequence expected,
-        the lease checked in between), so a stream registered is known to
-        every later owner, which fences it when it takes the lease.
-        """
-        mark = (fence.group, fence.topic, fence.partition, stream)
-        if mark in self._registered:
-            return
-        subject = self._state.key("f", fence.group, fence.topic, fence.partition)
-        await self._state.ensure()
-        for _ in range(CAS_ATTEMPTS):
-            last = await self._state.last_sequence()
-            found = await self._state.get(subject)
-            streams = [] if found is None else msgspec.msgpack.decode(found[0], type=list[str])
-            if stream in streams:
-                break
-            await self._check_fence(fence)
-            if await self._state.put(subject, encode(sorted([*streams, stream])), stream_last=last):
-                break
-        else:
-            raise LogUnavailableError(
-                f"NATS log {self.url}: the bucket {self.bucket} stayed too busy to register "
-                f"{stream} under {fence.group}/{fence.topic}/{fence.partition}"
-            )
-        self._registered.add(mark)
-
-    async def _check_fence_record(self, stream: str, fence: Lease) -> None:
-        """:raises FencedError: when a newer generation of the lease fenced ``stream``."""
-        found = await self._js.direct_get(
-            stream, {"last_by_subj": self._fence_subject(stream, fence)}
-        )
-        if found is not None:
-            held = msgspec.msgpack.decode(found.data, type=_Fence)
-            if held.generation > fence.generation:
-                raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
-
-    async def _publish_fenced(
-        self, stream: str, payload: bytes, fence: Lease, last: int, msg_id: str
-    ) -> int:
-        """Publish one record expecting ``last`` as the stream's last sequence; its sequence.
-
-        On a "wrong last sequence" refusal the new last sequence comes from
-        the refusal, then the lease's fence record is read (in that order, so
-        a takeover between the two is caught by the next refusal). A publish
-        whose answer was lost is sent again with the same ``Nats-Msg-Id``;
-        servers from 2.10 check the expected sequence before deduplicating,
-        so the refusal is checked for being this very message, stored.
-
-        :raises FencedError: when a newer generation fenced the stream.
-        """
-        key = (fence.group, fence.topic, fence.partition, fence.generation, stream)
-        lost: list[int] = []  # expected sequences of publishes whose answer was lost
-        deadline = time.monotonic() + self.timeout
-        for _ in range(CAS_ATTEMPTS):
-            headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(last)}
-            try:
-                seq = await self._publish(stream, payload, headers)
-            except NoResponders:
-                raise
-            except WrongLastSequence as refused:
-                moved = refused.last
-            except LogUnavailableError:
-                if time.monotonic() >= deadline:
-                    raise
-                lost.append(last)
-                await asyncio.sleep(0.05)
-                continue
-            else:
-                self._fenced[key] = seq
-                return seq
-            for expected in lost:
-                stored = await self._js.direct_get(stream, {"seq": expected + 1})
-                if stored is not None and stored.headers.get("Nats-Msg-Id") == msg_id:
-                    self._fenced[key] = expected + 1
-                    return expected + 1
-            last = moved if moved is not None else await self._js.last_sequence(stream)
-            await self._check_fence_record(stream, fence)
-        raise LogUnavailableError(
-            f"NATS log {self.url}: {stream} kept moving under a fenced append "
-            f"({CAS_ATTEMPTS} attempts)"
-        )
-
-    async def _fence_targets(self, lease: Lease) -> bool:
-        """Write ``lease``'s fence record into every stream registered under it.
-
-        Run when a member takes a lease, before the engine reads anything:
-        from then on a stale writer's publish to those streams is refused.
-        Streams that are gone are skipped. False when a newer generation
-        already fenced one of them (the lease was taken over meanwhile).
-        """
-        mark = (lease.group, lease.topic, lease.partition, lease.generation)
-        if mark in self._fenced_leases:
-            return True
-        found = await self._state.get(
-            self._state.key("f", lease.group, lease.topic, lease.partition)
-        )
-        streams = [] if found is None else msgspec.msgpack.decode(found[0], type=list[str])
-        for stream in streams:
-            try:
-                await self._write_fence(stream, lease)
-            except FencedError:
-                return False
-            except NoResponders:
-                continue  # the stream was deleted: nothing to fence
-        self._fenced_leases.add(mark)
-        return True
-
-    async def _write_fence(self, stream: str, lease: Lease) -> None:
-        """Write ``lease``'s fence record into ``stream`` unless it is there.
-
-        Conditioned with ``Nats-Expected-Last-Subject-Sequence`` on the
-        lease's fence subject, so a lower generation never follows a higher.
-
-        :raises FencedError: when a higher generation is there.
-        """
-        subject = self._fence_subject(stream, lease)
-        record = encode(_Fence(lease.member, lease.generation))
-        for _ in range(CAS_ATTEMPTS):
-            found = await self._js.direct_get(stream, {"last_by_subj": subject})
-            revision = 0
-            if found is not None:
-                held = msgspec.msgpack.decode(found.data, type=_Fence)
-                if held.generation > lease.generation:
-                    raise FencedError(lease.group, lease.topic, lease.partition, lease.generation)
-                if held.generation == lease.generation:
-                    return
-                revision = found.seq
-            headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
-            try:
-                await self._js.publish(subject, record, headers, what=f"fencing {stream} failed")
-            except NoResponders:
-                # A stream made before fence subjects existed: add them once.
-                await self._add_fence_subjects(stream)
-                continue
-            except WrongLastSequence:
-                continue
-            return
-        raise LogUnavailableError(f"NATS log {self.url}: the fence of {stream} kept changing")
-
-    async def _add_fence_subjects(self, stream: str) -> None:
-        """Add ``<stream>.fence.>`` to a stream made without it.
-
-        :raises NoResponders: when the stream is not there.
-        """
-        info = await self._js.stream_info(stream)
-        if info is None:
-            raise NoResponders(f"NATS log {self.url}: stream {stream} is not there")
-        config = info["config"]
-        wanted = f"{stream}.{_FENCE}.>"
-        if wanted in config["subjects"]:
-            raise LogError(f"NATS log {self.url}: nothing answered on {wanted}")
-        config["subjects"] = [*config["subjects"], wanted]
-        await self._js.update_stream(config, what=f"cannot add fence subjects to {stream}")
 
     async def _publish_once(self, subject: str, payload: bytes, msg_id: str) -> int:
         """Publish with the message id ``msg_id``, resending on a lost answer.
@@ -892,7 +689,7 @@ class NatsLog(Log):
         """A partition stream's ``(first_seq, last_seq, {fence subject: messages})``."""
         stream = self.stream_name(topic, partition)
         info = await self._js.stream_info(
-            stream, subjects_filter=f"{stream}.{_FENCE}.>", what=f"{topic}/{partition}"
+            stream, subjects_filter=fence_subjects(stream), what=f"{topic}/{partition}"
         )
         if info is None:
             raise await self._missing(topic, partition)
@@ -1024,7 +821,7 @@ class NatsLog(Log):
             if await self._state.put_lease(group, topic, partition, entry, revision):
                 # Before anything is read under it, the lease fences the streams
                 # its earlier holders wrote to (see append).
-                return lease if await self._fence_targets(lease) else None
+                return lease if await self._fences.fence_targets(lease) else None
         raise LogUnavailableError(
             f"NATS log {self.url}: the lease on {group}/{topic}/{partition} kept changing"
         )
