@@ -18,7 +18,8 @@ connection raises :class:`~wakuwaku.LogUnavailableError`.
 
 May call: nats-py, :mod:`wakuwaku._clock` and :mod:`wakuwaku._errors`. It
 knows no topics, records, offsets or leases: the log
-(:mod:`wakuwaku.logs.nats`) calls it, never the reverse.
+(:mod:`wakuwaku.logs.nats`) and its parts (:mod:`._nats_bucket`,
+:mod:`._nats_fences`, :mod:`._nats_streams`) call it, never the reverse.
 """
 
 from __future__ import annotations

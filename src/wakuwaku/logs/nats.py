@@ -24,24 +24,32 @@ Layout (docs/logs.md, "The NATS JetStream log"):
   (``l.<group>.<topic>.<n>``) and the streams each lease wrote to
   (``f.<group>.<topic>.<n>``), written with compare-and-set on the revision.
 
-Every JetStream request goes through :mod:`._jetstream` (the connection, the
-bound on every call, each API call written once, typed errors). nats-py is
-imported by these two modules only; the root package never imports it.
+:class:`NatsLog` implements the :class:`~wakuwaku.logs.Log` contract on four
+private parts, each owning its state; each calls only the parts listed
+below it, and the log's record publish and lease check, which the log hands
+to the two upper ones (:meth:`NatsLog._publish`, :meth:`NatsLog._check_fence`):
+
+- :mod:`._nats_streams`: the record format, publishing once, chunks, readers;
+- :mod:`._nats_fences`: fence records, the fenced publish and their caches;
+- :mod:`._nats_bucket`: the state bucket's keys and values;
+- :mod:`._jetstream`: the connection and every JetStream API call, with
+  typed errors.
+
+The log itself keeps the topic cache, the compare-and-set loops of commits
+and leases, and the mapping of a stream that is not there to the error the
+contract names. nats-py is imported by these modules only; the root package
+never imports it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
-
-import msgspec
 
 from .._errors import (
     ConfigError,
@@ -52,7 +60,7 @@ from .._errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from .._records import Record, unreadable_record
+from .._records import Record
 from ._base import (
     Lease,
     Log,
@@ -66,82 +74,20 @@ from ._base import (
 )
 from ._jetstream import (
     CAS_ATTEMPTS,
-    DUPLICATE_WINDOW_NS,
-    Delivery,
     JetStream,
-    JetStreamError,
     NoResponders,
     StreamNotFound,
-    delivery,
     escape,
 )
 from ._jetstream import TOKEN_ENV as TOKEN_ENV  # the environment variable for the token
-from ._nats_bucket import LeaseEntry, StateBucket, encode
+from ._nats_bucket import LeaseEntry, StateBucket
 from ._nats_fences import Fences, fence_subjects
+from ._nats_streams import PartitionStreams, encode_record
 from ._url import LOG_URL_OPTIONS, check_servers, check_timeout, option_timeout, parse_log_url
-
-if TYPE_CHECKING:
-    from nats.aio.msg import Msg
 
 __all__ = ("NatsLog", "escape")
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9-]{1,32}")
-_CHUNK_MARGIN = 4096  # room for the chunk message's own framing and NATS headers
-_BLOB_SUFFIX = "_B"
-
-
-class _MissingChunk(LogError):
-    """A chunk a large record's message names is not in the chunk stream."""
-
-
-class _Envelope(msgspec.Struct, array_like=True, gc=False):
-    """A record as one message body: headers, body, or the chunks holding both."""
-
-    headers: dict[str, bytes]
-    body: bytes
-    chunks: list[int] | None = None
-
-
-_decode_envelope = msgspec.msgpack.Decoder(_Envelope).decode
-
-
-def _envelope(msg: Msg) -> _Envelope | None:
-    """The envelope a message of this log holds, or None for a message another
-    publisher wrote: one with a header of its own (not ``Nats-*``), or whose
-    data is not an envelope."""
-    headers = msg.headers
-    if (
-        headers
-        and (len(headers) != 1 or "Nats-Msg-Id" not in headers)  # the log's own: at once
-        and any(not name.startswith("Nats-") for name in headers)
-    ):
-        return None
-    try:
-        return _decode_envelope(msg.data)
-    except msgspec.DecodeError:
-        return None
-
-
-def _foreign_record(msg: Msg, at: Delivery) -> Record:
-    """A message another publisher wrote to a partition's stream, read as a plain
-    record (docs/logs.md): its data is the body, its NATS headers the headers
-    (UTF-8 values; a header given several values keeps the last)."""
-    headers = {
-        name: value.encode("utf-8", "surrogateescape")
-        for name, value in (msg.headers or {}).items()
-    }
-    return Record(at.stream_seq - 1, headers, bytes(msg.data), at.timestamp)
-
-
-@dataclass
-class _Reader:
-    """A pull consumer that delivers one partition from ``next_seq`` on."""
-
-    stream: str
-    consumer: str
-    next_seq: int
-    connection: int  # the connection it was made on (see JetStream.connection)
-    next_delivery: int = 1  # the consumer sequence of the next delivery
 
 
 class NatsLog(Log):
@@ -204,6 +150,9 @@ class NatsLog(Log):
         # Records go through self._publish and leases are checked by
         # self._check_fence, looked up at each call (tests replace them to
         # stage a takeover between two steps).
+        self._streams = PartitionStreams(
+            self._js, self.stream_name, lambda *message: self._publish(*message)
+        )
         self._fences = Fences(
             self._js,
             self._state,
@@ -211,9 +160,6 @@ class NatsLog(Log):
             check_lease=lambda fence: self._check_fence(fence),
         )
         self._topics: dict[str, int] = {}
-        self._readers: dict[tuple[str, int], _Reader] = {}
-        # Chunk streams seen to exist (a direct get on a missing one gets no answer).
-        self._chunk_streams: set[str] = set()
 
     def __repr__(self) -> str:
         return f"NatsLog({self.url!r})"
@@ -243,7 +189,7 @@ class NatsLog(Log):
         """
         return max(0, self._js.max_payload - 65_536)
 
-    # -- plumbing -----------------------------------------------------------
+    # -- the calls its parts make through the log -----------------------------
 
     async def _api(self, subject: str, payload: Mapping[str, Any] | None = None) -> Any:
         """A JetStream API request; returns the decoded answer (errors left in it)."""
@@ -255,7 +201,17 @@ class NatsLog(Log):
         """Publish one record message (or chunk); its sequence. See :meth:`JetStream.publish`."""
         return await self._js.publish(subject, payload, headers)
 
-    # -- state bucket -------------------------------------------------------
+    async def _check_fence(self, fence: Lease | None) -> None:
+        """:raises FencedError: when ``fence`` is not its partition's current lease."""
+        if fence is None:
+            return
+        current = await self._state.lease(fence.group, fence.topic, fence.partition)
+        if current is None or current[0].generation != fence.generation:
+            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+
+    async def _purge_keys(self, subject: str) -> int:
+        """Purge the bucket's keys matching ``subject`` (no markers); returns how many."""
+        return await self._state.purge(subject)
 
     # -- topics -------------------------------------------------------------
 
@@ -274,27 +230,14 @@ class NatsLog(Log):
         existing = await self._partitions_or_none(topic)
         if existing is None:
             for partition in range(partitions):
-                await self._create_stream(self.stream_name(topic, partition))
+                name = self.stream_name(topic, partition)
+                await self._streams.create(name, [name, fence_subjects(name)])
             if not await self._state.put_topic(topic, partitions):
                 existing = await self._partitions_or_none(topic)
         if existing is not None and existing != partitions:
             raise PartitionCountMismatch(topic, existing, partitions)
         self._topics[topic] = partitions
         return TopicInfo(topic, partitions)
-
-    async def _create_stream(self, name: str, *, fenced: bool = True) -> None:
-        """Create a stream whose subject is its name (plus fence subjects when ``fenced``)."""
-        config = {
-            "name": name,
-            "subjects": [name, fence_subjects(name)] if fenced else [name],
-            "storage": "file",
-            "retention": "limits",
-            "discard": "old",
-            "num_replicas": 1,
-            "allow_direct": True,
-            "duplicate_window": DUPLICATE_WINDOW_NS,  # Nats-Msg-Id deduplication
-        }
-        await self._js.create_stream(config)
 
     async def _partitions_or_none(self, topic: str) -> int | None:
         known = self._topics.get(topic)
@@ -342,11 +285,10 @@ class NatsLog(Log):
         partitions = await self._partitions_or_none(topic)
         if partitions is None:
             return False
-        self._forget_readers(topic)
+        self._streams.forget(topic)
         for partition in range(partitions):
             await self._js.delete_stream(self.stream_name(topic, partition))
-            await self._js.delete_stream(self.stream_name(topic, partition) + _BLOB_SUFFIX)
-            self._chunk_streams.discard(self.stream_name(topic, partition) + _BLOB_SUFFIX)
+            await self._streams.delete_chunks(self.stream_name(topic, partition))
         # Extra (empty) streams a losing concurrent create_topic left past the count.
         partition = partitions
         while await self._js.delete_stream(self.stream_name(topic, partition)):
@@ -382,14 +324,6 @@ class NatsLog(Log):
         await self._purge_keys(self._state.keys("l", group=group, topic=topic))
         return removed
 
-    async def _purge_keys(self, subject: str) -> int:
-        """Purge the bucket's keys matching ``subject`` (no markers); returns how many."""
-        return await self._state.purge(subject)
-
-    def _forget_readers(self, topic: str) -> None:
-        for key in [key for key in self._readers if key[0] == topic]:
-            del self._readers[key]
-
     async def _missing(self, topic: str, partition: int) -> LogError:
         """Why a partition's stream is not there: the error to raise.
 
@@ -400,7 +334,7 @@ class NatsLog(Log):
         :class:`~wakuwaku.LogUnavailableError`.
         """
         self._topics.pop(topic, None)
-        self._forget_readers(topic)
+        self._streams.forget(topic)
         count = await self._partitions_or_none(topic)
         if count is None:
             return UnknownTopicError(topic)
@@ -410,6 +344,19 @@ class NatsLog(Log):
             f"NATS log {self.url}: the stream of {topic}/{partition} "
             f"({self.stream_name(topic, partition)}) is not there"
         )
+
+    async def _forget_if_deleted(self, topic: str) -> None:
+        """After a failed call on ``topic``: raise UnknownTopicError when the
+        topic was deleted meanwhile (by another process, whose deletion this
+        instance's cache did not see), so a reader is told instead of
+        retrying a pull on a stream that is gone, forever.
+
+        :raises UnknownTopicError: when the topic no longer exists.
+        """
+        self._topics.pop(topic, None)
+        with contextlib.suppress(LogUnavailableError):
+            if await self._partitions_or_none(topic) is None:
+                raise UnknownTopicError(topic) from None
 
     # -- records ------------------------------------------------------------
 
@@ -461,81 +408,24 @@ class NatsLog(Log):
         :raises LogUnavailableError: when the server does not answer in time.
         """
         check_token(token)
-        encoded = [encode(_Envelope(check_record(h, b), bytes(b))) for h, b in records]
+        encoded = [encode_record(check_record(h, b), bytes(b)) for h, b in records]
         check_partition(topic, partition, await self._partitions(topic))
         stream = self.stream_name(topic, partition)
         base = token or uuid.uuid4().hex
         offsets: list[int] = []
         try:
             last = None if fence is None else await self._fences.last(fence, stream)
-            for index, payload in enumerate(encoded):
+            for index, data in enumerate(encoded):
                 msg_id = f"{base}:{index}"
-                if len(payload) > self._js.max_payload - _CHUNK_MARGIN:
-                    payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload, msg_id)
+                payload = await self._streams.fit(stream, data, msg_id)
                 if fence is None or last is None:
-                    offsets.append(await self._publish_once(stream, payload, msg_id) - 1)
+                    offsets.append(await self._streams.publish_once(stream, payload, msg_id) - 1)
                 else:
                     last = await self._fences.publish(stream, payload, fence, last, msg_id)
                     offsets.append(last - 1)
         except NoResponders as exc:  # the stream is gone: deleted by another instance?
             raise await self._missing(topic, partition) from exc
         return offsets
-
-    # -- fencing appends ----------------------------------------------------
-
-    async def _publish_once(self, subject: str, payload: bytes, msg_id: str) -> int:
-        """Publish with the message id ``msg_id``, resending on a lost answer.
-
-        :returns: the message's sequence: where it is stored now, or, for a
-            duplicate of one stored earlier (same id, within the window),
-            where that one is.
-        """
-        headers = {"Nats-Msg-Id": msg_id}
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                return await self._publish(subject, payload, headers)
-            except NoResponders:
-                raise  # nothing stored it: the caller finds out why
-            except LogUnavailableError:
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(0.05)
-
-    async def _store_chunks(self, stream: str, payload: bytes, msg_id: str) -> bytes:
-        """Store ``payload`` in chunks in ``stream``; returns the envelope naming them.
-
-        Chunk ``j`` has the message id ``<msg_id>:<j>``, so the chunks of a
-        record sent again are the ones stored the first time.
-        """
-        await self._create_stream(stream, fenced=False)
-        size = self._js.max_payload - _CHUNK_MARGIN
-        seqs = [
-            await self._publish_once(stream, payload[i : i + size], f"{msg_id}:{j}")
-            for j, i in enumerate(range(0, len(payload), size))
-        ]
-        return encode(_Envelope({}, b"", seqs))
-
-    async def _load_chunks(self, stream: str, seqs: list[int]) -> bytes:
-        """The chunks ``seqs`` of ``stream``, joined.
-
-        :raises _MissingChunk: when one of them, or the stream, is not there.
-        :raises LogUnavailableError: when the server does not answer.
-        """
-        if stream not in self._chunk_streams:
-            if await self._js.stream_info(stream, what=f"cannot read {stream}") is None:
-                raise _MissingChunk(f"the chunk stream {stream} is missing")
-            self._chunk_streams.add(stream)
-        parts: list[bytes] = []
-        for seq in seqs:
-            try:
-                found = await self._js.direct_get(stream, {"seq": seq})
-            except JetStreamError:
-                found = None  # any status but "found": the chunk is not there to read
-            if found is None:
-                raise _MissingChunk(f"chunk {seq} of {stream} is missing")
-            parts.append(found.data)
-        return b"".join(parts)
 
     async def read(
         self,
@@ -557,133 +447,21 @@ class NatsLog(Log):
         check_partition(topic, partition, await self._partitions(topic))
         if max_records < 1:
             return []
+        pull = self._streams.read
         try:
-            found = await self._pull(topic, partition, offset + 1, max_records, 0.0)
+            found = await pull(topic, partition, offset + 1, max_records, 0.0)
             if not found and wait > 0:
-                found = await self._pull(topic, partition, offset + 1, 1, wait)
+                found = await pull(topic, partition, offset + 1, 1, wait)
                 if found and max_records > 1:
-                    found += await self._pull(
+                    found += await pull(
                         topic, partition, found[-1].offset + 2, max_records - 1, 0.0
                     )
+        except StreamNotFound as exc:
+            raise await self._missing(topic, partition) from exc
         except LogUnavailableError:
             await self._forget_if_deleted(topic)
             raise
         return found
-
-    async def _forget_if_deleted(self, topic: str) -> None:
-        """After a failed call on ``topic``: raise UnknownTopicError when the
-        topic was deleted meanwhile (by another process, whose deletion this
-        instance's cache did not see), so a reader is told instead of
-        retrying a pull on a stream that is gone, forever.
-
-        :raises UnknownTopicError: when the topic no longer exists.
-        """
-        self._topics.pop(topic, None)
-        with contextlib.suppress(LogUnavailableError):
-            if await self._partitions_or_none(topic) is None:
-                raise UnknownTopicError(topic) from None
-
-    async def _reader(self, topic: str, partition: int, seq: int) -> _Reader:
-        """The pull consumer that delivers ``topic``/``partition`` from ``seq``.
-
-        The kept one when it continues there and was made on the current
-        connection; otherwise a new one (the old one is deleted, best effort).
-        A consumer made before the connection was lost is never used again:
-        it lives in the server's memory, and a server that restarted has
-        none of it, so a pull sent to it would never be answered.
-        """
-        key = (topic, partition)
-        reader = self._readers.get(key)
-        if (
-            reader is not None
-            and reader.next_seq == seq
-            and reader.connection == self._js.connection
-        ):
-            return reader
-        self._readers.pop(key, None)
-        stream = self.stream_name(topic, partition)
-        if reader is not None:
-            await self._js.delete_consumer(stream, reader.consumer)
-        config = {
-            "ack_policy": "none",
-            "deliver_policy": "by_start_sequence",
-            "opt_start_seq": seq,
-            "filter_subject": stream,  # records only, never fence records
-            "inactive_threshold": 300_000_000_000,
-            "mem_storage": True,
-            "num_replicas": 1,
-            "max_waiting": 8,
-        }
-        connection = self._js.connection  # taken before the request: a reconnection shows
-        try:
-            answer = await self._js.create_consumer(stream, config)
-        except StreamNotFound as exc:
-            raise await self._missing(topic, partition) from exc
-        reader = self._readers[key] = _Reader(stream, answer["name"], seq, connection)
-        return reader
-
-    async def _pull(
-        self, topic: str, partition: int, seq: int, count: int, wait: float
-    ) -> list[Record]:
-        for _ in range(3):
-            reader = await self._reader(topic, partition, seq)
-            self._readers.pop((topic, partition), None)  # back only when all went well
-            msgs = await self._js.fetch(reader.stream, reader.consumer, count, wait)
-            records: list[Record] = []
-            expected = reader.next_delivery
-            for msg in msgs:
-                at = delivery(msg)
-                if at.consumer_seq != expected:
-                    break  # a delivery was lost: read again from the gap
-                records.append(
-                    self._plain_record(msg, at) or await self._record(reader.stream, msg, at)
-                )
-                expected += 1
-            else:
-                reader.next_delivery = expected
-                if records:
-                    reader.next_seq = records[-1].offset + 2
-                self._readers[(topic, partition)] = reader
-                return records
-            reader.next_seq = -1  # made again at the next pull
-            self._readers[(topic, partition)] = reader
-            if records:
-                return records
-        raise LogUnavailableError(f"NATS log {self.url}: {reader.stream} keeps losing deliveries")
-
-    @staticmethod
-    def _plain_record(msg: Msg, at: Delivery) -> Record | None:
-        """The record of a message that holds it whole; None when it names chunks."""
-        envelope = _envelope(msg)
-        if envelope is None:
-            return _foreign_record(msg, at)
-        if envelope.chunks is not None:
-            return None
-        return Record(at.stream_seq - 1, envelope.headers, envelope.body, at.timestamp)
-
-    async def _record(self, stream: str, msg: Msg, at: Delivery) -> Record:
-        """The record of any message, a large record's chunks joined (or it is unreadable)."""
-        envelope = _envelope(msg)
-        if envelope is None:
-            return _foreign_record(msg, at)
-        if envelope.chunks is not None:
-            try:
-                whole = await self._load_chunks(stream + _BLOB_SUFFIX, envelope.chunks)
-                envelope = _decode_envelope(whole)
-            except (_MissingChunk, msgspec.DecodeError) as exc:
-                what = (
-                    str(exc)
-                    if isinstance(exc, _MissingChunk)
-                    else f"its chunks do not hold a record ({exc})"
-                )
-                return unreadable_record(
-                    at.stream_seq - 1,
-                    f"NATS log: a large record: {what}",
-                    msg.data,
-                    None,
-                    at.timestamp,
-                )
-        return Record(at.stream_seq - 1, envelope.headers, envelope.body, at.timestamp)
 
     async def _stream_state(self, topic: str, partition: int) -> tuple[int, int, dict[str, int]]:
         """A partition stream's ``(first_seq, last_seq, {fence subject: messages})``."""
@@ -736,14 +514,6 @@ class NatsLog(Log):
         return {p: start for p, (start, _) in (await self._bounds(topic)).items()}
 
     # -- offsets and leases -------------------------------------------------
-
-    async def _check_fence(self, fence: Lease | None) -> None:
-        """:raises FencedError: when ``fence`` is not its partition's current lease."""
-        if fence is None:
-            return
-        current = await self._state.lease(fence.group, fence.topic, fence.partition)
-        if current is None or current[0].generation != fence.generation:
-            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
 
     async def commit(
         self,
@@ -872,59 +642,14 @@ class NatsLog(Log):
             if keep <= start + 1:
                 continue
             stream = self.stream_name(topic, partition)
-            await self._purge_chunks(topic, partition, keep)
+            await self._streams.purge_chunks(stream, keep)
             removed += await self._js.purge(stream, {"filter": stream, "seq": keep})
-            self._readers.pop((topic, partition), None)
+            self._streams.forget(topic, partition)
             _, _, fences = await self._stream_state(topic, partition)
             for subject, count in fences.items():
                 if count > 1:
                     await self._js.purge(stream, {"filter": subject, "keep": 1})
         return removed
-
-    async def _purge_chunks(self, topic: str, partition: int, keep: int) -> None:
-        """Purge the chunk stream below the lowest chunk a kept record names.
-
-        Best effort: a refusal leaves chunks behind, which only cost space.
-        """
-        blob = self.stream_name(topic, partition) + _BLOB_SUFFIX
-        try:
-            info = await self._js.stream_info(blob)
-        except JetStreamError:
-            return
-        if info is None or int(info["state"]["messages"]) == 0:
-            return
-        # Keep every chunk from the lowest one a kept record names; without a
-        # kept large record, purge the chunk stream entirely.
-        low = await self._lowest_chunk(topic, partition, keep)
-        with contextlib.suppress(JetStreamError):
-            await self._js.purge(blob, {"seq": low} if low else {})
-
-    async def _lowest_chunk(self, topic: str, partition: int, keep: int) -> int | None:
-        stream = self.stream_name(topic, partition)
-        config = {
-            "ack_policy": "none",
-            "deliver_policy": "by_start_sequence",
-            "opt_start_seq": keep,
-            "filter_subject": stream,
-            "inactive_threshold": 60_000_000_000,
-            "mem_storage": True,
-            "num_replicas": 1,
-        }
-        try:
-            answer = await self._js.create_consumer(stream, config)
-        except JetStreamError:
-            return None
-        low: int | None = None
-        try:
-            while msgs := await self._js.fetch(stream, answer["name"], 1000, 0.0):
-                for msg in msgs:
-                    envelope = _envelope(msg)
-                    chunks = None if envelope is None else envelope.chunks
-                    if chunks:
-                        low = min(chunks) if low is None else min(low, *chunks)
-        finally:
-            await self._js.delete_consumer(stream, answer["name"])
-        return low
 
     async def close(self) -> None:
         """Close the connection; calling it again does nothing."""
@@ -939,7 +664,9 @@ class NatsLog(Log):
         Options: ``prefix`` (see the constructor), ``timeout`` (seconds). A
         URL without credentials takes a token from ``WAKUWAKU_NATS_TOKEN``.
 
-        :raises ConfigError: for a URL without a host or with an unknown option.
+        :raises ConfigError: for a URL without a host, with an unknown
+            option, or with a ``timeout`` that is not seconds above 0 (NaN
+            and infinity included).
         """
         parsed = parse_log_url(url, {"nats": LOG_URL_OPTIONS["nats"]})
         credentials, at, hosts = parsed.rest.rstrip("/").rpartition("@")
