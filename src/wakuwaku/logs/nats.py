@@ -24,36 +24,33 @@ Layout (docs/logs.md, "The NATS JetStream log"):
   (``l.<group>.<topic>.<n>``) and the streams each lease wrote to
   (``f.<group>.<topic>.<n>``), written with compare-and-set on the revision.
 
-nats-py is imported here only; the root package never imports it.
+:class:`NatsLog` implements the :class:`~wakuwaku.logs.Log` contract on four
+private parts, each owning its state; each calls only the parts listed
+below it, and the log's record publish and lease check, which the log hands
+to the two upper ones (:meth:`NatsLog._publish`, :meth:`NatsLog._check_fence`):
+
+- :mod:`._nats_streams`: the record format, publishing once, chunks, readers;
+- :mod:`._nats_fences`: fence records, the fenced publish and their caches;
+- :mod:`._nats_bucket`: the state bucket's keys and values;
+- :mod:`._jetstream`: the connection and every JetStream API call, with
+  typed errors.
+
+The log itself keeps the topic cache, the compare-and-set loops of commits
+and leases, and the mapping of a stream that is not there to the error the
+contract names. nats-py is imported by these modules only; the root package
+never imports it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import hashlib
-import json
-import logging
-import os
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote
 
-import msgspec
-
-try:
-    import nats
-    import nats.errors
-    from nats.aio.client import Client
-    from nats.aio.msg import Msg
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("the NATS log needs nats-py: pip install 'wakuwaku[nats]'") from exc
-
-from .._clock import BLOCKING_CALLS
 from .._errors import (
     ConfigError,
     FencedError,
@@ -63,7 +60,7 @@ from .._errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from .._records import Record, unreadable_record
+from .._records import Record
 from ._base import (
     Lease,
     Log,
@@ -75,169 +72,22 @@ from ._base import (
     check_token,
     check_topic_name,
 )
+from ._jetstream import (
+    CAS_ATTEMPTS,
+    JetStream,
+    NoResponders,
+    StreamNotFound,
+    escape,
+)
+from ._jetstream import TOKEN_ENV as TOKEN_ENV  # the environment variable for the token
+from ._nats_bucket import LeaseEntry, StateBucket
+from ._nats_fences import Fences, fence_subjects
+from ._nats_streams import PartitionStreams, encode_record
 from ._url import LOG_URL_OPTIONS, check_servers, check_timeout, option_timeout, parse_log_url
 
 __all__ = ("NatsLog", "escape")
 
-logger = logging.getLogger("wakuwaku.logs.nats")
-
-_T = TypeVar("_T")
-
-TOKEN_ENV = "WAKUWAKU_NATS_TOKEN"
-"""Environment variable with the token used when the URL names none."""
-
 _PREFIX_RE = re.compile(r"[A-Za-z0-9-]{1,32}")
-_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
-_MAX_ESCAPED = 160  # longer escaped names are hashed (stream names become directory names)
-_CHUNK_MARGIN = 4096  # room for the chunk message's own framing and NATS headers
-_BLOB_SUFFIX = "_B"
-_WRONG_LAST_SEQUENCE = 10071  # JetStream: "wrong last sequence"
-_STREAM_NOT_FOUND = 10059
-_FENCE = "fence"  # subjects <partition stream>.fence.<group>.<topic>.<n> hold fence records
-_KEY_NOT_FOUND = 404
-_CAS_ATTEMPTS = 64
-
-
-class _MissingChunk(LogError):
-    """A chunk a large record's message names is not in the chunk stream."""
-
-
-class _NoResponders(LogUnavailableError):
-    """Nothing answered a request: for a partition's subject, its stream is gone."""
-
-
-class _Envelope(msgspec.Struct, array_like=True, gc=False):
-    """A record as one message body: headers, body, or the chunks holding both."""
-
-    headers: dict[str, bytes]
-    body: bytes
-    chunks: list[int] | None = None
-
-
-_encode = msgspec.msgpack.Encoder().encode
-_decode_envelope = msgspec.msgpack.Decoder(_Envelope).decode
-
-
-def _envelope(msg: Msg) -> _Envelope | None:
-    """The envelope a message of this log holds, or None for a message another
-    publisher wrote: one with a header of its own (not ``Nats-*``), or whose
-    data is not an envelope."""
-    headers = msg.headers
-    if (
-        headers
-        and (len(headers) != 1 or "Nats-Msg-Id" not in headers)  # the log's own: at once
-        and any(not name.startswith("Nats-") for name in headers)
-    ):
-        return None
-    try:
-        return _decode_envelope(msg.data)
-    except msgspec.DecodeError:
-        return None
-
-
-def _foreign_record(offset: int, msg: Msg, timestamp: float) -> Record:
-    """A message another publisher wrote to a partition's stream, read as a plain
-    record (docs/logs.md): its data is the body, its NATS headers the headers
-    (UTF-8 values; a header given several values keeps the last)."""
-    headers = {
-        name: value.encode("utf-8", "surrogateescape")
-        for name, value in (msg.headers or {}).items()
-    }
-    return Record(offset, headers, bytes(msg.data), timestamp)
-
-
-class _Lease(msgspec.Struct, gc=False):
-    member: str
-    generation: int
-    expires_at: float
-
-
-class _Fence(msgspec.Struct, array_like=True, gc=False):
-    """A fence record: from here on, only this generation of the lease may append."""
-
-    member: str
-    generation: int
-
-
-class _Offset(msgspec.Struct, array_like=True, gc=False):
-    group: str
-    offset: int
-
-
-class _Topic(msgspec.Struct, gc=False):
-    name: str
-    partitions: int
-
-
-def _sequence(msg: Msg) -> int:
-    """The stream sequence of a message a direct get answered."""
-    return int((msg.headers or {})["Nats-Sequence"])
-
-
-def escape(name: str) -> str:
-    """``name`` as a token valid in stream names, subjects and KV keys, unambiguously.
-
-    ``[A-Za-z0-9-]`` stay as they are; every other character becomes ``_``
-    followed by the lowercase hex of each of its UTF-8 bytes (``.`` ->
-    ``_2e``, ``_`` -> ``_5f``), so two names never share an escape. Names
-    whose escape is longer than 160 characters become ``H`` + 48 hex digits
-    of their SHA-256 (stream names are directory names on the server); the
-    plain form starts with ``T``.
-    """
-    out = "".join(c if c in _PLAIN else "".join(f"_{b:02x}" for b in c.encode()) for c in name)
-    if len(out) > _MAX_ESCAPED:
-        return "H" + hashlib.sha256(name.encode()).hexdigest()[:48]
-    return "T" + out
-
-
-@dataclass
-class _Reader:
-    """A pull consumer that delivers one partition from ``next_seq`` on."""
-
-    stream: str
-    consumer: str
-    next_seq: int
-    connection: int  # the connection it was made on (see NatsLog._connection)
-    next_delivery: int = 1  # the consumer sequence of the next delivery
-
-
-_END_OF_BATCH = frozenset({"404", "408"})  # no messages (now) / the pull's wait ran out
-_HEARTBEAT = "100"  # idle heartbeat or flow control: not an answer to a pull
-
-
-class _Batch:
-    """What one pull request brought: messages, and why it ended."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.out: list[Msg] = []
-        self.refused = ""  # why the consumer cannot deliver (a status, a lost connection)
-        self.arrived = asyncio.Event()  # a message or a status came
-        self.done = asyncio.Event()  # ``count`` messages, or what ends the batch
-
-    async def collect(self, msg: Msg) -> None:
-        if self.done.is_set():
-            return
-        status = msg.headers.get("Status") if msg.headers else None
-        if status == _HEARTBEAT:
-            return
-        self.arrived.set()
-        if status:
-            if status not in _END_OF_BATCH:
-                description = (msg.headers or {}).get("Description", "")
-                self.refused = f"{status} {description}".rstrip()
-            self.done.set()
-            return
-        self.out.append(msg)
-        if len(self.out) >= self.count:
-            self.done.set()
-
-    def lost(self, _: object) -> None:
-        """The connection is lost: no more messages come, stop waiting."""
-        if not self.done.is_set():
-            self.refused = "the connection was lost"
-        self.arrived.set()
-        self.done.set()
 
 
 class NatsLog(Log):
@@ -287,32 +137,29 @@ class NatsLog(Log):
         self._password = password
         hosts = ",".join(s.split("://", 1)[-1].rsplit("@", 1)[-1] for s in self.servers)
         self.url = f"nats://{hosts}" + ("" if prefix == "wk" else f"?prefix={prefix}")
-        self.bucket = f"{prefix}_state"
-        self._kv_stream = f"KV_{self.bucket}"
-        self._nc: Client | None = None
-        self._connecting = asyncio.Lock()
-        self._closed = False
+        self._js = JetStream(
+            self.servers,
+            url=self.url,
+            token=token,
+            user=user,
+            password=password,
+            timeout=self.timeout,
+        )
+        self._state = StateBucket(self._js, prefix)
+        self.bucket = self._state.name
+        # Records go through self._publish and leases are checked by
+        # self._check_fence, looked up at each call (tests replace them to
+        # stage a takeover between two steps).
+        self._streams = PartitionStreams(
+            self._js, self.stream_name, lambda *message: self._publish(*message)
+        )
+        self._fences = Fences(
+            self._js,
+            self._state,
+            publish=lambda *message: self._publish(*message),
+            check_lease=lambda fence: self._check_fence(fence),
+        )
         self._topics: dict[str, int] = {}
-        self._readers: dict[tuple[str, int], _Reader] = {}
-        # Counts connections lost and made again: a pull consumer lives in the
-        # server's memory, so one made before a reconnection may be gone (a
-        # restarted server lost it) and is never used after it.
-        self._connection = 0
-        # Resolved when the connection is lost: a request in flight then is
-        # never answered (the server that restarted has forgotten it), so it
-        # fails at once instead of waiting out its timeout.
-        self._lost: asyncio.Future[None] | None = None
-        # Chunk streams seen to exist (a direct get on a missing one gets no answer).
-        self._chunk_streams: set[str] = set()
-        self._max_payload = 0
-        self._bucket_ready = False
-        # Fenced appends (see append): per lease (group, topic, partition,
-        # generation) and target stream, the stream's last sequence as this
-        # instance knows it; the targets it knows are registered; the leases
-        # whose targets it fenced when it took them.
-        self._fenced: dict[tuple[str, str, int, int, str], int] = {}
-        self._registered: set[tuple[str, str, int, str]] = set()
-        self._fenced_leases: set[tuple[str, str, int, int]] = set()
 
     def __repr__(self) -> str:
         return f"NatsLog({self.url!r})"
@@ -323,16 +170,13 @@ class NatsLog(Log):
         """The JetStream stream (and subject) of one partition."""
         return f"{self.prefix}_{escape(topic)}_P{partition}"
 
-    def _key(self, kind: str, group: str, topic: str, partition: int) -> str:
-        return f"$KV.{self.bucket}.{kind}.{escape(group)}.{escape(topic)}.{partition}"
-
     def _topic_key(self, topic: str) -> str:
-        return f"$KV.{self.bucket}.t.{escape(topic)}"
+        return self._state.topic_key(topic)
 
     @property
     def max_payload(self) -> int:
         """The server's largest message (bytes), read at connection; 0 before it."""
-        return self._max_payload
+        return self._js.max_payload
 
     @property
     def max_record_size(self) -> int:
@@ -343,213 +187,31 @@ class NatsLog(Log):
         so a record at the limit can still be retried and dead-lettered. The
         log itself stores larger records in chunks. 0 before the connection.
         """
-        return max(0, self._max_payload - 65_536)
+        return max(0, self._js.max_payload - 65_536)
 
-    # -- plumbing -----------------------------------------------------------
-
-    async def _conn(self) -> Client:
-        if self._closed:
-            raise LogError(f"the NATS log {self.url} is closed")
-        nc = self._nc
-        if nc is not None and not nc.is_closed:
-            if not nc.is_connected:
-                raise LogUnavailableError(
-                    f"NATS log {self.url}: the connection is lost (reconnecting)"
-                )
-            return nc
-        async with self._connecting:
-            if self._nc is None or self._nc.is_closed:
-                self._nc = await self._connect()
-                self._max_payload = int(self._nc.max_payload)
-            return self._nc
-
-    async def _connect(self) -> Client:
-        token = self._token if self._token is not None else os.environ.get(TOKEN_ENV) or None
-
-        refused: list[Exception] = []  # what the server said to a first connection it refused
-
-        async def on_error(exc: Exception) -> None:
-            logger.debug("NATS client error on %s: %s", self.url, exc)
-            if not connected:
-                refused[:] = [exc]
-
-        connected = False
-
-        async def on_disconnect() -> None:
-            self._connection += 1
-            lost = self._lost
-            if lost is not None and not lost.done():
-                lost.set_result(None)
-            if self._closed or not connected:
-                return  # a first connection that failed is reported by the raise below
-            logger.warning("NATS log %s: connection lost, reconnecting", self.url)
-
-        async def on_reconnect() -> None:
-            self._connection += 1
-            logger.warning("NATS log %s: reconnected", self.url)
-
-        nc = Client()
-        # nats-py annotates these seconds as int; it passes them to asyncio as floats.
-        seconds: dict[str, Any] = {"connect_timeout": self.timeout, "reconnect_time_wait": 0.25}
-        try:
-            with BLOCKING_CALLS.track():
-                # nats-py retries a refused first connection forever: bound it.
-                await asyncio.wait_for(
-                    nc.connect(
-                        servers=self.servers,
-                        token=token,
-                        user=self._user,
-                        password=self._password,
-                        allow_reconnect=True,
-                        max_reconnect_attempts=-1,
-                        pending_size=0,  # no buffering while disconnected: fail fast instead
-                        error_cb=on_error,
-                        disconnected_cb=on_disconnect,
-                        reconnected_cb=on_reconnect,
-                        **seconds,
-                    ),
-                    self.timeout,
-                )
-        except (TimeoutError, nats.errors.Error, OSError) as exc:
-            with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
-                await asyncio.wait_for(nc.close(), self.timeout)
-            # nats-py retries a refused login until the bound above: the
-            # server's reason ("Authorization Violation") reached only the
-            # error callback, and the caller saw a bare TimeoutError.
-            cause = refused[-1] if refused else exc
-            reason = f"{type(cause).__name__}: {cause}" if refused else type(exc).__name__
-            raise LogUnavailableError(
-                f"cannot connect to the NATS log {self.url}: {reason}"
-            ) from cause
-        connected = True
-        return nc
-
-    def _lost_signal(self) -> asyncio.Future[None]:
-        """A future resolved when the current connection is lost."""
-        lost = self._lost
-        if lost is None or lost.done():
-            lost = self._lost = asyncio.get_running_loop().create_future()
-        return lost
-
-    async def _call(self, op: Callable[[], Awaitable[_T]]) -> _T:
-        """Run one bounded exchange with the server, translating lost connections.
-
-        :raises LogUnavailableError: when no answer comes within ``timeout``,
-            or at once when the connection is lost while waiting for it.
-        """
-        lost = self._lost_signal()
-        try:
-            with BLOCKING_CALLS.track():  # a fake clock waits for the network
-                task = asyncio.ensure_future(op())
-                try:
-                    await asyncio.wait(
-                        (task, lost), timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED
-                    )
-                finally:
-                    if not task.done():
-                        task.cancel()
-                if not task.done() or task.cancelled():
-                    why = "the connection was lost" if lost.done() else "no answer in time"
-                    raise LogUnavailableError(f"NATS log {self.url} did not answer: {why}")
-                return task.result()
-        except nats.errors.NoRespondersError as exc:
-            raise _NoResponders(
-                f"NATS log {self.url}: nothing answered (no stream or JetStream not ready)"
-            ) from exc
-        except (TimeoutError, nats.errors.Error, OSError) as exc:
-            raise LogUnavailableError(
-                f"NATS log {self.url} did not answer: {type(exc).__name__} {exc}".rstrip()
-            ) from exc
+    # -- the calls its parts make through the log -----------------------------
 
     async def _api(self, subject: str, payload: Mapping[str, Any] | None = None) -> Any:
         """A JetStream API request; returns the decoded answer (errors left in it)."""
-        nc = await self._conn()
-        data = b"" if payload is None else json.dumps(payload).encode()
-        msg = await self._call(lambda: nc.request(subject, data, timeout=self.timeout))
-        return json.loads(msg.data)
-
-    @staticmethod
-    def _error(answer: Any) -> tuple[int, str] | None:
-        err = answer.get("error") if isinstance(answer, dict) else None
-        if not err:
-            return None
-        return int(err.get("err_code", 0)), str(err.get("description", ""))
+        return await self._js.request(subject, payload)
 
     async def _publish(
-        self, subject: str, payload: bytes, headers: dict[str, str] | None = None
-    ) -> Any:
-        nc = await self._conn()
-        msg = await self._call(
-            lambda: nc.request(subject, payload, timeout=self.timeout, headers=headers)
-        )
-        return json.loads(msg.data)
+        self, subject: str, payload: bytes, headers: Mapping[str, str] | None = None
+    ) -> int:
+        """Publish one record message (or chunk); its sequence. See :meth:`JetStream.publish`."""
+        return await self._js.publish(subject, payload, headers)
 
-    # -- state bucket -------------------------------------------------------
-
-    async def _ensure_bucket(self) -> None:
-        if self._bucket_ready:
+    async def _check_fence(self, fence: Lease | None) -> None:
+        """:raises FencedError: when ``fence`` is not its partition's current lease."""
+        if fence is None:
             return
-        config = {
-            "name": self._kv_stream,
-            "subjects": [f"$KV.{self.bucket}.>"],
-            "max_msgs_per_subject": 1,
-            "discard": "new",
-            "allow_rollup_hdrs": True,
-            "deny_delete": True,
-            "allow_direct": True,
-            "storage": "file",
-            "num_replicas": 1,
-            "duplicate_window": 120_000_000_000,
-        }
-        answer = await self._api(f"$JS.API.STREAM.CREATE.{self._kv_stream}", config)
-        err = self._error(answer)
-        if err is not None and "already in use" not in err[1]:
-            raise LogError(f"NATS log {self.url}: cannot create bucket {self.bucket}: {err[1]}")
-        self._bucket_ready = True
+        current = await self._state.lease(fence.group, fence.topic, fence.partition)
+        if current is None or current[0].generation != fence.generation:
+            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
 
-    async def _get(self, subject: str) -> tuple[bytes, int] | None:
-        """The latest value of a bucket key and its revision, or None."""
-        await self._ensure_bucket()
-        msg = await self._direct(self._kv_stream, {"last_by_subj": subject})
-        return None if msg is None else (msg.data, _sequence(msg))
-
-    async def _put(
-        self,
-        subject: str,
-        value: bytes,
-        *,
-        revision: int | None = None,
-        stream_last: int | None = None,
-    ) -> bool:
-        """Write a bucket key; False when the compare-and-set lost.
-
-        :param revision: the key's revision this write replaces (0: the key
-            must not exist); None writes unconditionally.
-        :param stream_last: the bucket's last sequence this write expects:
-            any other write to the bucket since makes it lose.
-        """
-        headers: dict[str, str] = {}
-        if revision is not None:
-            headers["Nats-Expected-Last-Subject-Sequence"] = str(revision)
-        if stream_last is not None:
-            headers["Nats-Expected-Last-Sequence"] = str(stream_last)
-        await self._ensure_bucket()
-        answer = await self._publish(subject, value, headers or None)
-        err = self._error(answer)
-        if err is None:
-            return True
-        if err[0] == _WRONG_LAST_SEQUENCE or "wrong last" in err[1]:
-            return False
-        raise LogError(f"NATS log {self.url}: writing {subject} failed: {err[1]}")
-
-    async def _stream_last(self, stream: str) -> int:
-        answer = await self._api(f"$JS.API.STREAM.INFO.{stream}")
-        err = self._error(answer)
-        if err is not None and err[0] == _STREAM_NOT_FOUND:
-            raise _NoResponders(f"NATS log {self.url}: stream {stream} is not there")
-        if err is not None:
-            raise LogError(f"NATS log {self.url}: stream {stream}: {err[1]}")
-        return int(answer["state"]["last_seq"])
+    async def _purge_keys(self, subject: str) -> int:
+        """Purge the bucket's keys matching ``subject`` (no markers); returns how many."""
+        return await self._state.purge(subject)
 
     # -- topics -------------------------------------------------------------
 
@@ -568,41 +230,22 @@ class NatsLog(Log):
         existing = await self._partitions_or_none(topic)
         if existing is None:
             for partition in range(partitions):
-                await self._create_stream(self.stream_name(topic, partition))
-            value = _encode(_Topic(topic, partitions))
-            if not await self._put(self._topic_key(topic), value, revision=0):
+                name = self.stream_name(topic, partition)
+                await self._streams.create(name, [name, fence_subjects(name)])
+            if not await self._state.put_topic(topic, partitions):
                 existing = await self._partitions_or_none(topic)
         if existing is not None and existing != partitions:
             raise PartitionCountMismatch(topic, existing, partitions)
         self._topics[topic] = partitions
         return TopicInfo(topic, partitions)
 
-    async def _create_stream(self, name: str, *, fenced: bool = True) -> None:
-        """Create a stream whose subject is its name (plus fence subjects when ``fenced``)."""
-        config = {
-            "name": name,
-            "subjects": [name, f"{name}.{_FENCE}.>"] if fenced else [name],
-            "storage": "file",
-            "retention": "limits",
-            "discard": "old",
-            "num_replicas": 1,
-            "allow_direct": True,
-            "duplicate_window": 120_000_000_000,  # Nats-Msg-Id deduplication (ns)
-        }
-        answer = await self._api(f"$JS.API.STREAM.CREATE.{name}", config)
-        err = self._error(answer)
-        if err is not None and "already in use" not in err[1]:
-            raise LogError(f"NATS log {self.url}: cannot create stream {name}: {err[1]}")
-
     async def _partitions_or_none(self, topic: str) -> int | None:
         known = self._topics.get(topic)
         if known is not None:
             return known
-        found = await self._get(self._topic_key(topic))
-        if found is None:
-            return None
-        count = msgspec.msgpack.decode(found[0], type=_Topic).partitions
-        self._topics[topic] = count
+        count = await self._state.topic(topic)
+        if count is not None:
+            self._topics[topic] = count
         return count
 
     async def _partitions(self, topic: str) -> int:
@@ -615,10 +258,7 @@ class NatsLog(Log):
         return TopicInfo(topic, await self._partitions(topic))
 
     async def list_topics(self) -> list[TopicInfo]:
-        await self._ensure_bucket()
-        entries = await self._scan(self._kv_stream, f"$KV.{self.bucket}.t.>")
-        topics = [msgspec.msgpack.decode(data, type=_Topic) for _, data in entries]
-        return sorted((TopicInfo(t.name, t.partitions) for t in topics), key=lambda t: t.name)
+        return await self._state.topics()
 
     async def delete_topic(self, topic: str) -> bool:
         """Delete the topic's streams, offsets, leases and entry; see :meth:`Log.delete_topic`.
@@ -645,18 +285,17 @@ class NatsLog(Log):
         partitions = await self._partitions_or_none(topic)
         if partitions is None:
             return False
-        self._forget_readers(topic)
+        self._streams.forget(topic)
         for partition in range(partitions):
-            await self._delete_stream(self.stream_name(topic, partition))
-            await self._delete_stream(self.stream_name(topic, partition) + _BLOB_SUFFIX)
-            self._chunk_streams.discard(self.stream_name(topic, partition) + _BLOB_SUFFIX)
+            await self._js.delete_stream(self.stream_name(topic, partition))
+            await self._streams.delete_chunks(self.stream_name(topic, partition))
         # Extra (empty) streams a losing concurrent create_topic left past the count.
         partition = partitions
-        while await self._delete_stream(self.stream_name(topic, partition)):
+        while await self._js.delete_stream(self.stream_name(topic, partition)):
             partition += 1
-        await self._drop_fences(f"$KV.{self.bucket}.f.*.{escape(topic)}.*")
+        await self._fences.drop(topic=topic)
         for kind in ("o", "l"):
-            await self._purge_keys(f"$KV.{self.bucket}.{kind}.*.{escape(topic)}.*")
+            await self._purge_keys(self._state.keys(kind, topic=topic))
         # Purged without a marker, so the name can be created again from scratch.
         await self._purge_keys(self._topic_key(topic))
         self._topics.pop(topic, None)
@@ -678,57 +317,12 @@ class NatsLog(Log):
         if topic is not None:
             self._topics.pop(topic, None)
             await self._partitions(topic)
-            where = f"{escape(topic)}.*"
         else:
-            await self._ensure_bucket()
-            where = ">"
-        await self._drop_fences(f"$KV.{self.bucket}.f.{escape(group)}.{where}")
-        removed = await self._purge_keys(f"$KV.{self.bucket}.o.{escape(group)}.{where}")
-        await self._purge_keys(f"$KV.{self.bucket}.l.{escape(group)}.{where}")
+            await self._state.ensure()
+        await self._fences.drop(group=group, topic=topic)
+        removed = await self._purge_keys(self._state.keys("o", group=group, topic=topic))
+        await self._purge_keys(self._state.keys("l", group=group, topic=topic))
         return removed
-
-    async def _drop_fences(self, subject: str) -> None:
-        """Purge the fence records and target lists of the leases matching ``subject``.
-
-        The leases go too, and a lease made again starts from generation 1:
-        the old generations' fence records would refuse it.
-        """
-        head = f"$KV.{self.bucket}.f."
-        for key, data in await self._scan(self._kv_stream, subject):
-            lease = key.removeprefix(head)
-            for stream in msgspec.msgpack.decode(data, type=list[str]):
-                answer = await self._api(
-                    f"$JS.API.STREAM.PURGE.{stream}", {"filter": f"{stream}.{_FENCE}.{lease}"}
-                )
-                err = self._error(answer)
-                if err is not None and err[0] != _STREAM_NOT_FOUND:
-                    raise LogError(f"NATS log {self.url}: purging {stream} failed: {err[1]}")
-        await self._purge_keys(subject)
-        self._fenced.clear()
-        self._registered.clear()
-        self._fenced_leases.clear()
-
-    async def _delete_stream(self, stream: str) -> bool:
-        """Delete ``stream``; False when there was none."""
-        answer = await self._api(f"$JS.API.STREAM.DELETE.{stream}")
-        err = self._error(answer)
-        if err is None:
-            return True
-        if err[0] == _STREAM_NOT_FOUND:
-            return False
-        raise LogError(f"NATS log {self.url}: cannot delete stream {stream}: {err[1]}")
-
-    async def _purge_keys(self, subject: str) -> int:
-        """Purge the bucket's keys matching ``subject`` (no markers); returns how many."""
-        answer = await self._api(f"$JS.API.STREAM.PURGE.{self._kv_stream}", {"filter": subject})
-        err = self._error(answer)
-        if err is not None:
-            raise LogError(f"NATS log {self.url}: cannot purge {subject}: {err[1]}")
-        return int(answer.get("purged", 0))
-
-    def _forget_readers(self, topic: str) -> None:
-        for key in [key for key in self._readers if key[0] == topic]:
-            del self._readers[key]
 
     async def _missing(self, topic: str, partition: int) -> LogError:
         """Why a partition's stream is not there: the error to raise.
@@ -740,7 +334,7 @@ class NatsLog(Log):
         :class:`~wakuwaku.LogUnavailableError`.
         """
         self._topics.pop(topic, None)
-        self._forget_readers(topic)
+        self._streams.forget(topic)
         count = await self._partitions_or_none(topic)
         if count is None:
             return UnknownTopicError(topic)
@@ -750,6 +344,19 @@ class NatsLog(Log):
             f"NATS log {self.url}: the stream of {topic}/{partition} "
             f"({self.stream_name(topic, partition)}) is not there"
         )
+
+    async def _forget_if_deleted(self, topic: str) -> None:
+        """After a failed call on ``topic``: raise UnknownTopicError when the
+        topic was deleted meanwhile (by another process, whose deletion this
+        instance's cache did not see), so a reader is told instead of
+        retrying a pull on a stream that is gone, forever.
+
+        :raises UnknownTopicError: when the topic no longer exists.
+        """
+        self._topics.pop(topic, None)
+        with contextlib.suppress(LogUnavailableError):
+            if await self._partitions_or_none(topic) is None:
+                raise UnknownTopicError(topic) from None
 
     # -- records ------------------------------------------------------------
 
@@ -801,279 +408,24 @@ class NatsLog(Log):
         :raises LogUnavailableError: when the server does not answer in time.
         """
         check_token(token)
-        encoded = [_encode(_Envelope(check_record(h, b), bytes(b))) for h, b in records]
+        encoded = [encode_record(check_record(h, b), bytes(b)) for h, b in records]
         check_partition(topic, partition, await self._partitions(topic))
         stream = self.stream_name(topic, partition)
         base = token or uuid.uuid4().hex
         offsets: list[int] = []
         try:
-            last = None if fence is None else await self._fenced_last(fence, stream)
-            for index, payload in enumerate(encoded):
+            last = None if fence is None else await self._fences.last(fence, stream)
+            for index, data in enumerate(encoded):
                 msg_id = f"{base}:{index}"
-                if len(payload) > self._max_payload - _CHUNK_MARGIN:
-                    payload = await self._store_chunks(stream + _BLOB_SUFFIX, payload, msg_id)
+                payload = await self._streams.fit(stream, data, msg_id)
                 if fence is None or last is None:
-                    offsets.append(await self._publish_once(stream, payload, msg_id) - 1)
+                    offsets.append(await self._streams.publish_once(stream, payload, msg_id) - 1)
                 else:
-                    last = await self._publish_fenced(stream, payload, fence, last, msg_id)
+                    last = await self._fences.publish(stream, payload, fence, last, msg_id)
                     offsets.append(last - 1)
-        except _NoResponders as exc:  # the stream is gone: deleted by another instance?
+        except NoResponders as exc:  # the stream is gone: deleted by another instance?
             raise await self._missing(topic, partition) from exc
         return offsets
-
-    # -- fencing appends ----------------------------------------------------
-
-    def _fence_subject(self, stream: str, lease: Lease) -> str:
-        """The subject of ``lease``'s fence records in ``stream``."""
-        return f"{stream}.{_FENCE}.{escape(lease.group)}.{escape(lease.topic)}.{lease.partition}"
-
-    async def _fenced_last(self, fence: Lease, stream: str) -> int:
-        """``stream``'s last sequence for ``fence``'s next publish; registers the stream.
-
-        Known from this instance's last fenced publish; otherwise the stream
-        is registered under the lease, its last sequence read, and only then
-        the lease's fence record checked (a takeover after that read moves
-        the stream past it, so the publish is refused and checks again).
-
-        :raises FencedError: when a newer generation fenced the stream or
-            the lease is stale at registration.
-        """
-        key = (fence.group, fence.topic, fence.partition, fence.generation, stream)
-        last = self._fenced.get(key)
-        if last is None:
-            await self._register(fence, stream)
-            last = await self._stream_last(stream)
-            await self._check_fence_record(stream, fence)
-            self._fenced[key] = last
-        return last
-
-    async def _register(self, fence: Lease, stream: str) -> None:
-        """Note ``stream`` as a target of ``fence``'s lease (key ``f.<group>.<topic>.<n>``).
-
-        Written like a fenced commit (the bucket's last sequence expected,
-        the lease checked in between), so a stream registered is known to
-        every later owner, which fences it when it takes the lease.
-        """
-        mark = (fence.group, fence.topic, fence.partition, stream)
-        if mark in self._registered:
-            return
-        subject = self._key("f", fence.group, fence.topic, fence.partition)
-        await self._ensure_bucket()
-        for _ in range(_CAS_ATTEMPTS):
-            last = await self._stream_last(self._kv_stream)
-            found = await self._get(subject)
-            streams = [] if found is None else msgspec.msgpack.decode(found[0], type=list[str])
-            if stream in streams:
-                break
-            await self._check_fence(fence)
-            if await self._put(subject, _encode(sorted([*streams, stream])), stream_last=last):
-                break
-        else:
-            raise LogUnavailableError(
-                f"NATS log {self.url}: the bucket {self.bucket} stayed too busy to register "
-                f"{stream} under {fence.group}/{fence.topic}/{fence.partition}"
-            )
-        self._registered.add(mark)
-
-    async def _check_fence_record(self, stream: str, fence: Lease) -> None:
-        """:raises FencedError: when a newer generation of the lease fenced ``stream``."""
-        found = await self._direct(stream, {"last_by_subj": self._fence_subject(stream, fence)})
-        if found is not None:
-            held = msgspec.msgpack.decode(found.data, type=_Fence)
-            if held.generation > fence.generation:
-                raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
-
-    async def _publish_fenced(
-        self, stream: str, payload: bytes, fence: Lease, last: int, msg_id: str
-    ) -> int:
-        """Publish one record expecting ``last`` as the stream's last sequence; its sequence.
-
-        On a "wrong last sequence" refusal the new last sequence comes from
-        the refusal, then the lease's fence record is read (in that order, so
-        a takeover between the two is caught by the next refusal). A publish
-        whose answer was lost is sent again with the same ``Nats-Msg-Id``;
-        servers from 2.10 check the expected sequence before deduplicating,
-        so the refusal is checked for being this very message, stored.
-
-        :raises FencedError: when a newer generation fenced the stream.
-        """
-        key = (fence.group, fence.topic, fence.partition, fence.generation, stream)
-        lost: list[int] = []  # expected sequences of publishes whose answer was lost
-        deadline = time.monotonic() + self.timeout
-        for _ in range(_CAS_ATTEMPTS):
-            headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(last)}
-            try:
-                answer = await self._publish(stream, payload, headers)
-            except _NoResponders:
-                raise
-            except LogUnavailableError:
-                if time.monotonic() >= deadline:
-                    raise
-                lost.append(last)
-                await asyncio.sleep(0.05)
-                continue
-            err = self._error(answer)
-            if err is None:
-                seq = int(answer["seq"])
-                self._fenced[key] = seq
-                return seq
-            if err[0] != _WRONG_LAST_SEQUENCE:
-                raise LogError(f"NATS log {self.url}: publish to {stream} refused: {err[1]}")
-            for expected in lost:
-                stored = await self._direct(stream, {"seq": expected + 1})
-                if stored is not None and (stored.headers or {}).get("Nats-Msg-Id") == msg_id:
-                    self._fenced[key] = expected + 1
-                    return expected + 1
-            moved = re.search(r"(\d+)\s*$", err[1])
-            last = int(moved.group(1)) if moved else await self._stream_last(stream)
-            await self._check_fence_record(stream, fence)
-        raise LogUnavailableError(
-            f"NATS log {self.url}: {stream} kept moving under a fenced append "
-            f"({_CAS_ATTEMPTS} attempts)"
-        )
-
-    async def _fence_targets(self, lease: Lease) -> bool:
-        """Write ``lease``'s fence record into every stream registered under it.
-
-        Run when a member takes a lease, before the engine reads anything:
-        from then on a stale writer's publish to those streams is refused.
-        Streams that are gone are skipped. False when a newer generation
-        already fenced one of them (the lease was taken over meanwhile).
-        """
-        mark = (lease.group, lease.topic, lease.partition, lease.generation)
-        if mark in self._fenced_leases:
-            return True
-        found = await self._get(self._key("f", lease.group, lease.topic, lease.partition))
-        streams = [] if found is None else msgspec.msgpack.decode(found[0], type=list[str])
-        for stream in streams:
-            try:
-                await self._write_fence(stream, lease)
-            except FencedError:
-                return False
-            except _NoResponders:
-                continue  # the stream was deleted: nothing to fence
-        self._fenced_leases.add(mark)
-        return True
-
-    async def _write_fence(self, stream: str, lease: Lease) -> None:
-        """Write ``lease``'s fence record into ``stream`` unless it is there.
-
-        Conditioned with ``Nats-Expected-Last-Subject-Sequence`` on the
-        lease's fence subject, so a lower generation never follows a higher.
-
-        :raises FencedError: when a higher generation is there.
-        """
-        subject = self._fence_subject(stream, lease)
-        record = _encode(_Fence(lease.member, lease.generation))
-        for _ in range(_CAS_ATTEMPTS):
-            found = await self._direct(stream, {"last_by_subj": subject})
-            revision = 0
-            if found is not None:
-                held = msgspec.msgpack.decode(found.data, type=_Fence)
-                if held.generation > lease.generation:
-                    raise FencedError(lease.group, lease.topic, lease.partition, lease.generation)
-                if held.generation == lease.generation:
-                    return
-                revision = _sequence(found)
-            headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
-            try:
-                answer = await self._publish(subject, record, headers)
-            except _NoResponders:
-                # A stream made before fence subjects existed: add them once.
-                await self._add_fence_subjects(stream)
-                continue
-            err = self._error(answer)
-            if err is None:
-                return
-            if err[0] != _WRONG_LAST_SEQUENCE:
-                raise LogError(f"NATS log {self.url}: fencing {stream} failed: {err[1]}")
-        raise LogUnavailableError(f"NATS log {self.url}: the fence of {stream} kept changing")
-
-    async def _add_fence_subjects(self, stream: str) -> None:
-        """Add ``<stream>.fence.>`` to a stream made without it.
-
-        :raises _NoResponders: when the stream is not there.
-        """
-        answer = await self._api(f"$JS.API.STREAM.INFO.{stream}")
-        err = self._error(answer)
-        if err is not None and err[0] == _STREAM_NOT_FOUND:
-            raise _NoResponders(f"NATS log {self.url}: stream {stream} is not there")
-        if err is not None:
-            raise LogError(f"NATS log {self.url}: stream {stream}: {err[1]}")
-        config = answer["config"]
-        wanted = f"{stream}.{_FENCE}.>"
-        if wanted in config["subjects"]:
-            raise LogError(f"NATS log {self.url}: nothing answered on {wanted}")
-        config["subjects"] = [*config["subjects"], wanted]
-        answer = await self._api(f"$JS.API.STREAM.UPDATE.{stream}", config)
-        err = self._error(answer)
-        if err is not None:
-            raise LogError(f"NATS log {self.url}: cannot add fence subjects to {stream}: {err[1]}")
-
-    async def _publish_once(self, subject: str, payload: bytes, msg_id: str) -> int:
-        """Publish with the message id ``msg_id``, resending on a lost answer.
-
-        :returns: the message's sequence: where it is stored now, or, for a
-            duplicate of one stored earlier (same id, within the window),
-            where that one is.
-        """
-        headers = {"Nats-Msg-Id": msg_id}
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                answer = await self._publish(subject, payload, headers)
-            except _NoResponders:
-                raise  # nothing stored it: the caller finds out why
-            except LogUnavailableError:
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(0.05)
-                continue
-            err = self._error(answer)
-            if err is not None:
-                raise LogError(f"NATS log {self.url}: publish to {subject} refused: {err[1]}")
-            return int(answer["seq"])
-
-    async def _store_chunks(self, stream: str, payload: bytes, msg_id: str) -> bytes:
-        """Store ``payload`` in chunks in ``stream``; returns the envelope naming them.
-
-        Chunk ``j`` has the message id ``<msg_id>:<j>``, so the chunks of a
-        record sent again are the ones stored the first time.
-        """
-        await self._create_stream(stream, fenced=False)
-        size = self._max_payload - _CHUNK_MARGIN
-        seqs = [
-            await self._publish_once(stream, payload[i : i + size], f"{msg_id}:{j}")
-            for j, i in enumerate(range(0, len(payload), size))
-        ]
-        return _encode(_Envelope({}, b"", seqs))
-
-    async def _load_chunks(self, stream: str, seqs: list[int]) -> bytes:
-        """The chunks ``seqs`` of ``stream``, joined.
-
-        :raises _MissingChunk: when one of them, or the stream, is not there.
-        :raises LogUnavailableError: when the server does not answer.
-        """
-        if stream not in self._chunk_streams:
-            err = self._error(await self._api(f"$JS.API.STREAM.INFO.{stream}"))
-            if err is not None and err[0] == _STREAM_NOT_FOUND:
-                raise _MissingChunk(f"the chunk stream {stream} is missing")
-            if err is not None:
-                raise LogError(f"NATS log {self.url}: cannot read {stream}: {err[1]}")
-            self._chunk_streams.add(stream)
-        nc = await self._conn()
-        parts: list[bytes] = []
-        for seq in seqs:
-            request = json.dumps({"seq": seq}).encode()
-            msg = await self._call(
-                lambda r=request: nc.request(  # type: ignore[misc]
-                    f"$JS.API.DIRECT.GET.{stream}", r, timeout=self.timeout
-                )
-            )
-            if (msg.headers or {}).get("Status"):
-                raise _MissingChunk(f"chunk {seq} of {stream} is missing")
-            parts.append(msg.data)
-        return b"".join(parts)
 
     async def read(
         self,
@@ -1095,247 +447,31 @@ class NatsLog(Log):
         check_partition(topic, partition, await self._partitions(topic))
         if max_records < 1:
             return []
+        pull = self._streams.read
         try:
-            found = await self._pull(topic, partition, offset + 1, max_records, 0.0)
+            found = await pull(topic, partition, offset + 1, max_records, 0.0)
             if not found and wait > 0:
-                found = await self._pull(topic, partition, offset + 1, 1, wait)
+                found = await pull(topic, partition, offset + 1, 1, wait)
                 if found and max_records > 1:
-                    found += await self._pull(
+                    found += await pull(
                         topic, partition, found[-1].offset + 2, max_records - 1, 0.0
                     )
+        except StreamNotFound as exc:
+            raise await self._missing(topic, partition) from exc
         except LogUnavailableError:
             await self._forget_if_deleted(topic)
             raise
         return found
 
-    async def _forget_if_deleted(self, topic: str) -> None:
-        """After a failed call on ``topic``: raise UnknownTopicError when the
-        topic was deleted meanwhile (by another process, whose deletion this
-        instance's cache did not see), so a reader is told instead of
-        retrying a pull on a stream that is gone, forever.
-
-        :raises UnknownTopicError: when the topic no longer exists.
-        """
-        self._topics.pop(topic, None)
-        with contextlib.suppress(LogUnavailableError):
-            if await self._partitions_or_none(topic) is None:
-                raise UnknownTopicError(topic) from None
-
-    async def _reader(self, topic: str, partition: int, seq: int) -> _Reader:
-        """The pull consumer that delivers ``topic``/``partition`` from ``seq``.
-
-        The kept one when it continues there and was made on the current
-        connection; otherwise a new one (the old one is deleted, best effort).
-        A consumer made before the connection was lost is never used again:
-        it lives in the server's memory, and a server that restarted has
-        none of it, so a pull sent to it would never be answered.
-        """
-        key = (topic, partition)
-        reader = self._readers.get(key)
-        if reader is not None and reader.next_seq == seq and reader.connection == self._connection:
-            return reader
-        self._readers.pop(key, None)
-        stream = self.stream_name(topic, partition)
-        if reader is not None:
-            await self._delete_consumer(stream, reader.consumer)
-        config = {
-            "ack_policy": "none",
-            "deliver_policy": "by_start_sequence",
-            "opt_start_seq": seq,
-            "filter_subject": stream,  # records only, never fence records
-            "inactive_threshold": 300_000_000_000,
-            "mem_storage": True,
-            "num_replicas": 1,
-            "max_waiting": 8,
-        }
-        connection = self._connection  # taken before the request: a reconnection meanwhile shows
-        answer = await self._api(
-            f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config}
-        )
-        err = self._error(answer)
-        if err is not None and err[0] == _STREAM_NOT_FOUND:
-            raise await self._missing(topic, partition)
-        if err is not None:
-            raise LogError(f"NATS log {self.url}: cannot read {stream}: {err[1]}")
-        reader = self._readers[key] = _Reader(stream, answer["name"], seq, connection)
-        return reader
-
-    async def _delete_consumer(self, stream: str, consumer: str) -> None:
-        """Ask the server to delete a pull consumer, unanswered and best effort.
-
-        A consumer that stays (the connection is lost) is removed by the
-        server once idle (its ``inactive_threshold``).
-        """
-        with contextlib.suppress(LogUnavailableError):
-            nc = await self._conn()
-            await self._call(lambda: nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}"))
-
-    async def _pull(
-        self, topic: str, partition: int, seq: int, count: int, wait: float
-    ) -> list[Record]:
-        for _ in range(3):
-            reader = await self._reader(topic, partition, seq)
-            self._readers.pop((topic, partition), None)  # back only when all went well
-            msgs = await self._fetch(reader.stream, reader.consumer, count, wait)
-            records: list[Record] = []
-            delivery = reader.next_delivery
-            for msg in msgs:
-                # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>
-                if int(msg.reply.rsplit(".", 4)[2]) != delivery:
-                    break  # a delivery was lost: read again from the gap
-                records.append(self._plain_record(msg) or await self._record(reader.stream, msg))
-                delivery += 1
-            else:
-                reader.next_delivery = delivery
-                if records:
-                    reader.next_seq = records[-1].offset + 2
-                self._readers[(topic, partition)] = reader
-                return records
-            reader.next_seq = -1  # made again at the next pull
-            self._readers[(topic, partition)] = reader
-            if records:
-                return records
-        raise LogUnavailableError(f"NATS log {self.url}: {reader.stream} keeps losing deliveries")
-
-    async def _fetch(self, stream: str, consumer: str, count: int, wait: float) -> list[Msg]:
-        """One pull request for up to ``count`` messages of ``consumer``.
-
-        The messages are collected by a subscription callback, and the
-        caller waits once for the whole batch (not one timed wait per
-        message). Bounded as one call per message was: with ``wait``, the
-        first message may take ``wait + timeout``; after it, every
-        ``timeout`` that passes without a message raises
-        :class:`~wakuwaku.LogUnavailableError`.
-
-        Only the statuses "no messages" (404) and "request timeout" (408)
-        end a batch as the end of what is there. Any other status (409
-        "consumer deleted", 503 "no responders", ...) says the consumer
-        cannot deliver: it raises :class:`~wakuwaku.LogUnavailableError`
-        (the caller makes a new consumer), never passes for an empty page,
-        which a consumer would take for "caught up" and never read again.
-        """
-        nc = await self._conn()
-        lost = self._lost_signal()
-        batch = _Batch(count)
-        sub = await self._call(lambda: nc.subscribe(nc.new_inbox(), cb=batch.collect))
-        request: dict[str, Any] = {"batch": count}
-        if wait > 0:
-            request["expires"] = int(wait * 1e9)
-        else:
-            request["no_wait"] = True
-        lost.add_done_callback(batch.lost)
-        try:
-            await self._call(
-                lambda: nc.publish(
-                    f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
-                    json.dumps(request).encode(),
-                    reply=sub.subject,
-                )
-            )
-            if wait > 0:
-                await self._wait_first(batch.arrived, wait + self.timeout)
-            while not batch.done.is_set():
-                before = len(batch.out)
-                try:
-                    with BLOCKING_CALLS.track():  # a fake clock waits for the network
-                        await asyncio.wait_for(batch.done.wait(), self.timeout)
-                except TimeoutError:
-                    if len(batch.out) == before:
-                        raise LogUnavailableError(
-                            f"NATS log {self.url} did not answer a read"
-                        ) from None
-        finally:
-            lost.remove_done_callback(batch.lost)
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
-        if batch.refused:
-            raise LogUnavailableError(
-                f"NATS log {self.url}: a read of {stream} was refused: {batch.refused}"
-            )
-        return batch.out
-
-    async def _wait_first(self, arrived: asyncio.Event, limit: float) -> None:
-        """The first message of a waiting pull: real waiting, not a blocking call."""
-        try:
-            await asyncio.wait_for(arrived.wait(), limit)
-        except TimeoutError as exc:
-            raise LogUnavailableError(f"NATS log {self.url} did not answer a read") from exc
-
-    @staticmethod
-    def _plain_record(msg: Msg) -> Record | None:
-        """The record of a message that holds it whole; None when it names chunks."""
-        # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>
-        tokens = msg.reply.rsplit(".", 4)
-        envelope = _envelope(msg)
-        if envelope is None:
-            return _foreign_record(int(tokens[1]) - 1, msg, int(tokens[3]) / 1e9)
-        if envelope.chunks is not None:
-            return None
-        return Record(int(tokens[1]) - 1, envelope.headers, envelope.body, int(tokens[3]) / 1e9)
-
-    async def _record(self, stream: str, msg: Msg) -> Record:
-        # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>
-        tokens = msg.reply.split(".")
-        seq, stamp = int(tokens[-4]), int(tokens[-2])
-        envelope = _envelope(msg)
-        if envelope is None:
-            return _foreign_record(seq - 1, msg, stamp / 1e9)
-        if envelope.chunks is not None:
-            try:
-                whole = await self._load_chunks(stream + _BLOB_SUFFIX, envelope.chunks)
-                envelope = _decode_envelope(whole)
-            except (_MissingChunk, msgspec.DecodeError) as exc:
-                what = (
-                    str(exc)
-                    if isinstance(exc, _MissingChunk)
-                    else f"its chunks do not hold a record ({exc})"
-                )
-                return unreadable_record(
-                    seq - 1, f"NATS log: a large record: {what}", msg.data, None, stamp / 1e9
-                )
-        return Record(seq - 1, envelope.headers, envelope.body, stamp / 1e9)
-
-    async def _scan(self, stream: str, subject: str) -> list[tuple[str, bytes]]:
-        """The last message of every subject matching ``subject``: (subject, data)."""
-        config = {
-            "ack_policy": "none",
-            "deliver_policy": "last_per_subject",
-            "filter_subject": subject,
-            "inactive_threshold": 60_000_000_000,
-            "mem_storage": True,
-            "num_replicas": 1,
-        }
-        answer = await self._api(
-            f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config}
-        )
-        err = self._error(answer)
-        if err is not None:
-            raise LogError(f"NATS log {self.url}: cannot list {subject}: {err[1]}")
-        consumer = answer["name"]
-        pending = int(answer.get("num_pending", 0))
-        out: list[tuple[str, bytes]] = []
-        try:
-            while len(out) < pending:
-                msgs = await self._fetch(stream, consumer, min(1000, pending - len(out)), 0.0)
-                if not msgs:
-                    break
-                out.extend((m.subject, m.data) for m in msgs if m.data)
-        finally:
-            await self._delete_consumer(stream, consumer)
-        return out
-
     async def _stream_state(self, topic: str, partition: int) -> tuple[int, int, dict[str, int]]:
         """A partition stream's ``(first_seq, last_seq, {fence subject: messages})``."""
         stream = self.stream_name(topic, partition)
-        answer = await self._api(
-            f"$JS.API.STREAM.INFO.{stream}", {"subjects_filter": f"{stream}.{_FENCE}.>"}
+        info = await self._js.stream_info(
+            stream, subjects_filter=fence_subjects(stream), what=f"{topic}/{partition}"
         )
-        err = self._error(answer)
-        if err is not None and err[0] == _STREAM_NOT_FOUND:
+        if info is None:
             raise await self._missing(topic, partition)
-        if err is not None:
-            raise LogError(f"NATS log {self.url}: {topic}/{partition}: {err[1]}")
-        state = answer["state"]
+        state = info["state"]
         fences = {str(k): int(v) for k, v in (state.get("subjects") or {}).items()}
         return int(state["first_seq"]), int(state["last_seq"]), fences
 
@@ -1355,13 +491,12 @@ class NatsLog(Log):
                 out[partition] = (max(first, 1) - 1, last)
                 continue
             stream = self.stream_name(topic, partition)
-            final = await self._direct(stream, {"last_by_subj": stream})
+            final = await self._js.direct_get(stream, {"last_by_subj": stream})
             if final is None:
                 out[partition] = (last, last)
                 continue
-            begin = await self._direct(stream, {"seq": first, "next_by_subj": stream})
-            end = _sequence(final)
-            out[partition] = (end if begin is None else _sequence(begin) - 1, end)
+            begin = await self._js.direct_get(stream, {"seq": first, "next_by_subj": stream})
+            out[partition] = (final.seq if begin is None else begin.seq - 1, final.seq)
         return out
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
@@ -1378,38 +513,7 @@ class NatsLog(Log):
         """Per partition, the lowest record offset still stored (fence records left out)."""
         return {p: start for p, (start, _) in (await self._bounds(topic)).items()}
 
-    async def _direct(self, stream: str, request: Mapping[str, Any]) -> Msg | None:
-        """One direct get from ``stream``; None when no message matches."""
-        nc = await self._conn()
-        data = json.dumps(request).encode()
-        msg = await self._call(
-            lambda: nc.request(f"$JS.API.DIRECT.GET.{stream}", data, timeout=self.timeout)
-        )
-        status = (msg.headers or {}).get("Status")
-        if status == "404":
-            return None
-        if status:
-            raise LogError(
-                f"NATS log {self.url}: reading {stream} ({request}) failed: "
-                f"{status} {(msg.headers or {}).get('Description', '')}"
-            )
-        return msg
-
     # -- offsets and leases -------------------------------------------------
-
-    async def _check_fence(self, fence: Lease | None) -> None:
-        """:raises FencedError: when ``fence`` is not its partition's current lease."""
-        if fence is None:
-            return
-        current = await self._lease(fence.group, fence.topic, fence.partition)
-        if current is None or current[0].generation != fence.generation:
-            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
-
-    async def _lease(self, group: str, topic: str, partition: int) -> tuple[_Lease, int] | None:
-        found = await self._get(self._key("l", group, topic, partition))
-        if found is None:
-            return None
-        return msgspec.msgpack.decode(found[0], type=_Lease), found[1]
 
     async def commit(
         self,
@@ -1433,16 +537,14 @@ class NatsLog(Log):
         """
         offset = check_commit(group, topic, partition, offset)
         check_partition(topic, partition, await self._partitions(topic))
-        subject = self._key("o", group, topic, partition)
-        value = _encode(_Offset(group, offset))
         if fence is None:
-            await self._put(subject, value)
+            await self._state.put_offset(group, topic, partition, offset, stream_last=None)
             return
-        await self._ensure_bucket()
-        for _ in range(_CAS_ATTEMPTS):
-            last = await self._stream_last(self._kv_stream)
+        await self._state.ensure()
+        for _ in range(CAS_ATTEMPTS):
+            last = await self._state.last_sequence()
             await self._check_fence(fence)
-            if await self._put(subject, value, stream_last=last):
+            if await self._state.put_offset(group, topic, partition, offset, stream_last=last):
                 return
         raise LogUnavailableError(
             f"NATS log {self.url}: the bucket {self.bucket} stayed too "
@@ -1450,18 +552,12 @@ class NatsLog(Log):
         )
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
-        found = await self._get(self._key("o", group, topic, partition))
-        return None if found is None else msgspec.msgpack.decode(found[0], type=_Offset).offset
+        return await self._state.offset(group, topic, partition)
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
         """See :meth:`Log.group_offsets <wakuwaku.logs.Log.group_offsets>`."""
         await self._partitions(topic)
-        entries = await self._scan(self._kv_stream, f"$KV.{self.bucket}.o.*.{escape(topic)}.*")
-        found: dict[str, dict[int, int]] = {}
-        for subject, data in entries:
-            entry = msgspec.msgpack.decode(data, type=_Offset)
-            found.setdefault(entry.group, {})[int(subject.rsplit(".", 1)[1])] = entry.offset
-        return {g: dict(sorted(parts.items())) for g, parts in sorted(found.items())}
+        return await self._state.offsets(topic)
 
     async def acquire_partition(
         self, group: str, topic: str, partition: int, member: str, ttl: float
@@ -1480,9 +576,8 @@ class NatsLog(Log):
             raise ConfigError("a lease needs a non-empty member name")
         if ttl <= 0:
             raise ConfigError(f"a lease ttl must be > 0 seconds, got {ttl!r}")
-        subject = self._key("l", group, topic, partition)
-        for _ in range(_CAS_ATTEMPTS):
-            current = await self._lease(group, topic, partition)
+        for _ in range(CAS_ATTEMPTS):
+            current = await self._state.lease(group, topic, partition)
             now = time.time()
             revision = 0
             generation = 1
@@ -1492,11 +587,11 @@ class NatsLog(Log):
                     return None
                 generation = held.generation + (held.member != member)
             lease = Lease(group, topic, partition, member, generation, now + float(ttl))
-            value = _encode(_Lease(member, generation, lease.expires_at))
-            if await self._put(subject, value, revision=revision):
+            entry = LeaseEntry(member, generation, lease.expires_at)
+            if await self._state.put_lease(group, topic, partition, entry, revision):
                 # Before anything is read under it, the lease fences the streams
                 # its earlier holders wrote to (see append).
-                return lease if await self._fence_targets(lease) else None
+                return lease if await self._fences.fence_targets(lease) else None
         raise LogUnavailableError(
             f"NATS log {self.url}: the lease on {group}/{topic}/{partition} kept changing"
         )
@@ -1505,7 +600,7 @@ class NatsLog(Log):
         """See :meth:`Log.partition_owners <wakuwaku.logs.Log.partition_owners>`."""
         found: dict[int, Lease] = {}
         for p in range(await self._partitions(topic)):
-            held = await self._lease(group, topic, p)
+            held = await self._state.lease(group, topic, p)
             if held is not None and held[0].member:
                 lease = held[0]
                 found[p] = Lease(group, topic, p, lease.member, lease.generation, lease.expires_at)
@@ -1513,13 +608,14 @@ class NatsLog(Log):
 
     async def release_partition(self, lease: Lease) -> None:
         """Give up ``lease`` when it is still the current one; see :meth:`Log.release_partition`."""
-        subject = self._key("l", lease.group, lease.topic, lease.partition)
-        for _ in range(_CAS_ATTEMPTS):
-            current = await self._lease(lease.group, lease.topic, lease.partition)
+        for _ in range(CAS_ATTEMPTS):
+            current = await self._state.lease(lease.group, lease.topic, lease.partition)
             if current is None or current[0].generation != lease.generation:
                 return
-            value = _encode(_Lease("", lease.generation, 0.0))
-            if await self._put(subject, value, revision=current[1]):
+            entry = LeaseEntry("", lease.generation, 0.0)
+            if await self._state.put_lease(
+                lease.group, lease.topic, lease.partition, entry, current[1]
+            ):
                 return
 
     # -- retention and shutdown ---------------------------------------------
@@ -1546,71 +642,18 @@ class NatsLog(Log):
             if keep <= start + 1:
                 continue
             stream = self.stream_name(topic, partition)
-            await self._purge_chunks(topic, partition, keep)
-            removed += await self._purge(stream, {"filter": stream, "seq": keep})
-            self._readers.pop((topic, partition), None)
+            await self._streams.purge_chunks(stream, keep)
+            removed += await self._js.purge(stream, {"filter": stream, "seq": keep})
+            self._streams.forget(topic, partition)
             _, _, fences = await self._stream_state(topic, partition)
             for subject, count in fences.items():
                 if count > 1:
-                    await self._purge(stream, {"filter": subject, "keep": 1})
+                    await self._js.purge(stream, {"filter": subject, "keep": 1})
         return removed
-
-    async def _purge(self, stream: str, request: Mapping[str, Any]) -> int:
-        """Purge messages of ``stream`` as ``request`` says; returns how many went."""
-        answer = await self._api(f"$JS.API.STREAM.PURGE.{stream}", request)
-        err = self._error(answer)
-        if err is not None:
-            raise LogError(f"NATS log {self.url}: purging {stream} failed: {err[1]}")
-        return int(answer.get("purged", 0))
-
-    async def _purge_chunks(self, topic: str, partition: int, keep: int) -> None:
-        """Purge the chunk stream below the lowest chunk a kept record names."""
-        blob = self.stream_name(topic, partition) + _BLOB_SUFFIX
-        answer = await self._api(f"$JS.API.STREAM.INFO.{blob}")
-        if self._error(answer) is not None or int(answer["state"]["messages"]) == 0:
-            return
-        # Keep every chunk from the lowest one a kept record names; without a
-        # kept large record, purge the chunk stream entirely.
-        low = await self._lowest_chunk(topic, partition, keep)
-        await self._api(f"$JS.API.STREAM.PURGE.{blob}", {"seq": low} if low else {})
-
-    async def _lowest_chunk(self, topic: str, partition: int, keep: int) -> int | None:
-        stream = self.stream_name(topic, partition)
-        config = {
-            "ack_policy": "none",
-            "deliver_policy": "by_start_sequence",
-            "opt_start_seq": keep,
-            "filter_subject": stream,
-            "inactive_threshold": 60_000_000_000,
-            "mem_storage": True,
-            "num_replicas": 1,
-        }
-        answer = await self._api(
-            f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config}
-        )
-        if self._error(answer) is not None:
-            return None
-        low: int | None = None
-        try:
-            while msgs := await self._fetch(stream, answer["name"], 1000, 0.0):
-                for msg in msgs:
-                    envelope = _envelope(msg)
-                    chunks = None if envelope is None else envelope.chunks
-                    if chunks:
-                        low = min(chunks) if low is None else min(low, *chunks)
-        finally:
-            await self._delete_consumer(stream, answer["name"])
-        return low
 
     async def close(self) -> None:
         """Close the connection; calling it again does nothing."""
-        if self._closed:
-            return
-        self._closed = True
-        nc, self._nc = self._nc, None
-        if nc is not None and not nc.is_closed:
-            with contextlib.suppress(nats.errors.Error, OSError, asyncio.TimeoutError):
-                await asyncio.wait_for(nc.close(), self.timeout)
+        await self._js.close()
 
     # -- URLs ---------------------------------------------------------------
 
@@ -1621,7 +664,9 @@ class NatsLog(Log):
         Options: ``prefix`` (see the constructor), ``timeout`` (seconds). A
         URL without credentials takes a token from ``WAKUWAKU_NATS_TOKEN``.
 
-        :raises ConfigError: for a URL without a host or with an unknown option.
+        :raises ConfigError: for a URL without a host, with an unknown
+            option, or with a ``timeout`` that is not seconds above 0 (NaN
+            and infinity included).
         """
         parsed = parse_log_url(url, {"nats": LOG_URL_OPTIONS["nats"]})
         credentials, at, hosts = parsed.rest.rstrip("/").rpartition("@")
