@@ -19,6 +19,7 @@ from wakuwaku import (
 )
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs import Lease, Log, TopicInfo
+from wakuwaku.logs._jetstream import JetStreamError
 from wakuwaku.logs.nats import TOKEN_ENV, NatsLog, escape
 
 from ..conftest import NATS_URL
@@ -403,6 +404,34 @@ async def test_retention_purges_chunks_of_purged_large_records(log: NatsLog) -> 
     await log.append("orders", 0, [(HEADERS, big), (HEADERS, b"small"), (HEADERS, big)])
     await log.commit("g", "orders", 0, 2)
     assert await log.apply_retention("orders") == 2
+    records = await log.read("orders", 0, 0)
+    assert [r.offset for r in records] == [2] and records[0].body == big
+
+
+async def test_retention_keeps_every_chunk_when_the_chunk_scan_is_refused(
+    log: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Which chunks the kept records name is found by a scan; a refused scan
+    # read as "none named" purged them all: the kept large record lost its body.
+    await log.create_topic("orders", 1)
+    big = b"z" * (log.max_payload or 1 << 20) * 2 if log.max_payload else b"z" * (2 << 20)
+    await log.append("orders", 0, [(HEADERS, big), (HEADERS, b"small"), (HEADERS, big)])
+    await log.commit("g", "orders", 0, 2)
+    streams = log._streams
+    js = streams._js
+    real = js.create_consumer
+
+    async def refused(stream: str, config: Any, **kwargs: Any) -> Any:
+        if config.get("deliver_policy") == "by_start_sequence":
+            raise JetStreamError(
+                "refused", code=503, err_code=10000, description="insufficient resources"
+            )
+        return await real(stream, config, **kwargs)
+
+    monkeypatch.setattr(js, "create_consumer", refused)
+    assert await log.apply_retention("orders") == 2
+    monkeypatch.undo()
+    log._streams.forget("orders", 0)
     records = await log.read("orders", 0, 0)
     assert [r.offset for r in records] == [2] and records[0].body == big
 

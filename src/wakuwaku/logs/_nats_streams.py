@@ -342,12 +342,21 @@ class PartitionStreams:
             return
         if info is None or int(info["state"]["messages"]) == 0:
             return
-        low = await self._lowest_chunk(stream, keep)
+        try:
+            low = await self._lowest_chunk(stream, keep)
+        except JetStreamError:
+            return  # not known which chunks records still name: keep them all
         with contextlib.suppress(JetStreamError):
             await self._js.purge(blob, {"seq": low} if low else {})
 
     async def _lowest_chunk(self, stream: str, keep: int) -> int | None:
-        """The lowest chunk a record of ``stream`` from sequence ``keep`` on names."""
+        """The lowest chunk a record of ``stream`` from sequence ``keep`` on names;
+        None when none does.
+
+        :raises JetStreamError: when the server refuses the scan (then which
+            chunks are still named is unknown: a refusal read as "none"
+            purged every chunk, the bodies of large records retention keeps).
+        """
         config = {
             "ack_policy": "none",
             "deliver_policy": "by_start_sequence",
@@ -357,10 +366,7 @@ class PartitionStreams:
             "mem_storage": True,
             "num_replicas": 1,
         }
-        try:
-            answer = await self._js.create_consumer(stream, config)
-        except JetStreamError:
-            return None
+        answer = await self._js.create_consumer(stream, config)
         low: int | None = None
         try:
             while msgs := await self._js.fetch(stream, answer["name"], 1000, 0.0):
