@@ -78,3 +78,20 @@ def test_a_broken_ipv6_host_is_refused_before_any_connection(scheme: str) -> Non
     with pytest.raises(ConfigError, match=r"broken \[IPv6\] host") as caught:
         open_log(f"{scheme}://u:s3cret@[::1:4222?timeout=1")
     assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///some/where.db?fsync=0&busy_timeout=2.5",
+        "redis://127.0.0.1:6390/3?prefix=app1&timeout=0.5",
+        "nats://127.0.0.1:4222?prefix=abc&timeout=7",
+        "iggy://127.0.0.1:8090?stream=s&timeout=3",
+    ],
+)
+def test_a_log_url_names_every_option_it_was_opened_with(url: str) -> None:
+    """``url`` is what another process opens the same log with (the demo's
+    consumer, a command shown it): every option that is not its default."""
+    log = open_log(url)
+    assert log.url == url
+    assert open_log(log.url).url == url

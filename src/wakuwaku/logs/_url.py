@@ -10,9 +10,9 @@ options from :attr:`LogURL.options` in :func:`~wakuwaku.logs.open_log`.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote
 
 from .._errors import ConfigError, UnsupportedLogURL
 from .._sanitize import redact_url
@@ -23,6 +23,7 @@ __all__ = (
     "LogURL",
     "check_servers",
     "check_timeout",
+    "log_url",
     "option_bool",
     "option_seconds",
     "option_timeout",
@@ -68,6 +69,30 @@ class LogURL:
     scheme: str
     rest: str
     options: Mapping[str, str] = field(default_factory=dict)
+
+
+def log_url(scheme: str, rest: str, options: Sequence[tuple[str, object, object]] = ()) -> str:
+    """The URL :func:`~wakuwaku.logs.open_log` opens a log with, as its ``url``.
+
+    The one builder of every adapter's ``url``: ``scheme://rest``, then each
+    option ``(name, value, default)`` whose value is not its default, in the
+    order given, so another process (the demo's consumer, a CLI command
+    shown the URL) opens the same log with the same options. A bool is
+    written ``1``/``0``, a float with ``:g``, anything else as percent-quoted
+    text. Callers never pass a credential: the URL is shown in messages.
+    """
+    query: list[str] = []
+    for name, value, default in options:
+        if value is None or value == default:
+            continue
+        if isinstance(value, bool):
+            text = "1" if value else "0"
+        elif isinstance(value, float):
+            text = f"{value:g}"
+        else:
+            text = quote(str(value), safe="/:,._-")
+        query.append(f"{name}={text}")
+    return f"{scheme}://{rest}" + ("?" + "&".join(query) if query else "")
 
 
 def parse_log_url(url: str, allowed: Mapping[str, Collection[str]] | None = None) -> LogURL:

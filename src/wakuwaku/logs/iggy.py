@@ -81,7 +81,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
-from ._url import check_servers, check_timeout, option_timeout, parse_log_url
+from ._url import check_servers, check_timeout, log_url, option_timeout, parse_log_url
 
 __all__ = (
     "HEADER_ROOM",
@@ -281,10 +281,9 @@ class IggyLog(Log):
         self.timeout = float(timeout)
         self._username = username or os.environ.get(USERNAME_ENV) or "iggy"
         self._password = password if password is not None else os.environ.get(PASSWORD_ENV, "")
-        query = [] if stream == "wakuwaku" else [f"stream={stream}"]
-        if timeout != 5.0:
-            query.append(f"timeout={timeout:g}")
-        self.url = f"iggy://{address}" + ("?" + "&".join(query) if query else "")
+        self.url = log_url(
+            "iggy", address, [("stream", stream, "wakuwaku"), ("timeout", self.timeout, 5.0)]
+        )
         self._client: IggyClient | None = None
         self._connecting = asyncio.Lock()
         self._stream_ready = False

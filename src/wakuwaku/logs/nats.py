@@ -83,7 +83,14 @@ from ._jetstream import TOKEN_ENV as TOKEN_ENV  # the environment variable for t
 from ._nats_bucket import LeaseEntry, StateBucket
 from ._nats_fences import Fences, fence_subjects
 from ._nats_streams import PartitionStreams, encode_record
-from ._url import LOG_URL_OPTIONS, check_servers, check_timeout, option_timeout, parse_log_url
+from ._url import (
+    LOG_URL_OPTIONS,
+    check_servers,
+    check_timeout,
+    log_url,
+    option_timeout,
+    parse_log_url,
+)
 
 __all__ = ("NatsLog", "escape")
 
@@ -136,7 +143,9 @@ class NatsLog(Log):
         self._user = user
         self._password = password
         hosts = ",".join(s.split("://", 1)[-1].rsplit("@", 1)[-1] for s in self.servers)
-        self.url = f"nats://{hosts}" + ("" if prefix == "wk" else f"?prefix={prefix}")
+        self.url = log_url(
+            "nats", hosts, [("prefix", prefix, "wk"), ("timeout", self.timeout, 5.0)]
+        )
         self._js = JetStream(
             self.servers,
             url=self.url,

@@ -61,7 +61,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
-from ._url import LOG_URL_OPTIONS, check_timeout, option_timeout, parse_log_url
+from ._url import LOG_URL_OPTIONS, check_timeout, log_url, option_timeout, parse_log_url
 
 try:
     import redis.asyncio as aioredis
@@ -140,9 +140,12 @@ class RedisLog(Log):
             )
         self.timeout: float = options["timeout"]
         scheme, host, port, db = options["scheme"], options["host"], options["port"], options["db"]
-        query = f"?prefix={self.prefix}" if self.prefix != "wk" else ""
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"{scheme}://{shown}:{port}/{db}{query}"
+        self.url = log_url(
+            scheme,
+            f"{shown}:{port}/{db}",
+            [("prefix", self.prefix, "wk"), ("timeout", float(self.timeout), 5.0)],
+        )
         self._where = f"Redis log {scheme}://{shown}:{port}/{db} (prefix {self.prefix!r})"
         password = options["password"] or os.environ.get(PASSWORD_ENV) or None
         self._redis = aioredis.Redis(

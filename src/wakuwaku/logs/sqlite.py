@@ -55,6 +55,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
+from ._url import log_url
 
 __all__ = ("APPLICATION_ID", "SCHEMA_VERSION", "SQLiteLog")
 
@@ -128,11 +129,11 @@ class SQLiteLog(Log):
         self.path = os.fspath(path)
         if not self.path or self.path == ":memory:":
             raise ConfigError(f"SQLiteLog needs a file path, got {self.path!r}")
-        # The URL another process opens this log with: the same options included.
-        options = [] if fsync else ["fsync=0"]
-        if busy_timeout != 30.0:
-            options.append(f"busy_timeout={float(busy_timeout):g}")
-        self.url = f"sqlite:///{self.path}" + ("?" + "&".join(options) if options else "")
+        self.url = log_url(
+            "sqlite",
+            f"/{self.path}",
+            [("fsync", bool(fsync), True), ("busy_timeout", float(busy_timeout), 30.0)],
+        )
         self.retention = retention
         self.busy_timeout = float(busy_timeout)
         self.fsync = fsync
