@@ -351,3 +351,9 @@ def test_a_log_urls_password_is_never_shown() -> None:
     assert shown_url("nats://me:pw@host:4222") == "nats://***@host:4222"
     assert shown_url("nats://s3cret-token@host:4222") == "nats://***@host:4222"
     assert shown_url("sqlite:///demo-out/log.db") == "sqlite:///demo-out/log.db"
+
+
+@pytest.mark.parametrize("interval", [float("nan"), float("inf"), 0.0, -1.0])
+def test_settings_refuse_an_interval_that_is_not_finite_seconds(interval: float) -> None:
+    with pytest.raises(ConfigError, match="interval must be finite seconds > 0"):
+        DashboardSettings("sqlite:///x.db", interval=interval)

@@ -7,6 +7,7 @@ import os
 import click
 
 from .._errors import ConfigError
+from ._options import Seconds
 from ._status import log_option, namespace_option, open_existing_log
 
 
@@ -23,7 +24,7 @@ from ._status import log_option, namespace_option, open_existing_log
     "--interval",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(0.2, 3600),
+    type=Seconds(0.2, 3600),
     help="Seconds between reads of the log (and page updates).",
 )
 @click.option(

@@ -25,6 +25,7 @@ import datetime
 import hmac
 import ipaddress
 import json
+import math
 import secrets
 import urllib.parse
 import urllib.request
@@ -78,6 +79,7 @@ class DashboardSettings:
     :param interval: seconds between two reads of the log (and page updates).
     :param metrics_url: a consumer's Prometheus endpoint to link and show
         (``wakuwaku run --metrics-port``).
+    :raises ConfigError: when ``interval`` is not finite seconds > 0.
     """
 
     log_url: str
@@ -89,6 +91,16 @@ class DashboardSettings:
     token: str | None = None
     interval: float = 5.0
     metrics_url: str | None = None
+
+    def __post_init__(self) -> None:
+        # nan passes every comparison: a page polling every nan seconds polls
+        # as fast as it can.
+        if not (isinstance(self.interval, int | float) and math.isfinite(self.interval)) or (
+            self.interval <= 0
+        ):
+            raise ConfigError(
+                f"the dashboard's interval must be finite seconds > 0, got {self.interval!r}"
+            )
 
 
 def is_loopback(host: str) -> bool:
