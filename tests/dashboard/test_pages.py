@@ -245,6 +245,50 @@ def test_unknown_topic_or_group_is_404(built: str) -> None:
         assert http.get(f"{PAGE}/dead-letters/0/999999").status_code == 404
 
 
+NUMBERS_OUT_OF_BOUNDS = [
+    "99999999999999999999999",  # OverflowError in SQLite: the page answered 500
+    str(2**63),
+    str(2**64 + 1),
+    "9" * 5000,  # more digits than int() reads
+    "-1",
+    "+1",
+    "1.0",
+    "0x10",
+    "1e3",
+    "٣",  # a digit, not an ASCII one
+    "%20",
+    "x",
+]
+
+
+def test_every_numeric_path_part_out_of_bounds_is_404(tmp_path: Path) -> None:
+    """The dead-letter route is the one with numeric parts (partition, offset):
+    each is an int in [0, 2**63) and a partition of the topic, else 404."""
+    url = f"sqlite:///{tmp_path}/log.db"
+    asyncio.run(build(url))
+    with TestClient(
+        create_app(DashboardSettings(url, interval=3600.0)),
+        base_url="http://127.0.0.1:8765",
+        raise_server_exceptions=False,
+    ) as http:
+        for bad in NUMBERS_OUT_OF_BOUNDS:
+            for route in (f"{PAGE}/dead-letters/{bad}/0", f"{PAGE}/dead-letters/0/{bad}"):
+                answer = http.get(route)
+                assert answer.status_code == 404, (route, answer.status_code)
+                assert "no dead letter" in answer.text, route
+        # in bounds but beyond the topic: 404 as well
+        for route in (f"{PAGE}/dead-letters/2/0", f"{PAGE}/dead-letters/0/{2**63 - 1}"):
+            assert http.get(route).status_code == 404, route
+
+
+def test_a_page_number_out_of_bounds_shows_a_page(built: str) -> None:
+    with client(built) as http:
+        for page in ("99999999999999999999999", "-3", "0", "x", "9" * 5000):
+            answer = http.get(f"{PAGE}/dead-letters", params={"page": page})
+            assert answer.status_code == 200, page
+            assert re.search(rf'id="found-count">{DEAD}<', answer.text)
+
+
 def test_group_option_shows_only_that_group(built: str) -> None:
     with client(built, group="someone-else") as http:
         text = http.get("/").text

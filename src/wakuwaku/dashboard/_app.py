@@ -167,6 +167,20 @@ def printable(text: str | None, limit: int | None = 200) -> str:
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text) + cut
 
 
+MAX_NUMBER = 2**63 - 1
+"""The largest partition or offset a URL may name (offsets are int64 in every log)."""
+
+
+def path_number(raw: str) -> int | None:
+    """A partition, offset or page number from a URL: an int from 0 to
+    :data:`MAX_NUMBER` written in ASCII digits, None for anything else (a sign,
+    a fraction, other digits, more than 19 digits)."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_NUMBER)):
+        return None
+    value = int(raw)
+    return value if value <= MAX_NUMBER else None
+
+
 def decoded_body(body: bytes) -> tuple[str, str]:
     """``(kind, text)`` of a record body: pretty JSON, UTF-8 text or hex."""
     try:
@@ -393,11 +407,9 @@ class Dashboard:
             search = LetterFilter.from_query(request.query_params)
         except ValueError as exc:
             return self.error(request, 400, str(exc))
-        try:
-            page = max(1, int(request.query_params.get("page", "1")))
-        except ValueError:
-            page = 1
         found = [e for e in view.letters if search.matches(e)]
+        pages = max(1, -(-len(found) // PAGE_SIZE))
+        page = min(max(1, path_number(request.query_params.get("page", "1")) or 1), pages)
         shown = found[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
         reasons = sorted({e.reason for e in view.letters})
         return self.render(
@@ -408,7 +420,7 @@ class Dashboard:
             found=len(found),
             shown=shown,
             page=page,
-            pages=max(1, -(-len(found) // PAGE_SIZE)),
+            pages=pages,
             reasons=reasons,
             query=request.query_params,
         )
@@ -418,12 +430,21 @@ class Dashboard:
         if view is None:
             return self._unknown(request)
         log, sampler = self._ready()
-        partition, offset = request.path_params["partition"], request.path_params["offset"]
         dlq = sampler.dead_letter_topic(view.target)
+        raw_partition, raw_offset = request.path_params["partition"], request.path_params["offset"]
+        partition, offset = path_number(raw_partition), path_number(raw_offset)
+        if partition is None or offset is None:
+            where = f"{dlq}/{printable(raw_partition, 40)}@{printable(raw_offset, 40)}"
+            return self.error(
+                request,
+                404,
+                f"no dead letter at {where} (a partition and an offset are whole "
+                "numbers from 0 to 2**63 - 1)",
+            )
         try:
             records = await log.read(dlq, partition, offset, 1)
         except WakuwakuError as exc:
-            return self.error(request, 404, sanitize(exc, 300))
+            return self.error(request, 404, f"no dead letter there: {sanitize(exc, 300)}")
         if not records or records[0].offset != offset:
             return self.error(request, 404, f"no dead letter at {dlq}/{partition}@{offset}")
         letter = parse_dead_letter(partition, records[0])
@@ -508,8 +529,10 @@ class Dashboard:
             Route("/", self.index),
             Route("/topic/{topic}/group/{group}", self.topic),
             Route("/topic/{topic}/group/{group}/dead-letters", self.dead_letters),
+            # Numbers are read by path_number, not Starlette's int convertor,
+            # which takes any count of digits (an offset past 2**63 was a 500).
             Route(
-                "/topic/{topic}/group/{group}/dead-letters/{partition:int}/{offset:int}",
+                "/topic/{topic}/group/{group}/dead-letters/{partition}/{offset}",
                 self.dead_letter,
             ),
             Route("/replay", self.replay, methods=["POST"]),
