@@ -1,7 +1,9 @@
-"""The dashboard's Starlette application: routes, security and rendering.
+"""The dashboard's Starlette application: routes and rendering.
 
-Security model (docs/dashboard.md):
+Security model (docs/dashboard.md; the layers are in :mod:`._security`):
 
+- only the host names it was started for are answered (DNS rebinding), and
+  a POST from another origin is refused;
 - read-only unless started with ``allow_replay``; the only write is
   ``POST /replay`` and it is refused with 403 otherwise;
 - every POST carries a CSRF token (asgi-csrf's signed double-submit cookie:
@@ -18,12 +20,8 @@ Security model (docs/dashboard.md):
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import datetime
-import hmac
-import ipaddress
 import json
 import math
 import secrets
@@ -39,9 +37,8 @@ import msgspec
 from asgi_csrf import asgi_csrf
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
@@ -52,9 +49,14 @@ from ..logs import Log, open_log
 from ..reliability import redact_url
 from ._charts import bar_chart, clock, line_chart
 from ._sampler import LetterEntry, Sampler, Target, View
+from ._security import (
+    HostGuard,
+    SecurityHeaders,
+    TokenAuth,
+    allowed_host_names,
+    check_exposure,
+)
 
-TOKEN_ENV = "WAKUWAKU_DASHBOARD_TOKEN"
-"""The environment variable the dashboard reads its access token from."""
 PAGE_SIZE = 100
 """Dead letters per page of the list."""
 PARTIAL_HEADER = "x-wakuwaku-partial"
@@ -74,12 +76,16 @@ class DashboardSettings:
     :param group: only this consumer group (None: every group found).
     :param namespace: the consumers' namespace prefix, if any.
     :param host: / :param port: where to listen.
+    :param allowed_hosts: host names answered besides the loopback names and
+        ``host`` (the ``Host`` header a browser sends: the name in its
+        address bar); others get 400 (:class:`~._security.HostGuard`).
     :param allow_replay: allow replaying dead letters (the only write).
     :param token: the access token every request must carry (None: none).
     :param interval: seconds between two reads of the log (and page updates).
     :param metrics_url: a consumer's Prometheus endpoint to link and show
         (``wakuwaku run --metrics-port``).
-    :raises ConfigError: when ``interval`` is not finite seconds > 0.
+    :raises ConfigError: when ``interval`` is not finite seconds > 0, or a
+        name of ``allowed_hosts`` is not a bare host name or address.
     """
 
     log_url: str
@@ -87,6 +93,7 @@ class DashboardSettings:
     namespace: str = ""
     host: str = "127.0.0.1"
     port: int = 8765
+    allowed_hosts: tuple[str, ...] = ()
     allow_replay: bool = False
     token: str | None = None
     interval: float = 5.0
@@ -101,29 +108,7 @@ class DashboardSettings:
             raise ConfigError(
                 f"the dashboard's interval must be finite seconds > 0, got {self.interval!r}"
             )
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(host: str, token: str | None) -> None:
-    """Refuse to listen beyond this machine without an access token.
-
-    :raises ConfigError: when ``host`` is not a loopback address and no token
-        is set (the message names the variable).
-    """
-    if not is_loopback(host) and not token:
-        raise ConfigError(
-            f"refusing to listen on {host!r} without a token: set {TOKEN_ENV} "
-            "(every request must then carry it) or listen on 127.0.0.1"
-        )
+        allowed_host_names(self.host, self.allowed_hosts)
 
 
 # ---------------------------------------------------------------- formatting
@@ -203,63 +188,6 @@ def _templates() -> Jinja2Templates:
     )
     env.filters.update(when=when, printable=printable, clock=clock, shown_url=shown_url)
     return Jinja2Templates(env=env)
-
-
-# ------------------------------------------------------------------ security
-
-
-class SecurityHeaders(BaseHTTPMiddleware):
-    """A CSP nonce per request (``request.state.nonce``) and defensive headers."""
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        request.state.nonce = secrets.token_urlsafe(16)
-        response = await call_next(request)
-        nonce = request.state.nonce
-        response.headers["Content-Security-Policy"] = (
-            f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
-            "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
-            "frame-ancestors 'none'; base-uri 'none'"
-        )
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Cache-Control"] = "no-store"
-        return response
-
-
-class TokenAuth:
-    """Every request must carry ``token``: Basic (as the password) or Bearer."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token.encode()
-
-    def _allowed(self, header: str) -> bool:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer":
-            return hmac.compare_digest(value.strip().encode(), self.token)
-        if scheme.lower() == "basic":
-            try:
-                decoded = base64.b64decode(value.strip(), validate=True)
-            except (binascii.Error, ValueError):
-                return False
-            return hmac.compare_digest(decoded.partition(b":")[2], self.token)
-        return False
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or ())
-        if self._allowed(headers.get(b"authorization", b"").decode("latin-1")):
-            await self.app(scope, receive, send)
-            return
-        response = PlainTextResponse(
-            "this dashboard needs its token (the password; any user name)",
-            status_code=401,
-            headers={"WWW-Authenticate": 'Basic realm="wakuwaku dashboard", charset="UTF-8"'},
-        )
-        await response(scope, receive, send)
 
 
 # ------------------------------------------------------------------- filters
@@ -571,6 +499,7 @@ def create_app(
     )
     if settings.token:
         protected = TokenAuth(protected, settings.token)
+    protected = HostGuard(protected, allowed_host_names(settings.host, settings.allowed_hosts))
 
     # The lifespan events reach Starlette through the wrappers (asgi-csrf and
     # the middleware pass non-http scopes on).
