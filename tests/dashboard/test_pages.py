@@ -505,3 +505,19 @@ def test_a_log_urls_password_is_never_shown() -> None:
 def test_settings_refuse_an_interval_that_is_not_finite_seconds(interval: float) -> None:
     with pytest.raises(ConfigError, match="interval must be finite seconds > 0"):
         DashboardSettings("sqlite:///x.db", interval=interval)
+
+
+def test_every_time_shown_carries_its_zone(built: str) -> None:
+    """A bare ``2026-05-01 10:15:04`` reads as local time to whoever looks."""
+    stamp = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(:\d\d)?(?! UTC)(?!Z)(?!:\d)")
+    with client(built) as http:
+        pages = [http.get("/").text, http.get(PAGE).text]
+        letters = http.get(f"{PAGE}/dead-letters").text
+        pages.append(letters)
+        link = re.search(r'href="(/topic/[^"]+/dead-letters/\d+/\d+)"', letters)
+        assert link is not None
+        pages.append(http.get(link.group(1)).text)
+    for text in pages:
+        shown = re.sub(r"<[^>]*>", " ", text)  # not the attributes: the text shown
+        assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown)
+        assert not stamp.search(shown), stamp.search(shown)

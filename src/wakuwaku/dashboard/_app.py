@@ -120,14 +120,15 @@ def shown_url(url: str) -> str:
 
 
 def when(seconds: float | None) -> str:
-    """A UTC time to the second (``-`` for None or an impossible time)."""
+    """A time to the second with its zone, ``2026-05-01 10:15:04 UTC`` (``-``
+    for None; ``<n> s since the epoch`` for a time no date can show)."""
     if seconds is None:
         return "-"
     try:
         moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
     except (ValueError, OverflowError, OSError):
         return f"{seconds:.0f} s since the epoch"
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def relative(seconds: float, now: float) -> str:
