@@ -122,3 +122,50 @@ def test_a_good_schedule_is_read_with_its_spaces() -> None:
     from wakuwaku.cli._options import parse_retry_delays
 
     assert parse_retry_delays("0, 1.5,2592000") == (0.0, 1.5, 2592000.0)
+
+
+def log_commands() -> list[tuple[tuple[str, ...], click.Command]]:
+    """Every command that takes ``--log`` (the demo has its own, below)."""
+    return [
+        (path, command)
+        for path, command in commands(build_cli())
+        for param in command.params
+        if isinstance(param, click.Option) and "--log" in param.opts and path[0] != "demo"
+    ]
+
+
+def test_the_log_commands_are_found() -> None:
+    found = {" ".join(path) for path, _ in log_commands()}
+    assert {"topic create", "produce", "tail", "status", "dlq replay", "run", "dashboard"} <= found
+    assert len(found) == 12
+
+
+@pytest.mark.parametrize("url", ["memory://", "MEMORY://", "memory://?x=1"])
+def test_every_command_refuses_a_memory_log(
+    url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``topic create orders --log memory://`` said "created", and the next
+    command could not see it: the log ended with the first command."""
+    monkeypatch.chdir(tmp_path)
+    for path, command in log_commands():
+        argv = [*path, *args_for(command), "--log", url]
+        assert main(argv) == ExitCode.ERROR, argv
+        err = capsys.readouterr().err
+        assert f"--log {url!r}: a memory log lives only as long as this command" in err, argv
+        assert "sqlite:///wakuwaku.db" in err
+        monkeypatch.setenv("WAKUWAKU_LOG", url)
+        assert main([*path, *args_for(command)]) == ExitCode.ERROR
+        assert f"WAKUWAKU_LOG {url!r}: a memory log" in capsys.readouterr().err
+        monkeypatch.delenv("WAKUWAKU_LOG")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_demo_refuses_a_memory_log_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["demo", "flights", "--log", "memory://", "--workdir", str(tmp_path / "out")]
+    assert main(argv) == ExitCode.ERROR
+    assert "sqlite:///" in capsys.readouterr().err
