@@ -281,3 +281,38 @@ def test_the_consumer_module_of_docs_operations_runs(
     finally:
         for name in ("billing", "billing.consumer"):
             sys.modules.pop(name, None)
+
+
+def test_metrics_listen_on_loopback_unless_asked(
+    ticks: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--metrics-port`` alone served every interface (0.0.0.0)."""
+    pytest.importorskip("prometheus_client")
+    import wakuwaku.metrics
+
+    bound: list[tuple[int, str]] = []
+
+    def start(port: int, addr: str = "", **_: object) -> None:
+        bound.append((port, addr))
+
+    monkeypatch.setattr(wakuwaku.metrics, "start_http_server", start)
+    url, _ = ticks
+    assert main(["run", TARGET, "--drain", "--metrics-port", "9100", "--log", url]) == ExitCode.OK
+    addr = "0.0.0.0"
+    assert (
+        main(
+            [
+                "run",
+                TARGET,
+                "--drain",
+                "--metrics-port",
+                "9100",
+                "--metrics-addr",
+                addr,
+                "--log",
+                url,
+            ]
+        )
+        == ExitCode.OK
+    )
+    assert bound == [(9100, "127.0.0.1"), (9100, "0.0.0.0")]

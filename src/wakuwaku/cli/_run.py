@@ -208,9 +208,9 @@ def _start_metrics(consumer: Consumer, port: int, addr: str) -> asyncio.Task[Non
 )
 @click.option(
     "--metrics-addr",
-    default="0.0.0.0",
+    default="127.0.0.1",
     show_default=True,
-    help="The address the metrics server listens on.",
+    help="The address the metrics server listens on (0.0.0.0: every interface).",
 )
 @log_option
 def run_command(
