@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from .._errors import ConfigError
+from .._text import counted, shown_key
 from ..admin import Status, consumer_status
 from ..engine import DEFAULT_RETRY_DELAYS
 from ..logs import DEFAULT_LOG_URL, Log, open_log, sqlite_log_path
@@ -196,12 +197,12 @@ def render_status(status: Status, now: float) -> list[str]:
             f"{p.partition:>9}  {p.end_offset:>10}  {committed:>10}  {p.lag:>8}  "
             f"{p.retry_pending:>8}  {p.quarantined:>11}"
         )
-    lines.append(f"lag: {status.lag} records")
-    lines.append(f"retry backlog: {status.backlog} records pending")
+    lines.append(f"lag: {counted(status.lag, 'record')}")
+    lines.append(f"retry backlog: {counted(status.backlog, 'record')} pending")
     if status.quarantined:
         lines.append(f"quarantined keys: {len(status.quarantined)}")
         lines.extend(
-            f"  partition {q.partition}  key {printable(q.key)!r}  pending {q.pending}  "
+            f"  partition {q.partition}  key {shown_key(q.key)}  pending {q.pending}  "
             f"failures {q.failures}  next attempt (stored) {when(q.next_attempt_at)} "
             f"({_relative(q.next_attempt_at, now)})"
             for q in status.quarantined

@@ -30,6 +30,7 @@ from .._errors import ConfigError
 from .._events import Algebra, EventType, JsonCodec
 from .._json import DuplicateKeyError, decode_strict
 from .._records import Record, build_headers
+from .._text import counted
 from ..engine import (
     TOPIC_NAMES_TOPIC,
     GroupTopics,
@@ -124,7 +125,7 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
 
     existed = run_on_log(log_url, work, create=True)
     verb = "exists" if existed else "created"
-    click.echo(f"topic {name} {verb} with {partitions} partition{'s' * (partitions != 1)}")
+    click.echo(f"topic {name} {verb} with {counted(partitions, 'partition')}")
 
 
 async def _delete(log: Log, name: str) -> tuple[bool, list[GroupTopics]]:
@@ -232,7 +233,7 @@ def group_delete_command(group: str, topic: str | None, yes: bool, log_url: str)
         )
         return ExitCode.FAILURE
     click.echo(
-        f"group {group}: {removed} committed offset{'s' * (removed != 1)} "
+        f"group {group}: {counted(removed, 'committed offset')} "
         f"deleted{where} (its wk-retry.{group}.* and wk-dlq.{group}.* topics, and "
         "configured ones, are kept)"
     )
@@ -284,7 +285,7 @@ def describe_command(name: str, as_json: bool, log_url: str) -> None:
             )
         )
         return
-    click.echo(f"topic {name}: {found.partitions} partitions")
+    click.echo(f"topic {name}: {counted(found.partitions, 'partition')}")
     click.echo(f"{'partition':>9}  {'start':>12}  {'end':>12}  {'records':>12}")
     for p in range(found.partitions):
         click.echo(
@@ -298,7 +299,9 @@ def describe_command(name: str, as_json: bool, log_url: str) -> None:
         # A partition the group never committed on counts whole as lag.
         lag = sum(found.end[p] - parts.get(p, found.start[p]) for p in range(found.partitions))
         where = ", ".join(f"p{p}={o}" for p, o in sorted(parts.items()))
-        click.echo(f"group {group}: lag {max(0, lag)} records; committed offsets {where}")
+        click.echo(
+            f"group {group}: lag {counted(max(0, lag), 'record')}; committed offsets {where}"
+        )
 
 
 @topic_group.command("list")
@@ -532,7 +535,7 @@ async def _tail(
     info = await log.describe_topic(topic)
     if partition is not None and not 0 <= partition < info.partitions:
         raise ConfigError(
-            f"topic {topic!r} has {info.partitions} partitions; "
+            f"topic {topic!r} has {counted(info.partitions, 'partition')}; "
             f"--partition {partition} does not exist"
         )
     chosen = [partition] if partition is not None else list(range(info.partitions))

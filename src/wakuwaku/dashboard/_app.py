@@ -44,6 +44,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
 from .. import ConfigError, WakuwakuError, sanitize
+from .._text import plural
 from ..admin import parse_dead_letter, replay_dead_letters
 from ..logs import Log, open_log
 from ..reliability import redact_url
@@ -187,7 +188,9 @@ def _templates() -> Jinja2Templates:
         autoescape=True,  # every template, whatever its name
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(when=when, printable=printable, clock=clock, shown_url=shown_url)
+    env.filters.update(
+        when=when, printable=printable, clock=clock, shown_url=shown_url, plural=plural
+    )
     return Jinja2Templates(env=env)
 
 
