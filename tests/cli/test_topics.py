@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from wakuwaku import Producer, Registry, event, partition_for
+from wakuwaku import Producer, Registry, UnknownTopicError, event, partition_for
 from wakuwaku.cli import ExitCode, main
 from wakuwaku.logs.sqlite import SQLiteLog
 
@@ -428,8 +428,10 @@ def test_topic_delete_and_group_delete_clean_up(cli: CLI) -> None:
     )
     code, out, _ = cli("topic", "delete", "orders", "--yes")
     assert code == 0 and out.startswith("topic orders deleted (its groups' wk-retry.*")
-    code, _, err = cli("topic", "delete", "orders", "--yes")
-    assert (code, err) == (1, "no topic orders\n")
+    for args in (("--yes",), ()):  # refused before asking
+        code, _, err = cli("topic", "delete", "orders", *args)
+        # as every other unknown topic: not "no topic orders" with exit status 1
+        assert (code, err) == (ExitCode.ERROR, f"error: {UnknownTopicError('orders')}\n")
     code, out, _ = cli("topic", "list", "--json")
     assert [json.loads(line)["topic"] for line in out.splitlines()] == ["other"]
     code, out, _ = cli("group", "delete", "g", "--yes")

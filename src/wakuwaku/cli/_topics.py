@@ -26,7 +26,7 @@ from typing import IO, Any, TypeVar
 import click
 import msgspec
 
-from .._errors import ConfigError
+from .._errors import ConfigError, UnknownTopicError
 from .._events import Algebra, EventType, JsonCodec
 from .._json import DuplicateKeyError, decode_strict
 from .._records import Record, build_headers
@@ -166,15 +166,15 @@ def delete_command(name: str, yes: bool, log_url: str) -> int:
 
     Stop the topic's consumers first. A dead-letter topic goes with its replay
     ledger. A main topic's retry and dead-letter topics are kept (configured
-    names are found where the consumers noted them, and named). Exit 1 when
-    there is no such topic.
+    names are found where the consumers noted them, and named). Exit 3 when
+    there is no such topic (checked before asking), as every command says.
     """
+    run_on_log(log_url, lambda log: log.describe_topic(name))  # UnknownTopicError: exit 3
     if not yes and not _confirmed(f"delete topic {name} with its records and offsets?"):
         return ExitCode.FAILURE
     deleted, noted = run_on_log(log_url, lambda log: _delete(log, name))
-    if not deleted:
-        click.echo(f"no topic {name}", err=True)
-        return ExitCode.FAILURE
+    if not deleted:  # deleted by someone else since the check
+        raise UnknownTopicError(name)
     ledger = _ledger_of(name, noted)
     if ledger is not None:
         # The ledger of replayed dead letters goes with them: kept, it would
