@@ -8,9 +8,10 @@ with ``open_log(os.environ["WAKUWAKU_LOG"])``. The current directory is put
 on ``sys.path`` first, as ``python -m`` would.
 
 Exit status: 0 after a graceful stop (signal, ``--drain`` idle, or
-:meth:`Consumer.stop`); 2 for a target that cannot be found or is not a
-consumer; 3 when importing the module or building the consumer failed, or
-the consumer cannot start (unknown topic, partition count mismatch).
+:meth:`Consumer.stop`); 130 after a forced one (a second signal); 2 for a
+target that cannot be found or is not a consumer; 3 when importing the
+module or building the consumer failed, or the consumer cannot start
+(unknown topic, partition count mismatch).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import inspect
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -181,7 +183,9 @@ async def build_consumer(
 
 async def _serve(
     spec: str, target: Any, log_url: str, drain: bool, metrics_port: int | None, metrics_addr: str
-) -> None:
+) -> bool:
+    """Run the consumer until it stops; True when its stop was forced (a
+    second SIGINT/SIGTERM)."""
     consumer = await build_consumer(target, spec, log_url)
     refresher: asyncio.Task[None] | None = None
     try:
@@ -204,6 +208,7 @@ async def _serve(
         else:
             stats = await consumer.run(install_signal_handlers=True)
         logger.info("consumer stopped", extra={"stats": stats.as_dict()})
+        return consumer.forced
     finally:
         if refresher is not None:
             refresher.cancel()
@@ -267,13 +272,40 @@ def run_command(
     exported as WAKUWAKU_LOG before MODULE is imported. On SIGINT/SIGTERM no
     new chunk starts, running chunks finish (within the consumer's
     shutdown_timeout), completed batches' offsets are stored, leases are
-    released, and the exit status is 0.
+    released, and the exit status is 0. A second SIGINT/SIGTERM stops at
+    once: it names the partitions still draining, cancels their chunks,
+    releases the leases and exits with status 130 (without waiting for sync
+    handler calls still running in threads).
     """
     os.environ[LOG_ENV] = log_url
     with logging_to_stderr(log_level):
         obj = load_target(target)
-        asyncio.run(_serve(target, obj, log_url, drain, metrics_port, metrics_addr))
-    return ExitCode.OK
+        forced = asyncio.run(_serve(target, obj, log_url, drain, metrics_port, metrics_addr))
+        if forced:
+            _exit_now_if_threads_run()
+    return ExitCode.INTERRUPTED if forced else ExitCode.OK
+
+
+def _exit_now_if_threads_run() -> None:
+    """After a forced stop, end the process without waiting for sync handler
+    calls still running in threads (the interpreter would join them at exit:
+    a handler sleeping 60 s kept the "stopped now" process alive 60 s)."""
+    running = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and t.is_alive() and not t.daemon
+    ]
+    if not running:
+        return
+    logger.warning(
+        "exiting without waiting for handler calls still running in threads",
+        extra={"threads": running},
+    )
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(ExitCode.INTERRUPTED)
 
 
 def register(group: click.Group) -> None:
