@@ -202,7 +202,7 @@ def render_status(status: Status, now: float) -> list[str]:
     if status.quarantined:
         lines.append(f"quarantined keys: {len(status.quarantined)}")
         lines.extend(
-            f"  partition {q.partition}  key {shown_key(q.key)}  pending {q.pending}  "
+            f"  partition {q.partition}  key {shown_key(q.key, 200)}  pending {q.pending}  "
             f"failures {q.failures}  next attempt (stored) {when(q.next_attempt_at)} "
             f"({_relative(q.next_attempt_at, now)})"
             for q in status.quarantined
