@@ -305,10 +305,14 @@ def start_metrics_server(
     consumer: Consumer,
     port: int,
     *,
-    addr: str = "0.0.0.0",
+    addr: str = "127.0.0.1",
     registry: CollectorRegistry | None = None,
 ) -> ConsumerCollector:
     """Serve ``consumer``'s metrics over HTTP on ``addr:port`` (a daemon thread).
+
+    :param addr: the address to listen on; loopback by default, ``"0.0.0.0"``
+        for every interface (the metrics name topics, groups and error
+        reasons: expose them on purpose).
 
     :param registry: where to register the collector; default a new
         :class:`~prometheus_client.CollectorRegistry` holding only it.

@@ -450,3 +450,59 @@ def test_a_huge_key_is_cut_in_text_lines_and_whole_in_json() -> None:
     assert shown.startswith("k\\u000ax") and shown.endswith("(9802 more characters)")
     assert len(shown) < 260
     assert printable(key) == "k\\u000a" + "x" * 10_000
+
+
+def test_one_of_a_kind_is_singular_and_a_key_is_escaped_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``1 dead letters`` and ``key='a\\\\u0000b'`` (escaped by hand, then by repr)
+    were printed; now ``1 dead letter`` and ``key='a\\x00b'``."""
+    path = tmp_path / "wk.db"
+    url = f"sqlite:///{path}"
+
+    async def build() -> None:
+        log = SQLiteLog(path)
+        try:
+            await log.create_topic(TOPIC, 1)
+            await wk.Producer(log, TOPIC).publish(Order("a\x00b", min(POISON)))
+            await make_consumer(log, Recorder()).drain()
+            await wk.Producer(log, TOPIC).publish(Order("k", 1))  # lag 1
+        finally:
+            await log.close()
+
+    asyncio.run(build())
+    capsys.readouterr()
+
+    def run(*args: str) -> str:
+        main([*args, "--log", url])
+        return capsys.readouterr().out
+
+    listed = run("dlq", "list", TOPIC, "-g", GROUP)
+    assert "\tkey='a\\x00b'\t" in listed
+    assert listed.splitlines()[-1] == f"1 dead letter in 'wk-dlq.{GROUP}.{TOPIC}'"
+    dry = run("dlq", "replay", TOPIC, "-g", GROUP, "--dry-run").splitlines()
+    assert dry[0] == f"would replay 1 dead letter into {TOPIC!r} (partition 0: 1)"
+    assert dry[1] == "  0@0\tkey='a\\x00b'\t-> partition 0"
+    assert run("dlq", "replay", TOPIC, "-g", GROUP).startswith("replayed 1 dead letter into")
+    again = run("dlq", "replay", TOPIC, "-g", GROUP)
+    assert "1 matching dead letter was replayed before (use --all to replay it again)" in again
+    status = run("status", TOPIC, "-g", GROUP).splitlines()
+    assert "lag: 2 records" in status  # the new record and the replayed copy
+    described = run("topic", "describe", TOPIC)
+    assert described.startswith("topic orders: 1 partition\n")
+    assert "group billing: lag 2 records;" in described
+
+
+def test_shown_key_escapes_once_and_cuts_long_keys() -> None:
+    from wakuwaku._text import counted, shown_key
+
+    assert shown_key("a\x00b") == "'a\\x00b'"
+    assert shown_key("it's") == '"it\'s"'
+    assert shown_key("back\\slash") == "'back\\\\slash'"  # a backslash of the key, doubled
+    long = shown_key("k\n" + "x" * 10_000, 200)
+    assert long.startswith("'k\\nx") and long.endswith("'...(9802 more characters)")
+    assert (counted(1, "key"), counted(0, "key"), counted(2, "entry", "entries")) == (
+        "1 key",
+        "0 keys",
+        "2 entries",
+    )

@@ -103,4 +103,4 @@ def test_status_dlq_and_tail_read_a_server_log(
         main(["dlq", "replay", "orders", "-g", "billing", "--dry-run", "--log", server_url])
         == ExitCode.OK
     )
-    assert "would replay 1 dead letters" in capsys.readouterr().out
+    assert "would replay 1 dead letter into" in capsys.readouterr().out

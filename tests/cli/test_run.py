@@ -281,3 +281,93 @@ def test_the_consumer_module_of_docs_operations_runs(
     finally:
         for name in ("billing", "billing.consumer"):
             sys.modules.pop(name, None)
+
+
+def test_metrics_listen_on_loopback_unless_asked(
+    ticks: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--metrics-port`` alone served every interface (0.0.0.0)."""
+    pytest.importorskip("prometheus_client")
+    import wakuwaku.metrics
+
+    bound: list[tuple[int, str]] = []
+
+    def start(port: int, addr: str = "", **_: object) -> None:
+        bound.append((port, addr))
+
+    monkeypatch.setattr(wakuwaku.metrics, "start_http_server", start)
+    url, _ = ticks
+    assert main(["run", TARGET, "--drain", "--metrics-port", "9100", "--log", url]) == ExitCode.OK
+    addr = "0.0.0.0"
+    assert (
+        main(
+            [
+                "run",
+                TARGET,
+                "--drain",
+                "--metrics-port",
+                "9100",
+                "--metrics-addr",
+                addr,
+                "--log",
+                url,
+            ]
+        )
+        == ExitCode.OK
+    )
+    assert bound == [(9100, "127.0.0.1"), (9100, "0.0.0.0")]
+
+
+@pytest.mark.slow
+def test_a_second_sigint_stops_at_once_naming_what_is_left(
+    ticks: tuple[str, Path], tmp_path: Path
+) -> None:
+    """As uvicorn, dramatiq and celery do: the first SIGINT waits for running
+    chunks (up to shutdown_timeout, 30 s), the second cancels them now. The
+    handler here takes 120 s a call; without the second signal taking over,
+    the process outlives the test's deadline."""
+    url, out = ticks
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, "WK_TEST_HANDLE_SECONDS": "120", "WK_TEST_CALLS": str(calls)}
+    env.pop("WAKUWAKU_LOG", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "wakuwaku", "run", TARGET, "--log", url],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert process.stderr is not None
+        _wait_for(lambda: calls.exists() and calls.read_text().strip(), "a handler call")
+        process.send_signal(signal.SIGINT)
+        for text in process.stderr:  # the first signal is taken: graceful, and says so
+            lines.append(text)
+            if "signal received; stopping gracefully" in text:
+                break
+        assert "a second signal stops at once" in lines[-1]
+        process.send_signal(signal.SIGINT)
+        _, rest = process.communicate(timeout=25)  # the first signal alone waits 30 s
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    err = "".join(lines) + rest
+    assert process.returncode == ExitCode.INTERRUPTED, err
+    second = next(t for t in err.splitlines() if "second signal; stopping now" in t)
+    assert "signal='SIGINT'" in second and "draining=['ticks/" in second
+    assert "stop forced; cancelled running chunks" in err
+    assert "exiting without waiting for handler calls still running in threads" in err
+    assert recorder.handled_ids(str(out)) == []  # the calls never finished
+    drained = subprocess.run(
+        [sys.executable, "-m", "wakuwaku", "run", TARGET, "--drain", "--log", url],
+        cwd=ROOT,
+        env={**env, "WK_TEST_HANDLE_SECONDS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert drained.returncode == ExitCode.OK, drained.stderr
+    assert sorted(recorder.handled_ids(str(out))) == list(range(20)), "an event was lost"

@@ -163,4 +163,4 @@ def test_run_consumes_with_the_names_its_consumer_configures(
     assert "dead_letter_topics=['ticks-dlt']" in err
     assert "retry_topics=['wk-retry.recorder.ticks']" in err
     code, out, _ = cli("dlq", "list", "ticks", "-g", "recorder")
-    assert code == ExitCode.OK and out.splitlines()[-1] == "1 dead letters in 'ticks-dlt'"
+    assert code == ExitCode.OK and out.splitlines()[-1] == "1 dead letter in 'ticks-dlt'"

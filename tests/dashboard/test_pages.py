@@ -45,10 +45,15 @@ def built(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     asyncio.run(purge(request.param, url))
 
 
+BASE = "http://127.0.0.1:8765"
+"""Where the test client says it sends its requests: a name the dashboard answers."""
+
+
 def client(url: str, **settings: object) -> TestClient:
     options: dict[str, object] = {"interval": 3600.0}
     options.update(settings)
-    return TestClient(create_app(DashboardSettings(url, **options)))  # type: ignore[arg-type]
+    app = create_app(DashboardSettings(url, **options))  # type: ignore[arg-type]
+    return TestClient(app, base_url=BASE)
 
 
 def csrf_of(html: str) -> str:
@@ -203,6 +208,105 @@ def test_replay_without_the_csrf_token_is_refused(built: str) -> None:
     assert ends(built) == 7
 
 
+def replay_form(http: TestClient, key: str = "k-poison") -> dict[str, str]:
+    """The hidden fields of the dead-letter list's replay form (CSRF token included)."""
+    page = http.get(f"{PAGE}/dead-letters", params={"key": key}).text
+    part = page.split('id="replay-form"', 1)[1].split("</form>", 1)[0]
+    return dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', part))
+
+
+def test_a_host_name_it_was_not_started_for_is_refused(tmp_path: Path) -> None:
+    """DNS rebinding: a page of evil.example, whose name now resolves to
+    127.0.0.1, sends its own name as Host; neither a page nor a replay answers."""
+    url = f"sqlite:///{tmp_path}/log.db"
+    asyncio.run(build(url))
+    evil = {"Host": "evil.example:8771", "Origin": "http://evil.example:8771"}
+    with client(url, allow_replay=True) as http:
+        form = replay_form(http)
+        for path in ("/", PAGE, f"{PAGE}/dead-letters", "/consumer-metrics"):
+            refused = http.get(path, headers=evil)
+            assert refused.status_code == 400, path
+            assert "'evil.example:8771'" in refused.text and "--allowed-host" in refused.text
+        dry = http.post("/replay", data=form, headers=evil)
+        assert dry.status_code == 400 and "would-count" not in dry.text
+        confirmed = http.post("/replay", data={**form, "confirm": "yes"}, headers=evil)
+        assert confirmed.status_code == 400
+        assert http.get("/", headers={"Host": "evil.example:8771"}).status_code == 400
+    assert ends(url) == 7
+
+
+def test_the_loopback_names_the_bound_host_and_allowed_hosts_are_answered(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/log.db"
+    asyncio.run(build(url))
+    with client(url, allowed_hosts=("Dash.Example", "[2001:db8::7]")) as http:
+        for host in (
+            "localhost:8765",
+            "LOCALHOST",
+            "localhost.:8765",
+            "127.0.0.1:8765",
+            "[::1]:8765",
+            "dash.example",
+            "dash.example:443",
+            "[2001:db8::7]:8765",
+        ):
+            assert http.get("/", headers={"Host": host}).status_code == 200, host
+        for host in (
+            "evil.example",
+            "127.0.0.2",
+            "dash.example.evil.example",
+            "localhost@evil.example",
+            "",
+            "[::1",
+            "localhost:notaport",
+        ):
+            assert http.get("/", headers={"Host": host}).status_code == 400, host
+    app = create_app(DashboardSettings(url, host="192.0.2.7", token="t", interval=3600.0))
+    with TestClient(app, base_url="http://192.0.2.7:8765") as http:
+        assert http.get("/", headers={"Authorization": "Bearer t"}).status_code == 200
+
+
+@pytest.mark.parametrize("name", ["", " ", "http://dash.example", "dash.example:80", "a/b", "a b"])
+def test_an_allowed_host_must_be_a_bare_name(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError, match="is not a host name or address"):
+        DashboardSettings(f"sqlite:///{tmp_path}/log.db", allowed_hosts=(name,))
+
+
+def test_cli_refuses_a_bad_allowed_host_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["dashboard", "--allowed-host", "http://dash.example", "--log", "sqlite:///x.db"])
+    assert code == ExitCode.ERROR
+    assert "'http://dash.example' is not a host name" in capsys.readouterr().err
+
+
+def test_a_post_from_another_origin_is_refused(built: str) -> None:
+    with client(built, allow_replay=True) as http:
+        form = replay_form(http)
+        for headers in (
+            {"Origin": "http://evil.example:8765"},
+            {"Origin": "http://127.0.0.1:9999"},  # another port is another site
+            {"Origin": "null"},  # a sandboxed frame, a privacy redirect
+            {"Origin": "garbage"},
+            {"Referer": "http://evil.example/page"},
+            {"Referer": "http://127.0.0.1:9999/"},
+        ):
+            refused = http.post("/replay", data=form, headers=headers)
+            assert refused.status_code == 403, headers
+            assert "from another site" in refused.text
+        for headers in (
+            {"Origin": BASE},
+            {"Origin": "http://127.0.0.1:8765/"},
+            {"Referer": f"{BASE}{PAGE}/dead-letters?key=k-poison"},
+            {},  # neither: the CSRF token still guards it
+        ):
+            dry = http.post("/replay", data=form, headers=headers)
+            assert dry.status_code == 200, headers
+            assert re.search(r'id="would-count">2<', dry.text)
+    assert ends(built) == 7
+
+
 def test_read_only_refusal_with_a_valid_token_names_the_flag(built: str) -> None:
     with client(built) as http:
         page = http.get(f"{PAGE}/dead-letters").text
@@ -245,6 +349,50 @@ def test_unknown_topic_or_group_is_404(built: str) -> None:
         assert http.get(f"{PAGE}/dead-letters/0/999999").status_code == 404
 
 
+NUMBERS_OUT_OF_BOUNDS = [
+    "99999999999999999999999",  # OverflowError in SQLite: the page answered 500
+    str(2**63),
+    str(2**64 + 1),
+    "9" * 5000,  # more digits than int() reads
+    "-1",
+    "+1",
+    "1.0",
+    "0x10",
+    "1e3",
+    "٣",  # a digit, not an ASCII one
+    "%20",
+    "x",
+]
+
+
+def test_every_numeric_path_part_out_of_bounds_is_404(tmp_path: Path) -> None:
+    """The dead-letter route is the one with numeric parts (partition, offset):
+    each is an int in [0, 2**63) and a partition of the topic, else 404."""
+    url = f"sqlite:///{tmp_path}/log.db"
+    asyncio.run(build(url))
+    with TestClient(
+        create_app(DashboardSettings(url, interval=3600.0)),
+        base_url=BASE,
+        raise_server_exceptions=False,
+    ) as http:
+        for bad in NUMBERS_OUT_OF_BOUNDS:
+            for route in (f"{PAGE}/dead-letters/{bad}/0", f"{PAGE}/dead-letters/0/{bad}"):
+                answer = http.get(route)
+                assert answer.status_code == 404, (route, answer.status_code)
+                assert "no dead letter" in answer.text, route
+        # in bounds but beyond the topic: 404 as well
+        for route in (f"{PAGE}/dead-letters/2/0", f"{PAGE}/dead-letters/0/{2**63 - 1}"):
+            assert http.get(route).status_code == 404, route
+
+
+def test_a_page_number_out_of_bounds_shows_a_page(built: str) -> None:
+    with client(built) as http:
+        for page in ("99999999999999999999999", "-3", "0", "x", "9" * 5000):
+            answer = http.get(f"{PAGE}/dead-letters", params={"page": page})
+            assert answer.status_code == 200, page
+            assert re.search(rf'id="found-count">{DEAD}<', answer.text)
+
+
 def test_group_option_shows_only_that_group(built: str) -> None:
     with client(built, group="someone-else") as http:
         text = http.get("/").text
@@ -260,7 +408,7 @@ def test_a_token_is_required_beyond_loopback_and_then_on_every_request(tmp_path:
         create_app(DashboardSettings(url, host="192.0.2.1"))
     create_app(DashboardSettings(url, host="::1"))  # loopback: no token needed
     app = create_app(DashboardSettings(url, host="0.0.0.0", token="s3cret", interval=3600.0))
-    with TestClient(app) as http:
+    with TestClient(app, base_url=BASE) as http:
         assert http.get("/").status_code == 401
         assert http.get("/", headers={"Authorization": "Bearer wrong"}).status_code == 401
         basic = base64.b64encode(b"me:s3cret").decode()
@@ -351,3 +499,25 @@ def test_a_log_urls_password_is_never_shown() -> None:
     assert shown_url("nats://me:pw@host:4222") == "nats://***@host:4222"
     assert shown_url("nats://s3cret-token@host:4222") == "nats://***@host:4222"
     assert shown_url("sqlite:///demo-out/log.db") == "sqlite:///demo-out/log.db"
+
+
+@pytest.mark.parametrize("interval", [float("nan"), float("inf"), 0.0, -1.0])
+def test_settings_refuse_an_interval_that_is_not_finite_seconds(interval: float) -> None:
+    with pytest.raises(ConfigError, match="interval must be finite seconds > 0"):
+        DashboardSettings("sqlite:///x.db", interval=interval)
+
+
+def test_every_time_shown_carries_its_zone(built: str) -> None:
+    """A bare ``2026-05-01 10:15:04`` reads as local time to whoever looks."""
+    stamp = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(:\d\d)?(?! UTC)(?!Z)(?!:\d)")
+    with client(built) as http:
+        pages = [http.get("/").text, http.get(PAGE).text]
+        letters = http.get(f"{PAGE}/dead-letters").text
+        pages.append(letters)
+        link = re.search(r'href="(/topic/[^"]+/dead-letters/\d+/\d+)"', letters)
+        assert link is not None
+        pages.append(http.get(link.group(1)).text)
+    for text in pages:
+        shown = re.sub(r"<[^>]*>", " ", text)  # not the attributes: the text shown
+        assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown)
+        assert not stamp.search(shown), stamp.search(shown)

@@ -578,6 +578,31 @@ async def test_graceful_stop_lets_the_running_chunk_finish_and_starts_no_new_one
     assert await log.committed("g", "t", 0) == 1
 
 
+async def test_force_stop_cancels_the_running_chunk_without_waiting_for_the_deadline(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    """What a second SIGINT does: a chunk that would keep a graceful stop
+    waiting for shutdown_timeout (an hour here) is cancelled at once, and its
+    records come again."""
+    log = memory_log
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("a", 1), Item("a", 2)])
+    script = Script(clock)
+    script.gate["a"] = asyncio.Event()  # never set: the chunk runs until cancelled
+    c = consumer(log, clock, [Handler(Item, script)], shutdown_timeout=3600.0)
+    runner = asyncio.create_task(c.run(install_signal_handlers=False))
+    await wait_until(clock, lambda: len(script.calls) == 1)
+    c.stop()
+    assert not c.forced
+    c.force_stop()
+    await asyncio.wait_for(runner, timeout=60.0)  # not the hour of the deadline
+    assert c.forced and script.handled_ns() == []
+    assert await log.committed("g", "t", 0) is None
+    restarted = Script(clock)
+    await consumer(log, clock, [Handler(Item, restarted)]).drain()
+    assert restarted.handled_ns() == [1, 2]
+
+
 async def test_a_chunk_waiting_out_a_transient_delay_is_abandoned_at_shutdown(
     memory_log: Log, clock: FakeClock
 ) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._text import counted, shown_key
 from ..engine import (
     DEFAULT_RETRY_DELAYS,
     ConsumerConfig,
@@ -220,12 +221,13 @@ async def consumer_status(
             pending, keys = state.pending, len(state.quarantined)
             quarantined.extend(state.quarantined)
             problems.extend(
-                f"{retry} partition {p} offset {offset} (key {key!r}): broken retry record: {what}"
+                f"{retry} partition {p} offset {offset} (key {shown_key(key, 200)}): "
+                f"broken retry record: {what}"
                 for offset, key, what in state.broken
             )
             if state.foreign:
                 problems.append(
-                    f"{retry} partition {p}: {state.foreign} records of other consumer "
+                    f"{retry} partition {p}: {counted(state.foreign, 'record')} of other consumer "
                     "groups, skipped (two groups were configured with one retry topic)"
                 )
         rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))

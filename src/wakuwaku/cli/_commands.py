@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import click
 
-from . import _dashboard, _demo, _dlq, _inbox, _run, _status, _topics
+from . import _dashboard, _demo, _dlq, _inbox, _produce, _run, _status, _topics
 
 # Each module defines ``register(group: click.Group) -> None``.
-_FAMILIES = (_topics, _dlq, _run, _status, _inbox, _demo, _dashboard)
+_FAMILIES = (_topics, _produce, _dlq, _run, _status, _inbox, _demo, _dashboard)
 
 
 def build() -> click.Group:

@@ -7,6 +7,7 @@ import os
 import click
 
 from .._errors import ConfigError
+from ._options import Seconds
 from ._status import log_option, namespace_option, open_existing_log
 
 
@@ -14,6 +15,14 @@ from ._status import log_option, namespace_option, open_existing_log
 @click.option("--group", "-g", default=None, help="Show only this consumer group.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests for this host name (repeatable); localhost, 127.0.0.1, "
+    "[::1] and --host are always answered, any other name gets 400.",
+)
 @click.option(
     "--allow-replay",
     is_flag=True,
@@ -23,7 +32,7 @@ from ._status import log_option, namespace_option, open_existing_log
     "--interval",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(0.2, 3600),
+    type=Seconds(0.2, 3600),
     help="Seconds between reads of the log (and page updates).",
 )
 @click.option(
@@ -39,6 +48,7 @@ def dashboard_command(
     group: str | None,
     host: str,
     port: int,
+    allowed_hosts: tuple[str, ...],
     allow_replay: bool,
     interval: float,
     metrics_url: str | None,
@@ -47,8 +57,10 @@ def dashboard_command(
 ) -> None:
     """Serve a web page with each topic's partitions, lag, quarantined keys and dead letters.
 
-    Read-only unless --allow-replay. Listening beyond loopback needs a token
-    in WAKUWAKU_DASHBOARD_TOKEN (the HTTP Basic password; any user name).
+    Read-only unless --allow-replay. Only the host names it was started for
+    are answered (loopback names, --host, --allowed-host). Listening beyond
+    loopback needs a token in WAKUWAKU_DASHBOARD_TOKEN (the HTTP Basic
+    password; any user name).
     Needs the `dashboard` extra: pip install 'wakuwaku[dashboard]'.
     """
     if metrics_url is not None and not metrics_url.startswith(("http://", "https://")):
@@ -60,19 +72,20 @@ def dashboard_command(
     except ImportError as exc:
         raise ConfigError(str(exc)) from None
     token = os.environ.get(TOKEN_ENV) or None
-    check_exposure(host, token)
-    open_existing_log(log_url)  # a mistyped SQLite path fails now, with its message
     settings = DashboardSettings(
         log_url,
         group=group,
         namespace=namespace,
         host=host,
         port=port,
+        allowed_hosts=allowed_hosts,
         allow_replay=allow_replay,
         token=token,
         interval=interval,
         metrics_url=metrics_url,
     )
+    check_exposure(host, token)
+    open_existing_log(log_url)  # a mistyped SQLite path fails now, with its message
     serve(settings, lambda: open_existing_log(log_url))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from ..demo.options import DEFAULT_DELAYS, DemoOptions
-from ._options import parse_retry_delays
+from ._options import Seconds, parse_retry_delays
 
 
 def _delays(ctx: click.Context, param: click.Parameter, value: str) -> tuple[float, ...]:
@@ -69,14 +69,14 @@ def register(group: click.Group) -> None:
     )
     @click.option(
         "--lock-seconds",
-        type=click.FloatRange(0.1, 60),
+        type=Seconds(0.1, 60),
         default=3.0,
         show_default=True,
         help="How long --chaos locks the projection.",
     )
     @click.option(
         "--kill-at",
-        type=click.FloatRange(0.0, 3600),
+        type=Seconds(0.0, 3600),
         default=None,
         help="With --chaos, SIGKILL the consumer this many seconds after the start "
         "(default: at ~35 % of the flights applied).",

@@ -22,6 +22,7 @@ import click
 
 from .._records import ReasonCode, Source
 from .._sanitize import sanitize
+from .._text import counted, plural, shown_key
 from ..admin import (
     DeadLetter,
     ReplayReport,
@@ -67,7 +68,7 @@ def _source(source: Source | None) -> str:
 
 
 def _line(letter: DeadLetter) -> str:
-    key = "-" if letter.key is None else repr(printable(letter.key, KEY_LIMIT))
+    key = "-" if letter.key is None else shown_key(letter.key, KEY_LIMIT)
     fields = [
         f"{letter.partition}@{letter.offset}",
         f"reason={printable(letter.reason or '-')}",
@@ -130,7 +131,7 @@ def list_command(
     for letter in letters:
         click.echo(_line(letter))
     broken = sum(1 for x in letters if x.problems)
-    summary = f"{len(letters)} dead letters in {dlq!r}"
+    summary = f"{counted(len(letters), 'dead letter')} in {dlq!r}"
     if broken:
         summary += f" ({broken} with broken headers)"
     click.echo(summary)
@@ -150,7 +151,7 @@ def _describe(report: ReplayReport, topic: str) -> str:
     parts = ", ".join(f"partition {p}: {n}" for p, n in report.by_partition.items())
     count = len(report.replayed)
     verb = "would replay" if report.dry_run else "replayed"
-    text = f"{verb} {count} dead letters into {topic!r}"
+    text = f"{verb} {counted(count, 'dead letter')} into {topic!r}"
     return f"{text} ({parts})" if parts else text
 
 
@@ -209,22 +210,23 @@ def replay_command(
         for entry in report.replayed:
             click.echo(
                 f"  {entry.dlq_partition}@{entry.dlq_offset}\tkey="
-                f"{printable(entry.key, KEY_LIMIT)!r}\t-> partition {entry.partition}"
+                f"{shown_key(entry.key, KEY_LIMIT)}\t-> partition {entry.partition}"
             )
     if report.already_replayed:
+        before = report.already_replayed
         click.echo(
-            f"{report.already_replayed} matching dead letters were replayed before "
-            "(use --all to replay them again)"
+            f"{before} matching {plural(before, 'dead letter was', 'dead letters were')} "
+            f"replayed before (use --all to replay {plural(before, 'it', 'them')} again)"
         )
     for skip in report.skipped:
-        key_text = "-" if skip.key is None else repr(printable(skip.key, KEY_LIMIT))
+        key_text = "-" if skip.key is None else shown_key(skip.key, KEY_LIMIT)
         click.echo(
             f"skipped {dlq!r} partition {skip.dlq_partition} offset "
             f"{skip.dlq_offset} (key {key_text}): {skip.reason}",
             err=True,
         )
     if report.skipped:
-        click.echo(f"{len(report.skipped)} dead letters could not be replayed", err=True)
+        click.echo(f"{counted(len(report.skipped), 'dead letter')} could not be replayed", err=True)
         return ExitCode.FAILURE
     return ExitCode.OK
 

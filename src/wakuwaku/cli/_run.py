@@ -8,9 +8,10 @@ with ``open_log(os.environ["WAKUWAKU_LOG"])``. The current directory is put
 on ``sys.path`` first, as ``python -m`` would.
 
 Exit status: 0 after a graceful stop (signal, ``--drain`` idle, or
-:meth:`Consumer.stop`); 2 for a target that cannot be found or is not a
-consumer; 3 when importing the module or building the consumer failed, or
-the consumer cannot start (unknown topic, partition count mismatch).
+:meth:`Consumer.stop`); 130 after a forced one (a second signal); 2 for a
+target that cannot be found or is not a consumer; 3 when importing the
+module or building the consumer failed, or the consumer cannot start
+(unknown topic, partition count mismatch).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import inspect
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import click
 
 from .._errors import ConfigError
+from .._events import EventType, Registry, default_registry
 from .._logging import StructuredFormatter
 from ..engine import Consumer
 from ._exit import ExitCode
@@ -53,7 +56,36 @@ def logging_to_stderr(level: str) -> Iterator[None]:
         root.setLevel(previous)
 
 
-def load_target(spec: str) -> Any:
+def import_app_module(module_name: str, spec: str, hint: str = "MODULE:ATTR") -> Any:
+    """Import ``module_name`` as ``run`` does: the current directory first on
+    ``sys.path``.
+
+    :param spec: what the user gave (for the messages); :param hint: the
+        option or argument it came from.
+    :raises click.BadParameter: when the module does not exist (exit status 2).
+    :raises ConfigError: when importing the module raised (exit status 3).
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (
+            module_name == exc.name or module_name.startswith(exc.name + ".")
+        ):
+            raise click.BadParameter(
+                f"no module named {module_name!r} (from {spec!r})", param_hint=hint
+            ) from None
+        logger.error("importing %r failed", module_name, exc_info=True)
+        raise ConfigError(f"importing module {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        logger.error("importing %r failed", module_name, exc_info=True)
+        raise ConfigError(
+            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def load_target(spec: str, hint: str = "MODULE:ATTR") -> Any:
     """Import ``module:attr`` (``attr`` may be dotted) and return the object.
 
     :raises click.BadParameter: when ``spec`` is not ``module:attr``, the
@@ -63,35 +95,42 @@ def load_target(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise click.BadParameter(
-            f"{spec!r} is not module:attr (e.g. myapp.consumers:billing)", param_hint="MODULE:ATTR"
+            f"{spec!r} is not module:attr (e.g. myapp.consumers:billing)", param_hint=hint
         )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (
-            module_name == exc.name or module_name.startswith(exc.name + ".")
-        ):
-            raise click.BadParameter(
-                f"no module named {module_name!r} (from {spec!r})", param_hint="MODULE:ATTR"
-            ) from None
-        logger.error("importing %r failed", module_name, exc_info=True)
-        raise ConfigError(f"importing module {module_name!r} failed: {exc}") from exc
-    except Exception as exc:
-        logger.error("importing %r failed", module_name, exc_info=True)
-        raise ConfigError(
-            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    target: Any = module
+    target: Any = import_app_module(module_name, spec, hint)
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
             raise click.BadParameter(
-                f"module {module_name!r} has no attribute {attr!r}", param_hint="MODULE:ATTR"
+                f"module {module_name!r} has no attribute {attr!r}", param_hint=hint
             ) from None
     return target
+
+
+async def app_types(spec: str, log_url: str) -> dict[str, EventType[Any]]:
+    """The event types of the application ``spec`` names, by type tag: what
+    its consumer checks records against (``wk-alg``, unknown types).
+
+    ``spec`` is ``MODULE`` (the types its import registered with
+    ``@wakuwaku.event``, in the default registry) or ``MODULE:ATTR`` as
+    ``run`` takes it: a :class:`~wakuwaku.engine.Consumer` or a factory of
+    one (its handlers' types), or a :class:`~wakuwaku.Registry`.
+
+    :raises click.BadParameter: / :raises ConfigError: as :func:`load_target`
+        and :func:`build_consumer`, naming ``--app``.
+    """
+    if ":" not in spec:
+        import_app_module(spec, spec, "--app")
+        return {t.tag: t for t in default_registry}
+    target = load_target(spec, "--app")
+    if isinstance(target, Registry):
+        return {t.tag: t for t in target}
+    consumer = await build_consumer(target, spec, log_url, hint="--app")
+    try:
+        return {tag: handler.event_type for tag, handler in consumer.handlers.items()}
+    finally:
+        await consumer.log.close()
 
 
 def _wants_log(factory: Any) -> bool:
@@ -108,7 +147,9 @@ def _wants_log(factory: Any) -> bool:
     return len(required) == 1
 
 
-async def build_consumer(target: Any, spec: str, log_url: str) -> Consumer:
+async def build_consumer(
+    target: Any, spec: str, log_url: str, hint: str = "MODULE:ATTR"
+) -> Consumer:
     """The consumer ``target`` is or builds (see the module docstring).
 
     :raises click.BadParameter: when ``target`` is neither a consumer nor a
@@ -121,7 +162,7 @@ async def build_consumer(target: Any, spec: str, log_url: str) -> Consumer:
         raise click.BadParameter(
             f"{spec!r} is a {type(target).__name__}, not a wakuwaku Consumer or a "
             "callable returning one",
-            param_hint="MODULE:ATTR",
+            param_hint=hint,
         )
     try:
         built = target(open_existing_log(log_url)) if _wants_log(target) else target()
@@ -135,14 +176,16 @@ async def build_consumer(target: Any, spec: str, log_url: str) -> Consumer:
     if not isinstance(built, Consumer):
         raise click.BadParameter(
             f"{spec!r} returned a {type(built).__name__}, not a wakuwaku Consumer",
-            param_hint="MODULE:ATTR",
+            param_hint=hint,
         )
     return built
 
 
 async def _serve(
     spec: str, target: Any, log_url: str, drain: bool, metrics_port: int | None, metrics_addr: str
-) -> None:
+) -> bool:
+    """Run the consumer until it stops; True when its stop was forced (a
+    second SIGINT/SIGTERM)."""
     consumer = await build_consumer(target, spec, log_url)
     refresher: asyncio.Task[None] | None = None
     try:
@@ -165,6 +208,7 @@ async def _serve(
         else:
             stats = await consumer.run(install_signal_handlers=True)
         logger.info("consumer stopped", extra={"stats": stats.as_dict()})
+        return consumer.forced
     finally:
         if refresher is not None:
             refresher.cancel()
@@ -208,9 +252,9 @@ def _start_metrics(consumer: Consumer, port: int, addr: str) -> asyncio.Task[Non
 )
 @click.option(
     "--metrics-addr",
-    default="0.0.0.0",
+    default="127.0.0.1",
     show_default=True,
-    help="The address the metrics server listens on.",
+    help="The address the metrics server listens on (0.0.0.0: every interface).",
 )
 @log_option
 def run_command(
@@ -228,13 +272,40 @@ def run_command(
     exported as WAKUWAKU_LOG before MODULE is imported. On SIGINT/SIGTERM no
     new chunk starts, running chunks finish (within the consumer's
     shutdown_timeout), completed batches' offsets are stored, leases are
-    released, and the exit status is 0.
+    released, and the exit status is 0. A second SIGINT/SIGTERM stops at
+    once: it names the partitions still draining, cancels their chunks,
+    releases the leases and exits with status 130 (without waiting for sync
+    handler calls still running in threads).
     """
     os.environ[LOG_ENV] = log_url
     with logging_to_stderr(log_level):
         obj = load_target(target)
-        asyncio.run(_serve(target, obj, log_url, drain, metrics_port, metrics_addr))
-    return ExitCode.OK
+        forced = asyncio.run(_serve(target, obj, log_url, drain, metrics_port, metrics_addr))
+        if forced:
+            _exit_now_if_threads_run()
+    return ExitCode.INTERRUPTED if forced else ExitCode.OK
+
+
+def _exit_now_if_threads_run() -> None:
+    """After a forced stop, end the process without waiting for sync handler
+    calls still running in threads (the interpreter would join them at exit:
+    a handler sleeping 60 s kept the "stopped now" process alive 60 s)."""
+    running = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and t.is_alive() and not t.daemon
+    ]
+    if not running:
+        return
+    logger.warning(
+        "exiting without waiting for handler calls still running in threads",
+        extra={"threads": running},
+    )
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(ExitCode.INTERRUPTED)
 
 
 def register(group: click.Group) -> None:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from .._errors import ConfigError
+from .._text import counted, shown_key
 from ..admin import Status, consumer_status
 from ..engine import DEFAULT_RETRY_DELAYS
 from ..logs import DEFAULT_LOG_URL, Log, open_log, sqlite_log_path
@@ -31,8 +32,38 @@ LOG_ENV = "WAKUWAKU_LOG"
 """The environment variable every command reads its log URL from."""
 
 
+def check_lasting_log(url: str, source: str = "--log") -> None:
+    """Refuse a log that ends with the command: ``memory://``.
+
+    A memory log lives in this process only: a topic ``topic create`` made
+    in it is gone when the command ends, and the next command (another
+    process) would say it does not exist. Every command that takes
+    ``--log`` refuses it (the demo refuses it too: its consumer runs in
+    another process); in Python, :class:`~wakuwaku.logs.MemoryLog` shared
+    by the code that uses it is what it is for.
+
+    :param source: where the URL came from, for the message.
+    :raises ConfigError: for a ``memory://`` URL, suggesting a SQLite file.
+    """
+    if url.partition("://")[0].strip().lower() == "memory":
+        raise ConfigError(
+            f"{source} {url!r}: a memory log lives only as long as this command, so "
+            "nothing it holds is there for the next command (or for a consumer in "
+            "another process); give a log that outlasts it, such as sqlite:///wakuwaku.db"
+        )
+
+
+def _lasting_log(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    source = "--log"
+    if ctx.get_parameter_source(param.name or "") is click.core.ParameterSource.ENVIRONMENT:
+        source = LOG_ENV
+    check_lasting_log(value, source)
+    return value
+
+
 def log_option(fn: F) -> F:
-    """``--log URL`` (env ``WAKUWAKU_LOG``, default ``sqlite:///wakuwaku.db``)."""
+    """``--log URL`` (env ``WAKUWAKU_LOG``, default ``sqlite:///wakuwaku.db``);
+    ``memory://`` is refused (:func:`check_lasting_log`)."""
     return click.option(
         "--log",
         "log_url",
@@ -40,10 +71,11 @@ def log_option(fn: F) -> F:
         default=DEFAULT_LOG_URL,
         show_default=True,
         metavar="URL",
+        callback=_lasting_log,
         help=(
             f"The log (sqlite:///file.db[?fsync=0&busy_timeout=S], redis://host:port/db, "
-            f"nats://host:port, kafka://host:port[,host:port], iggy://user:password@host:port, "
-            f"memory://); env {LOG_ENV}."
+            f"nats://host:port, kafka://host:port[,host:port], iggy://user:password@host:port); "
+            f"env {LOG_ENV}."
         ),
     )(fn)
 
@@ -165,12 +197,12 @@ def render_status(status: Status, now: float) -> list[str]:
             f"{p.partition:>9}  {p.end_offset:>10}  {committed:>10}  {p.lag:>8}  "
             f"{p.retry_pending:>8}  {p.quarantined:>11}"
         )
-    lines.append(f"lag: {status.lag} records")
-    lines.append(f"retry backlog: {status.backlog} records pending")
+    lines.append(f"lag: {counted(status.lag, 'record')}")
+    lines.append(f"retry backlog: {counted(status.backlog, 'record')} pending")
     if status.quarantined:
         lines.append(f"quarantined keys: {len(status.quarantined)}")
         lines.extend(
-            f"  partition {q.partition}  key {printable(q.key)!r}  pending {q.pending}  "
+            f"  partition {q.partition}  key {shown_key(q.key, 200)}  pending {q.pending}  "
             f"failures {q.failures}  next attempt (stored) {when(q.next_attempt_at)} "
             f"({_relative(q.next_attempt_at, now)})"
             for q in status.quarantined

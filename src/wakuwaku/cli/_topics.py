@@ -1,4 +1,4 @@
-"""``wakuwaku topic create|describe|list|delete``, ``group delete``, ``produce``, ``tail``.
+"""``wakuwaku topic create|describe|list|delete``, ``group delete``, ``tail``.
 
 design §14.
 
@@ -7,11 +7,8 @@ Every command takes ``--log URL`` (env ``WAKUWAKU_LOG``, default
 file; the others refuse a path that does not exist, so a typo is reported
 instead of showing an empty log.
 
-``produce`` writes raw records with every ``wk-*`` header (design §3) without
-the Python event class: one JSON document per line, either an envelope
-``{"type": T, "key": K, "body": {...}, "props": {...}, "alg": A}`` or, with
-``--type T --key-field F``, the body object itself. ``tail`` prints one JSON
-object per record.
+``tail`` prints one JSON object per record (``produce``, which writes them,
+is in :mod:`._produce`).
 """
 
 from __future__ import annotations
@@ -19,17 +16,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 import msgspec
 
-from .._errors import ConfigError
-from .._events import Algebra, EventType, JsonCodec
-from .._json import DuplicateKeyError, decode_strict
-from .._records import Record, build_headers
+from .._errors import ConfigError, UnknownTopicError
+from .._events import Algebra
+from .._records import Record
+from .._text import counted
 from ..engine import (
     TOPIC_NAMES_TOPIC,
     GroupTopics,
@@ -39,7 +36,7 @@ from ..engine import (
     split_internal_topic,
     topic_owner,
 )
-from ..logs import Log, OutgoingRecord
+from ..logs import Log
 from ._exit import ExitCode
 from ._status import LOG_ENV, log_option, with_log
 
@@ -66,7 +63,7 @@ def topic_group() -> None:
     """Create, describe and list topics."""
 
 
-def _refuse_engine_topic(name: str, why: str, instead: str) -> None:
+def refuse_engine_topic(name: str, why: str, instead: str) -> None:
     """Refuse a group's derived retry, dead-letter or replay-ledger topic and
     the topic-names topic: only the consumer writes and creates them.
 
@@ -82,8 +79,8 @@ def _refuse_engine_topic(name: str, why: str, instead: str) -> None:
         raise ConfigError(f"{name!r} is where consumers note their configured topic names: {why}")
 
 
-async def _refuse_configured_topic(log: Log, name: str, why: str, instead: str) -> None:
-    """:func:`_refuse_engine_topic` for a configured name a consumer noted."""
+async def refuse_configured_topic(log: Log, name: str, why: str, instead: str) -> None:
+    """:func:`refuse_engine_topic` for a configured name a consumer noted."""
     owner = topic_owner(name, await registered_topics(log))
     if owner is not None:
         word, names = owner
@@ -112,10 +109,10 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
     configured name a consumer noted) and the topic-names topic are refused
     (exit 3): the consumer creates those itself, with the main topic's count.
     """
-    _refuse_engine_topic(name, "the consumer creates it", "create the main topic instead")
+    refuse_engine_topic(name, "the consumer creates it", "create the main topic instead")
 
     async def work(log: Log) -> bool:
-        await _refuse_configured_topic(
+        await refuse_configured_topic(
             log, name, "the consumer creates it", "create the main topic instead"
         )
         existed = name in {t.name for t in await log.list_topics()}
@@ -124,7 +121,7 @@ def create_command(name: str, partitions: int, log_url: str) -> None:
 
     existed = run_on_log(log_url, work, create=True)
     verb = "exists" if existed else "created"
-    click.echo(f"topic {name} {verb} with {partitions} partition{'s' * (partitions != 1)}")
+    click.echo(f"topic {name} {verb} with {counted(partitions, 'partition')}")
 
 
 async def _delete(log: Log, name: str) -> tuple[bool, list[GroupTopics]]:
@@ -165,15 +162,15 @@ def delete_command(name: str, yes: bool, log_url: str) -> int:
 
     Stop the topic's consumers first. A dead-letter topic goes with its replay
     ledger. A main topic's retry and dead-letter topics are kept (configured
-    names are found where the consumers noted them, and named). Exit 1 when
-    there is no such topic.
+    names are found where the consumers noted them, and named). Exit 3 when
+    there is no such topic (checked before asking), as every command says.
     """
+    run_on_log(log_url, lambda log: log.describe_topic(name))  # UnknownTopicError: exit 3
     if not yes and not _confirmed(f"delete topic {name} with its records and offsets?"):
         return ExitCode.FAILURE
     deleted, noted = run_on_log(log_url, lambda log: _delete(log, name))
-    if not deleted:
-        click.echo(f"no topic {name}", err=True)
-        return ExitCode.FAILURE
+    if not deleted:  # deleted by someone else since the check
+        raise UnknownTopicError(name)
     ledger = _ledger_of(name, noted)
     if ledger is not None:
         # The ledger of replayed dead letters goes with them: kept, it would
@@ -232,7 +229,7 @@ def group_delete_command(group: str, topic: str | None, yes: bool, log_url: str)
         )
         return ExitCode.FAILURE
     click.echo(
-        f"group {group}: {removed} committed offset{'s' * (removed != 1)} "
+        f"group {group}: {counted(removed, 'committed offset')} "
         f"deleted{where} (its wk-retry.{group}.* and wk-dlq.{group}.* topics, and "
         "configured ones, are kept)"
     )
@@ -284,7 +281,7 @@ def describe_command(name: str, as_json: bool, log_url: str) -> None:
             )
         )
         return
-    click.echo(f"topic {name}: {found.partitions} partitions")
+    click.echo(f"topic {name}: {counted(found.partitions, 'partition')}")
     click.echo(f"{'partition':>9}  {'start':>12}  {'end':>12}  {'records':>12}")
     for p in range(found.partitions):
         click.echo(
@@ -298,7 +295,9 @@ def describe_command(name: str, as_json: bool, log_url: str) -> None:
         # A partition the group never committed on counts whole as lag.
         lag = sum(found.end[p] - parts.get(p, found.start[p]) for p in range(found.partitions))
         where = ", ".join(f"p{p}={o}" for p, o in sorted(parts.items()))
-        click.echo(f"group {group}: lag {max(0, lag)} records; committed offsets {where}")
+        click.echo(
+            f"group {group}: lag {counted(max(0, lag), 'record')}; committed offsets {where}"
+        )
 
 
 @topic_group.command("list")
@@ -314,185 +313,6 @@ def list_command(as_json: bool, log_url: str) -> None:
             )
         else:
             click.echo(f"{info.name}\t{info.partitions}")
-
-
-# -- produce -------------------------------------------------------------------
-
-
-class _Refused(Exception):
-    """One input line that cannot become a record; the message says why."""
-
-
-class _LineParser:
-    """Turns input lines into ``(key, record)`` with the headers of design §3."""
-
-    def __init__(self, type_tag: str | None, key_field: str | None, algebra: str) -> None:
-        self.type_tag = type_tag
-        self.key_field = key_field
-        self.algebra = Algebra(algebra)
-        self._types: dict[tuple[str, Algebra], EventType[Any]] = {}
-
-    def _type(self, tag: str, algebra: Algebra) -> EventType[Any]:
-        # The type as the CLI knows it: a tag and an algebra, no class. build_headers
-        # reads only those two, so the headers are exactly the producer's.
-        found = self._types.get((tag, algebra))
-        if found is None:
-            found = EventType(tag, dict, self.key_field or "key", algebra, JsonCodec(dict))
-            self._types[(tag, algebra)] = found
-        return found
-
-    def parse(self, line: str) -> tuple[str, OutgoingRecord]:
-        try:
-            document = decode_strict(line)
-        except msgspec.DecodeError as exc:
-            raise _Refused(f"not JSON: {exc}") from None
-        except UnicodeEncodeError:  # undecodable input bytes, kept as surrogates
-            raise _Refused("not UTF-8") from None
-        except DuplicateKeyError as exc:  # which "key" or "type" was meant is unknown
-            raise _Refused(str(exc)) from None
-        if not isinstance(document, dict):
-            raise _Refused(f"expected a JSON object, got {type(document).__name__}")
-        if self.type_tag is not None:
-            assert self.key_field is not None
-            key = _key(document.get(self.key_field, _MISSING), f"field {self.key_field!r}")
-            return self._record(self.type_tag, key, document, None, self.algebra)
-        tag = document.get("type")
-        if not isinstance(tag, str) or not tag:
-            raise _Refused(
-                'the envelope needs a non-empty string "type" '
-                "(or use --type and --key-field for plain bodies)"
-            )
-        if "body" not in document:
-            raise _Refused('the envelope has no "body"')
-        key = _key(document.get("key", _MISSING), '"key"')
-        alg_raw = document.get("alg", self.algebra.value)
-        try:
-            algebra = Algebra(alg_raw)
-        except ValueError:
-            raise _Refused(f'unknown algebra "alg": {alg_raw!r}') from None
-        props = document.get("props")
-        if props is not None and not (
-            isinstance(props, dict) and all(isinstance(v, str) for v in props.values())
-        ):
-            raise _Refused('"props" must be an object of strings')
-        return self._record(tag, key, document["body"], props, algebra)
-
-    def _record(
-        self, tag: str, key: str, body: object, props: dict[str, str] | None, algebra: Algebra
-    ) -> tuple[str, OutgoingRecord]:
-        headers = build_headers(self._type(tag, algebra), key, props)
-        return key, (headers, msgspec.json.encode(body))
-
-
-_MISSING = object()
-"""A field the document does not have (told apart from one that is null)."""
-
-
-def _key(value: object, where: str) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, str) and value and not value.isspace():
-        return value
-    if value is _MISSING:
-        raise _Refused(f"no usable key: {where} is missing")
-    raise _Refused(f"no usable key: {where} is {json.dumps(value)}")
-
-
-async def _produce(
-    log: Log,
-    topic: str,
-    lines: Iterable[str],
-    parser: _LineParser,
-    refuse: Callable[[int, str], None],
-) -> int:
-    await _refuse_configured_topic(log, topic, _ENGINE_WRITES, _REPLAY_INSTEAD)
-    partitions = (await log.describe_topic(topic)).partitions
-    pending: dict[int, list[OutgoingRecord]] = {}
-    written = waiting = 0
-
-    async def flush() -> None:
-        nonlocal written, waiting
-        for partition, records in pending.items():
-            written += len(await log.append(topic, partition, records))
-        pending.clear()
-        waiting = 0
-
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            key, record = parser.parse(line)
-        except _Refused as exc:
-            refuse(number, str(exc))
-            continue
-        pending.setdefault(log.partition_for(key, partitions), []).append(record)
-        waiting += 1
-        if waiting >= _PRODUCE_BATCH:
-            await flush()
-    await flush()
-    return written
-
-
-_ENGINE_WRITES = "only the consumer writes it (a record there would be read as its own work)"
-_REPLAY_INSTEAD = "produce to the main topic, or replay dead letters with 'wakuwaku dlq replay'"
-
-
-@click.command("produce")
-@click.argument("topic")
-@click.argument(
-    "file", type=click.File("r", encoding="utf-8", errors="surrogateescape"), default="-"
-)
-@click.option(
-    "--type",
-    "type_tag",
-    metavar="TAG",
-    help="Lines are plain bodies of this type (needs --key-field).",
-)
-@click.option("--key-field", metavar="FIELD", help="The body field that holds the key.")
-@click.option(
-    "--algebra",
-    type=_ALGEBRAS,
-    default="plain",
-    show_default=True,
-    help='The wk-alg marker, unless an envelope says "alg".',
-)
-@log_option
-def produce_command(
-    topic: str,
-    file: IO[str],
-    type_tag: str | None,
-    key_field: str | None,
-    algebra: str,
-    log_url: str,
-) -> int:
-    """Write JSON lines from FILE (default stdin) to TOPIC, one record each.
-
-    A line is an envelope {"type": ..., "key": ..., "body": {...}, "props": {...}}
-    or, with --type and --key-field, the body object itself. The partition is
-    murmur2(key) like every producer's. A line that is not JSON or has no
-    usable key is reported with its number and not written; the exit status
-    is then 1.
-    """
-    if (type_tag is None) != (key_field is None):
-        raise click.UsageError("--type and --key-field go together")
-    if type_tag is not None and not type_tag.strip():
-        raise click.UsageError("--type needs a non-empty type tag")
-    refused: list[int] = []
-
-    def refuse(number: int, why: str) -> None:
-        refused.append(number)
-        click.echo(f"line {number}: {why}", err=True)
-
-    _refuse_engine_topic(topic, _ENGINE_WRITES, _REPLAY_INSTEAD)
-    parser = _LineParser(type_tag, key_field, algebra)
-    written = run_on_log(log_url, lambda log: _produce(log, topic, file, parser, refuse))
-    click.echo(f"produced {written} record{'s' * (written != 1)} to {topic}", err=True)
-    if refused:
-        click.echo(
-            f"refused {len(refused)} line{'s' * (len(refused) != 1)} (not written)", err=True
-        )
-        return ExitCode.FAILURE
-    return ExitCode.OK
 
 
 # -- tail ----------------------------------------------------------------------
@@ -532,7 +352,7 @@ async def _tail(
     info = await log.describe_topic(topic)
     if partition is not None and not 0 <= partition < info.partitions:
         raise ConfigError(
-            f"topic {topic!r} has {info.partitions} partitions; "
+            f"topic {topic!r} has {counted(info.partitions, 'partition')}; "
             f"--partition {partition} does not exist"
         )
     chosen = [partition] if partition is not None else list(range(info.partitions))
@@ -609,8 +429,7 @@ def tail_command(
 
 
 def register(group: click.Group) -> None:
-    """Add ``topic``, ``produce`` and ``tail`` to the ``wakuwaku`` group."""
+    """Add ``topic``, ``group`` and ``tail`` to the ``wakuwaku`` group."""
     group.add_command(topic_group)
     group.add_command(group_group)
-    group.add_command(produce_command)
     group.add_command(tail_command)

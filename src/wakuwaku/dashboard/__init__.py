@@ -29,8 +29,9 @@ except ImportError as exc:  # pragma: no cover - exercised by the CLI's message
 from collections.abc import Callable
 
 from ..logs import Log
-from ._app import TOKEN_ENV, DashboardSettings, check_exposure, create_app, is_loopback
+from ._app import DashboardSettings, create_app
 from ._sampler import Sampler, Target, View
+from ._security import TOKEN_ENV, check_exposure, is_loopback
 
 __all__ = (
     "TOKEN_ENV",

@@ -1,7 +1,9 @@
-"""The dashboard's Starlette application: routes, security and rendering.
+"""The dashboard's Starlette application: routes and rendering.
 
-Security model (docs/dashboard.md):
+Security model (docs/dashboard.md; the layers are in :mod:`._security`):
 
+- only the host names it was started for are answered (DNS rebinding), and
+  a POST from another origin is refused;
 - read-only unless started with ``allow_replay``; the only write is
   ``POST /replay`` and it is refused with 403 otherwise;
 - every POST carries a CSRF token (asgi-csrf's signed double-submit cookie:
@@ -18,13 +20,10 @@ Security model (docs/dashboard.md):
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import datetime
-import hmac
-import ipaddress
 import json
+import math
 import secrets
 import urllib.parse
 import urllib.request
@@ -38,22 +37,27 @@ import msgspec
 from asgi_csrf import asgi_csrf
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
 from .. import ConfigError, WakuwakuError, sanitize
+from .._text import plural
 from ..admin import parse_dead_letter, replay_dead_letters
 from ..logs import Log, open_log
 from ..reliability import redact_url
 from ._charts import bar_chart, clock, line_chart
 from ._sampler import LetterEntry, Sampler, Target, View
+from ._security import (
+    HostGuard,
+    SecurityHeaders,
+    TokenAuth,
+    allowed_host_names,
+    check_exposure,
+)
 
-TOKEN_ENV = "WAKUWAKU_DASHBOARD_TOKEN"
-"""The environment variable the dashboard reads its access token from."""
 PAGE_SIZE = 100
 """Dead letters per page of the list."""
 PARTIAL_HEADER = "x-wakuwaku-partial"
@@ -73,11 +77,16 @@ class DashboardSettings:
     :param group: only this consumer group (None: every group found).
     :param namespace: the consumers' namespace prefix, if any.
     :param host: / :param port: where to listen.
+    :param allowed_hosts: host names answered besides the loopback names and
+        ``host`` (the ``Host`` header a browser sends: the name in its
+        address bar); others get 400 (:class:`~._security.HostGuard`).
     :param allow_replay: allow replaying dead letters (the only write).
     :param token: the access token every request must carry (None: none).
     :param interval: seconds between two reads of the log (and page updates).
     :param metrics_url: a consumer's Prometheus endpoint to link and show
         (``wakuwaku run --metrics-port``).
+    :raises ConfigError: when ``interval`` is not finite seconds > 0, or a
+        name of ``allowed_hosts`` is not a bare host name or address.
     """
 
     log_url: str
@@ -85,33 +94,22 @@ class DashboardSettings:
     namespace: str = ""
     host: str = "127.0.0.1"
     port: int = 8765
+    allowed_hosts: tuple[str, ...] = ()
     allow_replay: bool = False
     token: str | None = None
     interval: float = 5.0
     metrics_url: str | None = None
 
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(host: str, token: str | None) -> None:
-    """Refuse to listen beyond this machine without an access token.
-
-    :raises ConfigError: when ``host`` is not a loopback address and no token
-        is set (the message names the variable).
-    """
-    if not is_loopback(host) and not token:
-        raise ConfigError(
-            f"refusing to listen on {host!r} without a token: set {TOKEN_ENV} "
-            "(every request must then carry it) or listen on 127.0.0.1"
-        )
+    def __post_init__(self) -> None:
+        # nan passes every comparison: a page polling every nan seconds polls
+        # as fast as it can.
+        if not (isinstance(self.interval, int | float) and math.isfinite(self.interval)) or (
+            self.interval <= 0
+        ):
+            raise ConfigError(
+                f"the dashboard's interval must be finite seconds > 0, got {self.interval!r}"
+            )
+        allowed_host_names(self.host, self.allowed_hosts)
 
 
 # ---------------------------------------------------------------- formatting
@@ -123,14 +121,15 @@ def shown_url(url: str) -> str:
 
 
 def when(seconds: float | None) -> str:
-    """A UTC time to the second (``-`` for None or an impossible time)."""
+    """A time to the second with its zone, ``2026-05-01 10:15:04 UTC`` (``-``
+    for None; ``<n> s since the epoch`` for a time no date can show)."""
     if seconds is None:
         return "-"
     try:
         moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
     except (ValueError, OverflowError, OSError):
         return f"{seconds:.0f} s since the epoch"
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def relative(seconds: float, now: float) -> str:
@@ -155,6 +154,20 @@ def printable(text: str | None, limit: int | None = 200) -> str:
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text) + cut
 
 
+MAX_NUMBER = 2**63 - 1
+"""The largest partition or offset a URL may name (offsets are int64 in every log)."""
+
+
+def path_number(raw: str) -> int | None:
+    """A partition, offset or page number from a URL: an int from 0 to
+    :data:`MAX_NUMBER` written in ASCII digits, None for anything else (a sign,
+    a fraction, other digits, more than 19 digits)."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_NUMBER)):
+        return None
+    value = int(raw)
+    return value if value <= MAX_NUMBER else None
+
+
 def decoded_body(body: bytes) -> tuple[str, str]:
     """``(kind, text)`` of a record body: pretty JSON, UTF-8 text or hex."""
     try:
@@ -175,65 +188,10 @@ def _templates() -> Jinja2Templates:
         autoescape=True,  # every template, whatever its name
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(when=when, printable=printable, clock=clock, shown_url=shown_url)
+    env.filters.update(
+        when=when, printable=printable, clock=clock, shown_url=shown_url, plural=plural
+    )
     return Jinja2Templates(env=env)
-
-
-# ------------------------------------------------------------------ security
-
-
-class SecurityHeaders(BaseHTTPMiddleware):
-    """A CSP nonce per request (``request.state.nonce``) and defensive headers."""
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        request.state.nonce = secrets.token_urlsafe(16)
-        response = await call_next(request)
-        nonce = request.state.nonce
-        response.headers["Content-Security-Policy"] = (
-            f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
-            "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
-            "frame-ancestors 'none'; base-uri 'none'"
-        )
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Cache-Control"] = "no-store"
-        return response
-
-
-class TokenAuth:
-    """Every request must carry ``token``: Basic (as the password) or Bearer."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token.encode()
-
-    def _allowed(self, header: str) -> bool:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer":
-            return hmac.compare_digest(value.strip().encode(), self.token)
-        if scheme.lower() == "basic":
-            try:
-                decoded = base64.b64decode(value.strip(), validate=True)
-            except (binascii.Error, ValueError):
-                return False
-            return hmac.compare_digest(decoded.partition(b":")[2], self.token)
-        return False
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or ())
-        if self._allowed(headers.get(b"authorization", b"").decode("latin-1")):
-            await self.app(scope, receive, send)
-            return
-        response = PlainTextResponse(
-            "this dashboard needs its token (the password; any user name)",
-            status_code=401,
-            headers={"WWW-Authenticate": 'Basic realm="wakuwaku dashboard", charset="UTF-8"'},
-        )
-        await response(scope, receive, send)
 
 
 # ------------------------------------------------------------------- filters
@@ -381,11 +339,9 @@ class Dashboard:
             search = LetterFilter.from_query(request.query_params)
         except ValueError as exc:
             return self.error(request, 400, str(exc))
-        try:
-            page = max(1, int(request.query_params.get("page", "1")))
-        except ValueError:
-            page = 1
         found = [e for e in view.letters if search.matches(e)]
+        pages = max(1, -(-len(found) // PAGE_SIZE))
+        page = min(max(1, path_number(request.query_params.get("page", "1")) or 1), pages)
         shown = found[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
         reasons = sorted({e.reason for e in view.letters})
         return self.render(
@@ -396,7 +352,7 @@ class Dashboard:
             found=len(found),
             shown=shown,
             page=page,
-            pages=max(1, -(-len(found) // PAGE_SIZE)),
+            pages=pages,
             reasons=reasons,
             query=request.query_params,
         )
@@ -406,12 +362,21 @@ class Dashboard:
         if view is None:
             return self._unknown(request)
         log, sampler = self._ready()
-        partition, offset = request.path_params["partition"], request.path_params["offset"]
         dlq = sampler.dead_letter_topic(view.target)
+        raw_partition, raw_offset = request.path_params["partition"], request.path_params["offset"]
+        partition, offset = path_number(raw_partition), path_number(raw_offset)
+        if partition is None or offset is None:
+            where = f"{dlq}/{printable(raw_partition, 40)}@{printable(raw_offset, 40)}"
+            return self.error(
+                request,
+                404,
+                f"no dead letter at {where} (a partition and an offset are whole "
+                "numbers from 0 to 2**63 - 1)",
+            )
         try:
             records = await log.read(dlq, partition, offset, 1)
         except WakuwakuError as exc:
-            return self.error(request, 404, sanitize(exc, 300))
+            return self.error(request, 404, f"no dead letter there: {sanitize(exc, 300)}")
         if not records or records[0].offset != offset:
             return self.error(request, 404, f"no dead letter at {dlq}/{partition}@{offset}")
         letter = parse_dead_letter(partition, records[0])
@@ -496,8 +461,10 @@ class Dashboard:
             Route("/", self.index),
             Route("/topic/{topic}/group/{group}", self.topic),
             Route("/topic/{topic}/group/{group}/dead-letters", self.dead_letters),
+            # Numbers are read by path_number, not Starlette's int convertor,
+            # which takes any count of digits (an offset past 2**63 was a 500).
             Route(
-                "/topic/{topic}/group/{group}/dead-letters/{partition:int}/{offset:int}",
+                "/topic/{topic}/group/{group}/dead-letters/{partition}/{offset}",
                 self.dead_letter,
             ),
             Route("/replay", self.replay, methods=["POST"]),
@@ -536,6 +503,7 @@ def create_app(
     )
     if settings.token:
         protected = TokenAuth(protected, settings.token)
+    protected = HostGuard(protected, allowed_host_names(settings.host, settings.allowed_hosts))
 
     # The lifespan events reach Starlette through the wrappers (asgi-csrf and
     # the middleware pass non-http scopes on).

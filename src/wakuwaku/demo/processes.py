@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._text import plural
 from .consumer import LOG_URL_ENV
 from .flights import Projection
 from .options import DemoOptions
@@ -198,7 +199,10 @@ async def chaos_monkey(
             if consumer.kill():
                 chaos.kill_at = time.perf_counter() - started
                 chaos.kills += 1
-                progress.event("chaos", f"chaos: consumer SIGKILLed at {applied:,} flights applied")
+                progress.event(
+                    "chaos",
+                    f"chaos: consumer SIGKILLed at {applied:,} {plural(applied, 'flight')} applied",
+                )
                 consumer.start()
                 progress.event("chaos", f"chaos: consumer restarted (run {consumer.runs})")
             else:

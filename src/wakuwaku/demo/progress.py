@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .._text import plural
+
 PHASES = ("produce", "consume", "replay", "verify")
 
 
@@ -158,7 +160,8 @@ class Progress:
 
     def state_line(self) -> str:
         return (
-            f"{self.quarantined:,} keys quarantined now, {self.dead_letters:,} dead letters, "
+            f"{self.quarantined:,} {plural(self.quarantined, 'key')} quarantined now, "
+            f"{self.dead_letters:,} {plural(self.dead_letters, 'dead letter')}, "
             f"consumer run {self.consumer_runs}"
         )
 

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from .._errors import ConfigError
 from .._producer import Producer
 from .._sanitize import redact_url
+from .._text import plural
 from ..admin import DeadLetter, list_dead_letters, replay_dead_letters
 from ..engine import ConsumerConfig
 from ..logs import Log, open_log
@@ -314,7 +315,8 @@ async def replay_phase(
     # replayed flights of a plane still loading would wait (Transient) anyway.
     await wait_for_register(consumer, watcher.projection, listed)
     replayed = await replay_dead_letters(log, FLIGHTS_TOPIC, group=GROUP, reason="gave_up_retry")
-    progress.event("replay", f"replay: {len(replayed.replayed):,} dead letters replayed")
+    count = len(replayed.replayed)
+    progress.event("replay", f"replay: {count:,} {plural(count, 'dead letter')} replayed")
     consumer.tell("stop")
     code = await consumer.wait(CONSUMER_TIMEOUT)
     await watcher.sample()
@@ -332,7 +334,8 @@ async def replay_phase(
     lines = [
         "replay of the dead letters",
         f"registered               {len(missing):,} missing aircraft as unknown models",
-        f"replayed                 {len(replayed.replayed):,} dead letters ({records:,} flights)"
+        f"replayed                 {count:,} {plural(count, 'dead letter')} "
+        f"({records:,} {plural(records, 'flight')})"
         f", skipped {len(replayed.skipped):,}, replayed before {replayed.already_replayed:,}"
         f", in {time.perf_counter() - started:.1f} s "
         "(by the running consumer)",

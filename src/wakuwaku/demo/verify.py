@@ -19,6 +19,7 @@ import msgspec
 
 from .._events import event_type
 from .._sanitize import redact_url
+from .._text import plural
 from ..admin import DeadLetter
 from .data import Expected, Totals
 from .flights import FlightFlown, Projection
@@ -107,10 +108,11 @@ async def verify(
         result.check(
             not wrong_dead and not registered_dead,
             f"dead letters hold exactly the flights of the "
-            f"{len(missing):,} unregistered tail numbers"
+            f"{len(missing):,} unregistered tail {plural(len(missing), 'number')}"
             + (f" (wrong: {sorted(wrong_dead)[:5]})" if wrong_dead else "")
             + (
-                f" (and {given_up:,} flights of registered ones: {registered_dead[:5]})"
+                f" (and {given_up:,} {plural(given_up, 'flight')} of registered ones: "
+                f"{registered_dead[:5]})"
                 if registered_dead
                 else ""
             ),
@@ -149,35 +151,42 @@ def report(
     """Print the demo's report (the README explains each line)."""
     events = produced.events
     attempts = stats.get("attempts", 0)
-    out(f"log                      {redact_url(log_url)} ({opts.partitions} partitions per topic)")
+    out(
+        f"log                      {redact_url(log_url)} "
+        f"({opts.partitions} {plural(opts.partitions, 'partition')} per topic)"
+    )
     out(
         f"produced                 {produced.planes:,} PlaneRegistered, {produced.registers} "
         f"RegisterPublished, {produced.flown:,} FlightFlown, {produced.cancelled:,} "
         f"FlightCancelled in {produced.seconds:.1f} s"
     )
     out(
-        f"refused at publish       {produced.refused:,} flights without a tail number "
+        f"refused at publish       {produced.refused:,} {plural(produced.refused, 'flight')} "
+        "without a tail number "
         f"(first: {produced.first_refusal or '-'})"
     )
+    handled, calls = stats.get("handled", 0), stats.get("handler_calls", 0)
     out(
-        f"handled                  {stats.get('handled', 0):,} records in "
-        f"{stats.get('handler_calls', 0):,} handler calls"
+        f"handled                  {handled:,} {plural(handled, 'record')} in "
+        f"{calls:,} handler {plural(calls, 'call')}"
     )
-    out(f"reduced away by combine  {stats.get('reduced_away', 0):,} records")
-    out(f"skipped by the inbox     {stats.get('inbox_skipped', 0):,} records already applied")
+    reduced, skipped = stats.get("reduced_away", 0), stats.get("inbox_skipped", 0)
+    out(f"reduced away by combine  {reduced:,} {plural(reduced, 'record')}")
+    out(f"skipped by the inbox     {skipped:,} {plural(skipped, 'record')} already applied")
+    keys, routed = stats.get("quarantined_keys", 0), stats.get("routed", 0)
     out(
-        f"retryable                {stats.get('quarantined_keys', 0):,} keys quarantined, "
-        f"{attempts:,} attempts ({stats.get('attempts_failed', 0):,} failed), "
-        f"{stats.get('routed', 0):,} records routed during quarantine"
+        f"retryable                {keys:,} {plural(keys, 'key')} quarantined, "
+        f"{attempts:,} {plural(attempts, 'attempt')} ({stats.get('attempts_failed', 0):,} "
+        f"failed), {routed:,} {plural(routed, 'record')} routed during quarantine"
     )
     out(f"keys given up            {stats.get('gave_up_keys', 0):,}")
     out(
         "dead letters             "
         + (", ".join(f"{r}: {n:,}" for r, n in sorted(dead.items())) or "none")
     )
+    pauses = stats.get("transient_pauses", 0)
     out(
-        f"transient pauses         {stats.get('transient_pauses', 0):,} failed calls retried "
-        f"in place"
+        f"transient pauses         {pauses:,} failed {plural(pauses, 'call')} retried in place"
         + (
             f" (projection locked for {opts.lock_seconds:.1f} s at {chaos.lock_at:.1f} s)"
             if chaos.lock_at is not None

@@ -2,6 +2,7 @@
 the retry topic and quarantine, dead letters, the partition view (design §5-8, 14, 15)."""
 
 from ._config import DEFAULT_RETRY_DELAYS as DEFAULT_RETRY_DELAYS
+from ._config import MAX_RETRY_DELAY as MAX_RETRY_DELAY
 from ._config import TOPIC_NAMES_TOPIC as TOPIC_NAMES_TOPIC
 from ._config import ConsumerConfig as ConsumerConfig
 from ._config import DeliveryMode as DeliveryMode
@@ -32,6 +33,7 @@ from ._view import read_retry_partition as read_retry_partition
 
 __all__ = (
     "DEFAULT_RETRY_DELAYS",
+    "MAX_RETRY_DELAY",
     "TOPIC_NAMES_TOPIC",
     "ChunkContext",
     "Consumer",

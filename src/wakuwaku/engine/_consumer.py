@@ -46,6 +46,9 @@ from ._view import PartitionView
 
 logger = logging.getLogger("wakuwaku.consumer")
 
+_RELEASE_LIMIT = 5.0
+"""Seconds a forced stop waits for each partition's lease release."""
+
 R = TypeVar("R")
 
 
@@ -84,6 +87,12 @@ class Consumer:
         self.workers: dict[tuple[str, int], PartitionWorker] = {}
         self._assignment: list[tuple[str, int]] = []
         self._stop = asyncio.Event()
+        # Set by force_stop() (a second SIGINT/SIGTERM): the chunks still
+        # running are cancelled without waiting for shutdown_timeout.
+        self._forced = asyncio.Event()
+        # The running partitions' supervisors (while run() runs), for what a
+        # forced stop says it leaves undone.
+        self._supervisors: dict[asyncio.Task[None], tuple[str, int]] = {}
         self._started = False
         self._ran = False
         # Set by a worker each time it reads to the end of its partition, so
@@ -192,6 +201,21 @@ class Consumer:
         for worker in self.workers.values():
             worker.stop()
 
+    def force_stop(self) -> None:
+        """Stop now: as :meth:`stop`, and the chunks still running are cancelled
+        at once instead of being given ``shutdown_timeout`` seconds (what a
+        second SIGINT or SIGTERM does). A cancelled chunk is handled as at
+        the shutdown deadline: its batch's offset is not stored past it
+        (docs/engine.md, "Delivery modes and shutdown"); leases are released.
+        """
+        self._forced.set()
+        self.stop()
+
+    @property
+    def forced(self) -> bool:
+        """True once :meth:`force_stop` was called (or a second signal came)."""
+        return self._forced.is_set()
+
     async def run(self, *, install_signal_handlers: bool = True) -> ConsumerStats:
         """Consume until :meth:`stop`, SIGINT or SIGTERM; returns the counters.
 
@@ -225,10 +249,11 @@ class Consumer:
             max_workers=self.config.max_concurrency * max(1, len(self._assignment)),
             thread_name_prefix=f"wakuwaku-{self.config.group}",
         )
-        supervisors = [
-            asyncio.create_task(self._supervise(topic, p), name=f"wakuwaku:{topic}/{p}")
+        self._supervisors = {
+            asyncio.create_task(self._supervise(topic, p), name=f"wakuwaku:{topic}/{p}"): (topic, p)
             for topic, p in self._assignment
-        ]
+        }
+        supervisors = list(self._supervisors)
         try:
             # Supervisors end only at a stop; one that ends first failed loudly
             # (a partition must never die without a word).
@@ -238,12 +263,14 @@ class Consumer:
             if not self._stop.is_set():
                 self.stop()
             logger.info("consumer stopping", extra={"group": self.config.group})
-            done, still = await asyncio.wait(supervisors, timeout=self.config.shutdown_timeout)
+            done, still = await self._until_stopped(supervisors)
             for task in still:
                 task.cancel()
             if still:
                 logger.warning(
-                    "shutdown deadline passed; cancelled running chunks",
+                    "stop forced; cancelled running chunks"
+                    if self.forced
+                    else "shutdown deadline passed; cancelled running chunks",
                     extra={"partitions": len(still)},
                 )
                 await asyncio.gather(*still, return_exceptions=True)
@@ -254,6 +281,7 @@ class Consumer:
             for task in supervisors:
                 task.cancel()
             await asyncio.gather(*supervisors, return_exceptions=True)
+            self._supervisors = {}
             loop = asyncio.get_running_loop()
             for sig in installed:
                 loop.remove_signal_handler(sig)
@@ -261,6 +289,25 @@ class Consumer:
             # may leave its thread running until the handler returns.
             thread_pool.shutdown(wait=False, cancel_futures=True)
         return self.stats
+
+    async def _until_stopped(
+        self, supervisors: list[asyncio.Task[None]]
+    ) -> tuple[set[asyncio.Task[None]], set[asyncio.Task[None]]]:
+        """Wait for ``supervisors`` to end, at most ``shutdown_timeout`` seconds
+        and not past :meth:`force_stop`; returns ``(done, still running)``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_timeout
+        pending = set(supervisors)
+        forced = asyncio.ensure_future(self._forced.wait())
+        try:
+            while pending and not forced.done() and (left := deadline - loop.time()) > 0:
+                await asyncio.wait(
+                    pending | {forced}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending = {t for t in pending if not t.done()}
+        finally:
+            forced.cancel()
+        return set(supervisors) - pending, pending
 
     async def drain(self, *, install_signal_handlers: bool = False) -> ConsumerStats:
         """Consume until every partition has read to its end and no key is quarantined.
@@ -387,8 +434,26 @@ class Consumer:
         return installed
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        logger.info("signal received; stopping gracefully", extra={"signal": sig.name})
-        self.stop()
+        if not self._stop.is_set():
+            logger.info(
+                "signal received; stopping gracefully (a second signal stops at once)",
+                extra={"signal": sig.name, "shutdown_timeout": self.config.shutdown_timeout},
+            )
+            self.stop()
+            return
+        running = sorted(
+            f"{topic}/{p}" for task, (topic, p) in self._supervisors.items() if not task.done()
+        )
+        logger.warning(
+            "second signal; stopping now: cancelling the chunks still running "
+            "(as at the shutdown deadline)",
+            extra={"signal": sig.name, "draining": running},
+        )
+        # A third signal is not ours: Python's default (KeyboardInterrupt) ends it.
+        loop = asyncio.get_running_loop()
+        for other in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(other)
+        self.force_stop()
 
     # -------------------------------------------------------------- ownership
 
@@ -437,6 +502,14 @@ class Consumer:
                 # Let the partition go, as a graceful stop does: the fixed
                 # consumer, started again, must not wait out lease_ttl.
                 await self._ownership.release(lease)
+                raise
+            except asyncio.CancelledError:
+                if self.forced:
+                    # Stopped now on purpose: let the partition go too, or the
+                    # restarted member waits out lease_ttl (bounded: a log that
+                    # does not answer lets the lease lapse by itself).
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._ownership.release(lease), _RELEASE_LIMIT)
                 raise
             if self._stop.is_set():
                 await self._ownership.release(lease)

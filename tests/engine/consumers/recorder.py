@@ -10,6 +10,9 @@ Settings come from the environment (a subprocess test sets them):
   SIGKILLs itself inside ``handle`` (after the ids are on disk), mid-batch;
 - ``WK_TEST_HANDLE_SECONDS``: how long each ``handle`` call takes (real seconds),
   so a signal can arrive while a batch is being processed;
+- ``WK_TEST_CALLS``: a file a line is appended to (and fsynced) when each
+  ``handle`` call starts, before its pause: a test waits on it to know a
+  chunk is running;
 - ``WK_TEST_FAIL``: comma-separated ids whose handling raises Unrecoverable;
 - ``WK_TEST_MEMBER`` (default ``recorder``): the member id;
 - ``WK_TEST_LEASE_TTL`` (default the config's): the partition lease TTL, seconds;
@@ -59,9 +62,15 @@ def build(log: Log) -> Consumer:
     handled = 0
     lease_ttl = float(os.environ.get("WK_TEST_LEASE_TTL") or 15.0)  # 15.0: the config's default
     partitions = [int(x) for x in os.environ.get("WK_TEST_PARTITIONS", "").split(",") if x]
+    calls = os.environ.get("WK_TEST_CALLS")
 
     def handle(events: Sequence[Tick]) -> None:
         nonlocal handled
+        if calls:
+            with open(calls, "a", encoding="utf-8") as file:
+                file.write(f"{events[0].key}\n")
+                file.flush()
+                os.fsync(file.fileno())
         if pause:
             time.sleep(pause)
         for tick in events:
