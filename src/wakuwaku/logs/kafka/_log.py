@@ -1,23 +1,4 @@
-"""The Apache Kafka log: topics are Kafka topics (URL ``kafka://host:port[,host:port]``).
-
-Mapping (``docs/logs.md``, "The Kafka log"):
-
-- a topic is a Kafka topic named ``<prefix><topic>`` (no prefix by default,
-  so other Kafka clients see the same names); a group is the Kafka consumer
-  group ``<prefix><group>``;
-- a record's ``wk-key`` header is the Kafka message key (not repeated as a
-  header); every other header is a Kafka header; records written by any
-  Kafka producer are read with their key as ``wk-key``;
-- offsets are Kafka offsets: not dense (transaction markers and compaction
-  leave gaps); reads are ``read_committed``;
-- ownership is the consumer group's: :meth:`KafkaLog.acquire_partition`
-  answers from the assignment the group coordinator gave this member
-  (``cooperative-sticky``), not from a lease of ours (see the class);
-- :meth:`KafkaLog.store` of a batch with retry or dead-letter records is one
-  Kafka transaction with the offsets sent through
-  ``send_offsets_to_transaction`` and the member's group metadata (KIP-447):
-  a member that lost the partition has its transaction refused by the
-  broker.
+"""The :class:`KafkaLog`: the log contract on Apache Kafka (see the package's docstring).
 
 confluent-kafka (librdkafka) is imported here only (extra ``kafka``); its
 blocking calls run in threads, each bounded by the log's ``timeout``.
@@ -54,8 +35,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Kafka log needs confluent-kafka: pip install 'wakuwaku[kafka]'") from exc
 
-from .._clock import BLOCKING_CALLS
-from .._errors import (
+from ..._clock import BLOCKING_CALLS
+from ..._errors import (
     ConfigError,
     FencedError,
     LogError,
@@ -63,9 +44,9 @@ from .._errors import (
     PartitionCountMismatch,
     UnknownTopicError,
 )
-from .._records import H_KEY, Record
-from .._topics import split_derived_topic
-from ._base import (
+from ..._records import H_KEY, Record
+from ..._topics import split_derived_topic
+from .._base import (
     AppendTokens,
     BatchWrite,
     Lease,
@@ -79,7 +60,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
-from ._url import check_servers, check_timeout, option_bool, option_timeout, parse_log_url
+from .._url import check_servers, check_timeout, option_bool, option_timeout, parse_log_url
 
 _kadmin: Any = _admin_module  # its stubs are partial: used untyped
 AdminClient = _kadmin.AdminClient
@@ -88,7 +69,14 @@ NewTopic = _kadmin.NewTopic
 OffsetSpec = _kadmin.OffsetSpec
 ResourceType = _kadmin.ResourceType
 
-__all__ = ("PASSWORD_ENV", "USERNAME_ENV", "KafkaLog", "derived_main_topic")
+__all__ = (
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "HEADER_ROOM",
+    "PASSWORD_ENV",
+    "USERNAME_ENV",
+    "KafkaLog",
+    "derived_main_topic",
+)
 
 logger = logging.getLogger("wakuwaku.logs.kafka")
 
