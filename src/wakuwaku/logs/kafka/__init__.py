@@ -19,9 +19,12 @@ Mapping (``docs/logs.md``, "The Kafka log"):
   a member that lost the partition has its transaction refused by the
   broker.
 
-The package's modules, each owning one part:
+The package's modules, each owning one part (their docstrings say what
+they may call):
 
-- ``_log``: :class:`KafkaLog`, the facade that implements the contract.
+- ``_log``: :class:`KafkaLog`, the facade that implements the contract;
+- ``_member``: one consumer-group member and its poll thread;
+- ``_ownership``: which partitions a member owns, and how each is given up.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import itertools
 import logging
 import os
 import re
@@ -61,6 +60,8 @@ from .._base import (
     check_topic_name,
 )
 from .._url import check_servers, check_timeout, option_bool, option_timeout, parse_log_url
+from ._member import Member
+from ._ownership import OwnershipState
 
 _kadmin: Any = _admin_module  # its stubs are partial: used untyped
 AdminClient = _kadmin.AdminClient
@@ -96,7 +97,6 @@ can still be retried and dead-lettered."""
 _BATCH_OVERHEAD = 512  # record batch and record framing, counted against the limit
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
 _NO_OFFSET = -1001
-_MEMBER_METADATA_REFRESH_MS = 5000
 _MARKER_WAIT = 0.5
 _ADMIN_RENEW = 2.0
 _FENCED_CODES = frozenset(
@@ -114,7 +114,6 @@ _FENCED_CODES = frozenset(
 _UNKNOWN_TOPIC_CODES = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 )
-_generations = itertools.count(1)
 
 
 def derived_main_topic(topic: str) -> str | None:
@@ -247,216 +246,6 @@ def _check_partitions(answer: Any) -> Any:
 
 
 @dataclass
-class _Owned:
-    """One partition as this member sees it: owned, being revoked, or gone."""
-
-    generation: int
-    state: str = "owned"  # owned | revoking | stopped | gone
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-class _Member:
-    """One consumer-group member: a confluent Consumer that only joins, never fetches.
-
-    A thread polls it (heartbeats and rebalance callbacks run there). Its
-    partitions are paused as soon as they are assigned: records are read by
-    :meth:`KafkaLog.read`'s own assign-only consumers. On a revoke the
-    callback marks the partitions ``revoking``, which the engine sees at its
-    next :meth:`KafkaLog.acquire_partition` (None: stop the worker), and
-    waits, at most ``revoke_timeout``, for the worker to finish and release
-    (:meth:`KafkaLog.release_partition`) before the partitions go; on a lost
-    assignment they are ``gone`` at once and every write under them refused.
-    """
-
-    def __init__(self, log: KafkaLog, group: str, member: str) -> None:
-        self.log = log
-        self.group = group
-        self.member = member
-        self.topics: set[str] = set()
-        self.owned: dict[tuple[str, int], _Owned] = {}
-        self.lock = threading.Lock()
-        self.assigned_once = threading.Event()
-        self.closing = False
-        self.held: set[tuple[str, int]] = set()
-        self.txn: Producer | None = None
-        # A store whose commit_transaction gave no answer: its outcome is
-        # known only once the producer's commit is resumed (KafkaLog._settle).
-        self.unsettled: _Unsettled | None = None
-        # The group metadata (generation, member id) for KIP-447 transactions.
-        # Read in the poll thread only: consumer_group_metadata() called from
-        # another thread while poll() runs blocks (librdkafka serves it there).
-        self.metadata: Any = None
-        self.calls: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []
-        self.txn_lock = asyncio.Lock()
-        self.joining = asyncio.Lock()
-        self.loop = asyncio.get_running_loop()
-        self.changed = asyncio.Event()  # replaced at each change: waiters keep theirs
-        self.ready: set[str] = set()  # topics whose first assignment was waited for
-        self.init_task: asyncio.Future[None] | None = None
-        conf = {
-            **log._common,
-            "group.id": log._name(group),
-            "client.id": f"wakuwaku-{member}",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "session.timeout.ms": int(log.session_timeout * 1000),
-            "heartbeat.interval.ms": max(100, int(log.session_timeout * 1000 / 5)),
-            "isolation.level": "read_committed",
-            # A subscription that grows while librdkafka has no usable broker
-            # connection (it reconnects) marks the new topic "not available"
-            # and rejoins only at the next periodic metadata refresh, 300 s by
-            # default: the flights demo stalled for 300 s that way.
-            "topic.metadata.refresh.interval.ms": _MEMBER_METADATA_REFRESH_MS,
-        }
-        self.consumer = Consumer(conf)
-        self.thread = threading.Thread(
-            target=self._poll, name=f"wakuwaku-kafka-member-{member}", daemon=True
-        )
-        self.started = False
-
-    # -- the poll thread --------------------------------------------------
-
-    def _poll(self) -> None:
-        while not self.closing:
-            self._serve_calls()
-            try:
-                self.consumer.poll(0.01)
-            except RuntimeError:  # closed under us
-                return
-            except KafkaException as exc:
-                logger.warning("Kafka group %s member poll failed: %s", self.group, exc)
-        self._serve_calls()
-
-    def _serve_calls(self) -> None:
-        """Run the consumer calls other threads asked for, here: a synchronous
-        commit made from another thread while this one polls waits for a
-        reply that this thread's poll() takes (and never delivers)."""
-        while self.calls:
-            fn, future = self.calls.pop(0)
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                future.set_exception(exc)
-
-    def call(self, fn: Callable[[], _T]) -> concurrent.futures.Future[_T]:
-        """Run ``fn`` (a call on :attr:`consumer`) in the poll thread."""
-        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-        if self.closing or not self.started:
-            future.set_exception(LogError(f"Kafka group {self.group} member is not polling"))
-            return future
-        self.calls.append((fn, future))
-        return future
-
-    def _bump(self) -> None:
-        """Wake everything waiting for an assignment change (in the loop's thread)."""
-        old, self.changed = self.changed, asyncio.Event()
-        old.set()
-
-    def _changed(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self.loop.call_soon_threadsafe(self._bump)
-
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        self.metadata = consumer.consumer_group_metadata()
-        with self.lock:
-            for tp in partitions:
-                self.owned[(self.log._plain(tp.topic), tp.partition)] = _Owned(next(_generations))
-        consumer.incremental_assign(partitions)
-        if partitions:
-            consumer.pause(partitions)
-        self.assigned_once.set()
-        self._changed()
-
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
-        self.metadata = consumer.consumer_group_metadata()
-        waits: list[_Owned] = []
-        with self.lock:
-            for tp in partitions:
-                owned = self.owned.get((self.log._plain(tp.topic), tp.partition))
-                if owned is not None and owned.state == "owned":
-                    key = (self.log._plain(tp.topic), tp.partition)
-                    if self.closing or key not in self.held:
-                        owned.state = "gone"
-                    else:
-                        owned.state = "revoking"
-                        waits.append(owned)
-        self._changed()
-        deadline = time.monotonic() + self.log.revoke_timeout
-        for owned in waits:
-            while not owned.done.is_set() and time.monotonic() < deadline:
-                self._serve_calls()  # the worker's last stores need this thread
-                owned.done.wait(0.01)
-        with self.lock:
-            for tp in partitions:
-                key = (self.log._plain(tp.topic), tp.partition)
-                owned = self.owned.pop(key, None)
-                if owned is not None:
-                    owned.state = "gone"
-                self.held.discard(key)
-        with contextlib.suppress(KafkaException, RuntimeError):
-            consumer.incremental_unassign(partitions)
-
-    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
-        with self.lock:
-            for tp in partitions:
-                key = (self.log._plain(tp.topic), tp.partition)
-                owned = self.owned.pop(key, None)
-                if owned is not None:
-                    owned.state = "gone"
-                self.held.discard(key)
-        self._changed()
-        logger.warning(
-            "Kafka group %s: partitions lost (session timed out); nothing is stored for them",
-            self.group,
-        )
-        with contextlib.suppress(KafkaException, RuntimeError):
-            consumer.incremental_unassign(partitions)
-
-    # -- called from the log (threads) -------------------------------------
-
-    def subscribe(self, topic: str) -> None:
-        with self.lock:
-            if topic in self.topics:
-                return
-            self.topics.add(topic)
-            names = [self.log._name(t) for t in sorted(self.topics)]
-        self.assigned_once.clear()
-
-        def subscribe() -> None:
-            self.consumer.subscribe(
-                names, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
-            )
-
-        if not self.started:
-            subscribe()
-            self.started = True
-            self.thread.start()
-        else:  # the poll thread owns the consumer once it runs
-            self.call(subscribe).result(self.log.timeout)
-
-    def current(self, topic: str, partition: int) -> _Owned | None:
-        with self.lock:
-            owned = self.owned.get((topic, partition))
-            return owned if owned is not None and owned.state != "gone" else None
-
-    def close(self) -> None:
-        self.closing = True
-        with self.lock:
-            for owned in self.owned.values():
-                owned.done.set()
-        if self.started:
-            self.thread.join(5.0)
-        with contextlib.suppress(KafkaException, RuntimeError):
-            self.consumer.close()
-        if self.txn is not None:
-            with contextlib.suppress(KafkaException):
-                self.txn.flush(1.0)
-
-
-@dataclass
 class _Reader:
     consumer: Any
     next_offset: int
@@ -553,7 +342,7 @@ class KafkaLog(Log):
         self._admin_born = self._admin_answered = 0.0
         self._producer: Any = None
         self._producer_thread: threading.Thread | None = None
-        self._members: dict[tuple[str, str], _Member] = {}
+        self._members: dict[tuple[str, str], Member] = {}
         self._readers: dict[tuple[str, int], _Reader] = {}
         self._offsets: dict[str, Any] = {}  # group -> its offsets consumer
         self._offsets_born: dict[str, float] = {}
@@ -923,11 +712,15 @@ class KafkaLog(Log):
                     f"(its max.message.bytes is {limit})"
                 )
 
-    def _fence_owner(self, fence: Lease) -> _Member:
+    def _fence_owner(self, fence: Lease) -> Member:
         """The member that holds ``fence`` now. :raises FencedError: otherwise."""
         member = self._members.get((fence.group, fence.member))
-        owned = member.current(fence.topic, fence.partition) if member is not None else None
-        if member is None or owned is None or owned.generation != fence.generation:
+        held = (
+            member.assignment.generation(fence.topic, fence.partition)
+            if member is not None
+            else None
+        )
+        if member is None or held != fence.generation:
             raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
         return member
 
@@ -1465,7 +1258,7 @@ class KafkaLog(Log):
         """
         offset = check_commit(group, topic, partition, offset)
         check_partition(topic, partition, await self._partitions(topic))
-        member: _Member | None
+        member: Member | None
         if fence is not None:
             if fence.group != group:
                 raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
@@ -1499,7 +1292,7 @@ class KafkaLog(Log):
                 )
             await asyncio.sleep(0.05)
 
-    async def _member_commit(self, member: _Member, tps: list[Any], fence: Lease | None) -> None:
+    async def _member_commit(self, member: Member, tps: list[Any], fence: Lease | None) -> None:
         """Commit through the member's consumer; the broker's answer, partition
         by partition, says the offsets are stored.
 
@@ -1547,44 +1340,27 @@ class KafkaLog(Log):
         group, not a timer, decides ownership. A partition being revoked
         answers None (the engine stops its worker, stores what is done and
         releases it; the revoke waits for that up to ``revoke_timeout``).
+
+        :raises LogUnavailableError: when the group gives the member no
+            assignment within ``timeout`` seconds.
         """
         check_partition(topic, partition, await self._partitions(topic))
         key = (group, member)
         found = self._members.get(key)
-        owner = found if found is not None else _Member(self, group, member)
+        owner = found if found is not None else Member(self, group, member)
         self._members[key] = owner
-        async with owner.joining:  # one subscription change at a time; others wait for it
-            if topic not in owner.ready:
-                await self._run("join group", lambda: owner.subscribe(topic))
-                assigned = await self._run(
-                    "join group", lambda: owner.assigned_once.wait(self.timeout)
-                )
-                if not assigned:
-                    raise LogUnavailableError(
-                        f"Kafka log {self.url}: group {group!r} gave member {member!r} no "
-                        f"assignment for {topic!r} within {self.timeout} s"
-                    )
-                owner.ready.add(topic)
-                if self.transactions and owner.txn is None and owner.init_task is None:
-                    # Soon, not at the first retry write: init_transactions aborts
-                    # the open transaction a killed predecessor with this member
-                    # id left, which otherwise holds read_committed readers back.
-                    owner.init_task = asyncio.ensure_future(self._init_transactions(owner))
+        joined = await owner.join(topic)
+        if joined and self.transactions and owner.txn is None and owner.init_task is None:
+            # Soon, not at the first retry write: init_transactions aborts
+            # the open transaction a killed predecessor with this member
+            # id left, which otherwise holds read_committed readers back.
+            owner.init_task = asyncio.ensure_future(self._init_transactions(owner))
+        generation = owner.assignment.acquire(topic, partition)
+        if generation is None:
+            return None
+        return Lease(group, topic, partition, member, generation, time.time() + ttl)
 
-        with owner.lock:
-            owned = owner.owned.get((topic, partition))
-            if owned is None or owned.state == "gone":
-                return None
-            if owned.state != "owned":
-                # Revoking: tell the engine to stop; a call after its stop means it is done.
-                if owned.state == "stopped":
-                    owned.done.set()
-                owned.state = "stopped" if owned.state == "revoking" else owned.state
-                return None
-            owner.held.add((topic, partition))
-        return Lease(group, topic, partition, member, owned.generation, time.time() + ttl)
-
-    async def _init_transactions(self, member: _Member) -> None:
+    async def _init_transactions(self, member: Member) -> None:
         async with member.txn_lock:
             if member.txn is None and not member.closing:
                 with contextlib.suppress(LogError):  # the first store tries again
@@ -1619,8 +1395,10 @@ class KafkaLog(Log):
             for tp in assigned:
                 if tp.topic != full:
                     continue
-                owned = mine.current(topic, tp.partition) if mine is not None else None
-                generation = owned.generation if owned is not None else 0
+                owned = (
+                    mine.assignment.generation(topic, tp.partition) if mine is not None else None
+                )
+                generation = owned if owned is not None else 0
                 out[tp.partition] = Lease(group, topic, tp.partition, who, generation, until)
         return dict(sorted(out.items()))
 
@@ -1642,13 +1420,13 @@ class KafkaLog(Log):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(found.changed.wait(), within)
 
-    def ownership_state(self, lease: Lease) -> str:
-        """``owned``, ``revoking`` (being revoked: stop, store, release) or ``gone``."""
+    def ownership_state(self, lease: Lease) -> OwnershipState:
+        """``owned``, ``revoking`` (being revoked: stop, store, release) or ``gone``
+        (:class:`~._ownership.OwnershipState`, a ``str``)."""
         member = self._members.get((lease.group, lease.member))
-        owned = member.current(lease.topic, lease.partition) if member is not None else None
-        if owned is None or owned.generation != lease.generation:
-            return "gone"
-        return "owned" if owned.state == "owned" else "revoking"
+        if member is None:
+            return OwnershipState.GONE
+        return member.assignment.state(lease.topic, lease.partition, lease.generation)
 
     async def release_partition(self, lease: Lease) -> None:
         """Let a revoked partition go now; at shutdown, leave the group once the
@@ -1656,16 +1434,7 @@ class KafkaLog(Log):
         member = self._members.get((lease.group, lease.member))
         if member is None:
             return
-        with member.lock:
-            owned = member.owned.get((lease.topic, lease.partition))
-            if owned is None or owned.generation != lease.generation:
-                return
-            member.held.discard((lease.topic, lease.partition))
-            if owned.state in ("revoking", "stopped"):
-                owned.done.set()
-                return
-            empty = not member.held
-        if empty:
+        if member.assignment.release(lease.topic, lease.partition, lease.generation):
             self._members.pop((lease.group, lease.member), None)
             await self._run("leave group", member.close)
 
@@ -1894,7 +1663,7 @@ class KafkaLog(Log):
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.05)
 
-    def _transactional(self, member: _Member) -> Any:
+    def _transactional(self, member: Member) -> Any:
         if member.txn is None:
             producer = Producer(
                 {
@@ -1915,7 +1684,7 @@ class KafkaLog(Log):
 
     async def _transact(
         self,
-        member: _Member,
+        member: Member,
         batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
         offsets: list[Any],
         commits: list[tuple[str, int, int]],
@@ -1978,7 +1747,7 @@ class KafkaLog(Log):
 
     def _transaction(
         self,
-        member: _Member,
+        member: Member,
         batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
         offsets: list[Any],
         commits: list[tuple[str, int, int]],
@@ -2043,7 +1812,7 @@ class KafkaLog(Log):
 
     def _settle(
         self,
-        member: _Member,
+        member: Member,
         producer: Any,
         batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
         commits: list[tuple[str, int, int]],
@@ -2102,7 +1871,7 @@ class KafkaLog(Log):
         return None
 
     @staticmethod
-    def _abandon(member: _Member, producer: Any, err: object) -> None:
+    def _abandon(member: Member, producer: Any, err: object) -> None:
         """End a transaction that did not commit: abort it, or drop the producer.
 
         After a fatal error the producer is unusable. An abort that did not
