@@ -19,17 +19,32 @@ Mapping (``docs/logs.md``, "The Kafka log"):
   a member that lost the partition has its transaction refused by the
   broker.
 
+confluent-kafka (librdkafka) is imported by this package only (extra
+``kafka``); its blocking calls run in threads, each bounded by the log's
+``timeout``.
+
 The package's modules, each owning one part (their docstrings say what
 they may call):
 
 - ``_log``: :class:`KafkaLog`, the facade that implements the contract;
+- ``_cluster``: settings, names, calls in threads and their errors, the
+  admin client, the topic cache;
+- ``_append``: plain appends through the idempotent producer;
+- ``_read``: reads (one assign-only consumer per partition) and start/end
+  offsets;
+- ``_offsets``: the groups' committed offsets, commits, group deletion;
 - ``_member``: one consumer-group member and its poll thread;
 - ``_ownership``: which partitions a member owns, and how each is given up.
 """
 
 from __future__ import annotations
 
-from ._log import _FENCED_CODES as _FENCED_CODES
+try:
+    import confluent_kafka  # noqa: F401 - only to say which extra is missing
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the Kafka log needs confluent-kafka: pip install 'wakuwaku[kafka]'") from exc
+
+from ._cluster import FENCED_CODES
 from ._log import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
 from ._log import HEADER_ROOM as HEADER_ROOM
 from ._log import PASSWORD_ENV as PASSWORD_ENV
@@ -38,3 +53,6 @@ from ._log import KafkaLog as KafkaLog
 from ._log import derived_main_topic as derived_main_topic
 
 __all__ = ("PASSWORD_ENV", "USERNAME_ENV", "KafkaLog", "derived_main_topic")
+
+_FENCED_CODES = FENCED_CODES
+"""The librdkafka codes of a fenced write (tests classify errors by them)."""

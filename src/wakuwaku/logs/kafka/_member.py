@@ -16,7 +16,7 @@ stopped, gone) lives there. On a revoke the callback waits, at most
 before the coordinator is answered; on a lost assignment they are gone at
 once and every write under them refused.
 
-May call: the log's settings, names and calls in threads,
+May call: :mod:`._cluster` (settings, names, calls in threads),
 :mod:`._ownership`. Called by the log (:mod:`._log`) and the transactions
 (:mod:`._transactions`).
 """
@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from confluent_kafka import Consumer, KafkaException, Producer
 
 from ..._errors import LogError, LogUnavailableError
+from ._cluster import Cluster
 from ._ownership import Assignment
 
 if TYPE_CHECKING:
-    from ._log import KafkaLog, _Unsettled
+    from ._log import _Unsettled
 
 __all__ = ("Member",)
 
@@ -52,15 +53,26 @@ _METADATA_REFRESH_MS = 5000
 class Member:
     """One consumer-group member of a :class:`~wakuwaku.logs.kafka.KafkaLog`.
 
-    :param log: the log, whose settings and calls the member uses.
+    :param cluster: the log's shared settings and calls.
     :param group: the group (without the prefix).
     :param member: the member id (its client id is ``wakuwaku-<member>``).
+    :param session_timeout: the group session timeout (seconds).
+    :param revoke_timeout: how long a revoke waits for the engine (seconds).
     """
 
-    def __init__(self, log: KafkaLog, group: str, member: str) -> None:
-        self.log = log
+    def __init__(
+        self,
+        cluster: Cluster,
+        group: str,
+        member: str,
+        *,
+        session_timeout: float,
+        revoke_timeout: float,
+    ) -> None:
+        self.cluster = cluster
         self.group = group
         self.member = member
+        self.revoke_timeout = revoke_timeout
         self.topics: set[str] = set()
         self._subscribing = threading.Lock()
         self.assignment = Assignment()
@@ -82,14 +94,14 @@ class Member:
         self.ready: set[str] = set()  # topics whose first assignment was waited for
         self.init_task: asyncio.Future[None] | None = None
         conf = {
-            **log._common,
-            "group.id": log._name(group),
+            **cluster.common,
+            "group.id": cluster.name(group),
             "client.id": f"wakuwaku-{member}",
             "partition.assignment.strategy": "cooperative-sticky",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "session.timeout.ms": int(log.session_timeout * 1000),
-            "heartbeat.interval.ms": max(100, int(log.session_timeout * 1000 / 5)),
+            "session.timeout.ms": int(session_timeout * 1000),
+            "heartbeat.interval.ms": max(100, int(session_timeout * 1000 / 5)),
             "isolation.level": "read_committed",
             # A subscription that grows while librdkafka has no usable broker
             # connection (it reconnects) marks the new topic "not available"
@@ -151,7 +163,7 @@ class Member:
             self.loop.call_soon_threadsafe(self._bump)
 
     def _keys(self, partitions: list[Any]) -> list[tuple[str, int]]:
-        return [(self.log._plain(tp.topic), tp.partition) for tp in partitions]
+        return [(self.cluster.plain(tp.topic), tp.partition) for tp in partitions]
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self.metadata = consumer.consumer_group_metadata()
@@ -166,7 +178,7 @@ class Member:
         self.metadata = consumer.consumer_group_metadata()
         waits = self.assignment.revoke(self._keys(partitions), closing=self.closing)
         self._changed()
-        deadline = time.monotonic() + self.log.revoke_timeout
+        deadline = time.monotonic() + self.revoke_timeout
         for done in waits:
             while not done.is_set() and time.monotonic() < deadline:
                 self._serve_calls()  # the worker's last stores need this thread
@@ -199,12 +211,14 @@ class Member:
         async with self.joining:
             if topic in self.ready:
                 return False
-            timeout = self.log.timeout
-            await self.log._run("join group", lambda: self._subscribe(topic))
-            assigned = await self.log._run("join group", lambda: self.assigned_once.wait(timeout))
+            timeout = self.cluster.timeout
+            await self.cluster.run("join group", lambda: self._subscribe(topic))
+            assigned = await self.cluster.run(
+                "join group", lambda: self.assigned_once.wait(timeout)
+            )
             if not assigned:
                 raise LogUnavailableError(
-                    f"Kafka log {self.log.url}: group {self.group!r} gave member "
+                    f"Kafka log {self.cluster.url}: group {self.group!r} gave member "
                     f"{self.member!r} no assignment for {topic!r} within {timeout} s"
                 )
             self.ready.add(topic)
@@ -216,7 +230,7 @@ class Member:
             if topic in self.topics:
                 return
             self.topics.add(topic)
-            names = [self.log._name(t) for t in sorted(self.topics)]
+            names = [self.cluster.name(t) for t in sorted(self.topics)]
         self.assigned_once.clear()
 
         def subscribe() -> None:
@@ -229,7 +243,7 @@ class Member:
             self.started = True
             self.thread.start()
         else:  # the poll thread owns the consumer once it runs
-            self.call(subscribe).result(self.log.timeout)
+            self.call(subscribe).result(self.cluster.timeout)
 
     def close(self) -> None:
         """Leave the group and stop polling (blocking: in a thread)."""
