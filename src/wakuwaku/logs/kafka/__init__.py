@@ -34,7 +34,8 @@ they may call):
   offsets;
 - ``_offsets``: the groups' committed offsets, commits, group deletion;
 - ``_member``: one consumer-group member and its poll thread;
-- ``_ownership``: which partitions a member owns, and how each is given up.
+- ``_ownership``: which partitions a member owns, and how each is given up;
+- ``_transactions``: the transactional store (KIP-447).
 """
 
 from __future__ import annotations

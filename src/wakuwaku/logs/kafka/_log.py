@@ -3,15 +3,14 @@
 Owns the log's construction (settings, URL), the topics' creation and
 deletion, the members of this process (one :class:`~._member.Member` per
 group and member id) and the fence check every fenced write starts with,
-and the transactional store (KIP-447: a batch's records and offsets in one
-Kafka transaction, a commit without an answer settled before the next
-store), and hands every other contract call to the part that does it:
+and hands each contract call to the part that does it:
 
 - :mod:`._cluster`: settings, names, calls in threads, errors, topic cache;
 - :mod:`._append`: plain appends (the idempotent producer);
 - :mod:`._read`: reads and start/end offsets;
 - :mod:`._offsets`: committed offsets, commits, group deletion;
-- :mod:`._ownership` (through each member): who owns which partition.
+- :mod:`._ownership` (through each member): who owns which partition;
+- :mod:`._transactions`: the transactional store.
 
 May call: all of them. Called by :mod:`wakuwaku.logs` (``open_log``) and
 users of ``wakuwaku.logs.kafka``.
@@ -20,19 +19,15 @@ users of ``wakuwaku.logs.kafka``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote
 
 import confluent_kafka.admin as _admin_module
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from ..._clock import BLOCKING_CALLS
 from ..._errors import (
@@ -57,12 +52,13 @@ from .._base import (
     check_token,
 )
 from .._url import check_servers, check_timeout, option_bool, option_timeout, parse_log_url
-from ._append import Appender, to_message
-from ._cluster import FENCED_CODES, LEGAL_TOPIC, UNKNOWN_TOPIC_CODES, Cluster, code, unanswered
+from ._append import Appender
+from ._cluster import LEGAL_TOPIC, UNKNOWN_TOPIC_CODES, Cluster, code
 from ._member import Member
 from ._offsets import GroupOffsets
 from ._ownership import OwnershipState
 from ._read import Readers
+from ._transactions import Transactions, transactional_producer
 
 __all__ = (
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -75,11 +71,6 @@ __all__ = (
 
 _kadmin: Any = _admin_module  # its stubs are partial: used untyped
 NewTopic = _kadmin.NewTopic
-OffsetSpec = _kadmin.OffsetSpec
-
-logger = logging.getLogger("wakuwaku.logs.kafka")
-
-_T = TypeVar("_T")
 
 USERNAME_ENV = "WAKUWAKU_KAFKA_USERNAME"
 """The SASL user name used when the URL names none."""
@@ -99,58 +90,6 @@ def derived_main_topic(topic: str) -> str | None:
     ``wk-dlq.``, ``wk-replayed.``), or None for any other topic."""
     split = split_derived_topic(topic)
     return None if split is None else split[0] + split[3]
-
-
-@dataclass(frozen=True)
-class _Unsettled:
-    """A transactional store whose commit got no answer (see ``KafkaLog._settle``).
-
-    ``wedged`` is set when the commit call itself has not returned (its
-    thread is still inside librdkafka): its outcome is known once it does.
-    """
-
-    batches: list[tuple[str, int, Sequence[OutgoingRecord]]]
-    commits: list[tuple[str, int, int]]
-    results: list[list[int]]  # filled in by delivery reports, -1 until delivered
-    wedged: concurrent.futures.Future[list[list[int]]] | None = None
-
-
-@dataclass
-class _Progress:
-    """How far one transaction got (written by its thread, read by the store
-    that gave up waiting for it)."""
-
-    producer: Any = None
-    committing: bool = False
-    results: list[list[int]] = field(default_factory=list)
-
-
-_TXN_CALLS = 4
-"""Blocking calls in one transactional store, each bounded by the log's
-timeout (``init_transactions``, the settling ``commit_transaction``,
-``send_offsets_to_transaction``, ``commit_transaction``): a store that has
-not returned after that many timeouts (plus a second) is wedged."""
-
-
-def _in_daemon_thread(name: str, fn: Callable[[], _T]) -> concurrent.futures.Future[_T]:
-    """Run ``fn`` on a new daemon thread; its outcome lands in the future.
-
-    For a client call that may outlive its own timeout: a wedged call on the
-    event loop's default executor kept the executor's shutdown, and so the
-    process's exit, waiting for ever; a daemon thread is left behind instead.
-    """
-    future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiter, whatever it is
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future
 
 
 class KafkaLog(Log):
@@ -232,6 +171,7 @@ class KafkaLog(Log):
         self._appender = Appender(self._cluster)
         self._readers = Readers(self._cluster)
         self._offsets = GroupOffsets(self._cluster)
+        self._transactions = Transactions(self, self._cluster)
         self._members: dict[tuple[str, str], Member] = {}
         self._tokens = AppendTokens()
 
@@ -608,19 +548,11 @@ class KafkaLog(Log):
             # Soon, not at the first retry write: init_transactions aborts
             # the open transaction a killed predecessor with this member
             # id left, which otherwise holds read_committed readers back.
-            owner.init_task = asyncio.ensure_future(self._init_transactions(owner))
+            owner.init_task = asyncio.ensure_future(self._transactions.start(owner))
         generation = owner.assignment.acquire(topic, partition)
         if generation is None:
             return None
         return Lease(group, topic, partition, member, generation, time.time() + ttl)
-
-    async def _init_transactions(self, member: Member) -> None:
-        async with member.txn_lock:
-            if member.txn is None and not member.closing:
-                with contextlib.suppress(LogError):  # the first store tries again
-                    await self._cluster.run(
-                        "init transactions", lambda: self._transactional(member)
-                    )
 
     def _new_member(self, group: str, member: str) -> Member:
         return Member(
@@ -730,120 +662,21 @@ class KafkaLog(Log):
         through the member (fenced the same way). Otherwise: appends then
         commits, call by call.
         """
-        if fence is None or not self.transactions or not write.appends:
-            if fence is not None and not write.appends and write.commits:
-                if fence.group != write.group:
-                    raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
-                member = self._fence_owner(fence)
-                await self._offsets.commit_all(member, write.group, write.commits, fence)
-                return []
-            return await super().store(write, fence=fence)
-        if fence.group != write.group:
-            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
-        member = self._fence_owner(fence)
-        batches: list[tuple[str, int, Sequence[OutgoingRecord]]] = []
-        for topic, partition, records in write.appends:
-            check_partition(topic, partition, await self._cluster.partitions(topic))
-            checked = [(check_record(h, b), b) for h, b in records]
-            await self._cluster.check_size(topic, partition, checked)
-            batches.append((topic, partition, checked))
-        offsets = []
-        for topic, partition, offset in write.commits:
-            offset = check_commit(write.group, topic, partition, offset)
-            check_partition(topic, partition, await self._cluster.partitions(topic))
-            offsets.append(TopicPartition(self._name(topic), partition, offset))
-        async with member.txn_lock:
-            self._fence_owner(fence)
-            try:
-                results = await self._transact(member, batches, offsets, list(write.commits))
-            except LogError as exc:
-                if exc.__cause__ is not None and code(exc.__cause__) in FENCED_CODES:
-                    raise FencedError(
-                        fence.group, fence.topic, fence.partition, fence.generation
-                    ) from exc
-                raise
-        ends: dict[tuple[str, int], int] = {}
-        for (topic, partition, _), written in zip(batches, results, strict=True):
-            if written:
-                key = (topic, partition)
-                ends[key] = max(ends.get(key, 0), max(written) + 1)
-        await self._wait_visible(ends)
-        return results
-
-    async def _wait_visible(self, ends: Mapping[tuple[str, int], int]) -> None:
-        """Return once ``read_committed`` readers see every record below ``ends``
-        (per topic and partition: the offset after the last record written).
-
-        Kafka's ``commit_transaction`` returns once the transaction coordinator
-        has logged the commit, *before* the commit markers reach the data
-        partitions; until they do, the partitions' last stable offset stays
-        below the transaction's records, and a ``read_committed`` read (or
-        :meth:`end_offsets`) does not see them. A store that returned then let
-        the engine read its pending retry records back right after it, find
-        nothing, and resolve the keys: their events were lost. So :meth:`store` returns
-        only after the last stable offset (``ListOffsets``, ``read_committed``)
-        has passed what it wrote: one more round trip per transactional store,
-        usually answered at once.
-
-        :raises LogUnavailableError: when the records stay invisible for
-            ``timeout`` seconds (the transaction committed: a caller that
-            stores again writes its records twice, never loses them).
-        """
-        if not ends:
-            return
-        request = {TopicPartition(self._name(t), p): OffsetSpec.latest() for t, p in ends}
-
-        def ask() -> dict[tuple[str, int], int]:
-            futures = self._cluster.admin().list_offsets(
-                request, isolation_level=IsolationLevel.READ_COMMITTED
-            )
-            return {
-                (self._cluster.plain(tp.topic), tp.partition): self._cluster.future(
-                    "list offsets", f
-                ).offset
-                for tp, f in futures.items()
-            }
-
-        deadline = time.monotonic() + self.timeout
-        pause = 0.001
-        while True:
-            try:
-                stable = await self._cluster.run("wait for the commit markers", ask)
-                behind = {k: v for k, v in ends.items() if stable.get(k, -1) < v}
-            except LogUnavailableError:
-                behind = dict(ends)
-            if not behind:
-                return
-            if time.monotonic() > deadline:
-                where = ", ".join(
-                    f"{t}/{p} (through offset {o - 1})" for (t, p), o in behind.items()
-                )
-                raise LogUnavailableError(
-                    f"Kafka log {self.url} is unavailable (store): the transaction committed but "
-                    f"its records in {where} are not visible to read_committed readers after "
-                    f"{self.timeout} s (the commit markers are not written)"
-                )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.05)
+        if fence is not None and self.transactions and write.appends:
+            return await self._transactions.store(write, fence)
+        if fence is not None and not write.appends and write.commits:
+            if fence.group != write.group:
+                raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+            member = self._fence_owner(fence)
+            await self._offsets.commit_all(member, write.group, write.commits, fence)
+            return []
+        return await super().store(write, fence=fence)
 
     def _transactional(self, member: Member) -> Any:
-        if member.txn is None:
-            producer = Producer(
-                {
-                    **self._common,
-                    # One id per (group, member): a restarted member with the same
-                    # member id aborts its dead predecessor's open transaction at
-                    # init_transactions instead of every read_committed reader of
-                    # its partitions waiting for transaction.timeout.ms.
-                    "transactional.id": f"{self._name(member.group)}-{member.member}",
-                    "transaction.timeout.ms": max(20_000, int(self.timeout * 2000)),
-                    "message.max.bytes": 64 * 1024 * 1024,
-                    "linger.ms": 0,
-                }
-            )
-            producer.init_transactions(self.timeout)
-            member.txn = producer
-        return member.txn
+        """The member's transactional producer, made at its first transaction (in
+        a thread). The transactions ask the log for it: the log makes its
+        clients (and a test hands them a scripted producer here)."""
+        return transactional_producer(self._cluster, member)
 
     async def _transact(
         self,
@@ -852,61 +685,9 @@ class KafkaLog(Log):
         offsets: list[Any],
         commits: list[tuple[str, int, int]],
     ) -> list[list[int]]:
-        """:meth:`_transaction` on a thread of its own, waited for at most
-        :data:`_TXN_CALLS` timeouts (plus a second).
-
-        librdkafka's ``send_offsets_to_transaction`` can block past its
-        timeout while the group coordinator is down (librdkafka issue 5456,
-        open in 2.14): a store waited for ever, and with it the consumer's
-        stop and the process's exit (the fault suite hung that way in CI).
-        A wedged transaction that had not started its commit is abandoned:
-        the member's next store makes a new producer with the same
-        ``transactional.id``, which fences the wedged one and aborts its
-        transaction. One wedged in its commit leaves the store *unsettled*:
-        every later store fails until that call has returned and its outcome
-        is known (see :meth:`_settle`).
-
-        :raises LogUnavailableError: when the transaction has not returned
-            in time; what :meth:`_run` raises for its errors otherwise.
-        """
-        if self._cluster.closed:
-            raise LogError(f"the Kafka log {self.url} is closed")
-        progress = _Progress()
-        future = _in_daemon_thread(
-            f"wakuwaku-kafka-txn-{member.member}",
-            lambda: self._transaction(member, batches, offsets, commits, progress),
-        )
-        bound = _TXN_CALLS * self.timeout + 1.0
-        waiter = asyncio.wrap_future(future)
-        try:
-            with BLOCKING_CALLS.track():
-                await asyncio.wait({waiter}, timeout=bound)
-        finally:
-            if not waiter.done():  # its outcome, when it comes, is read by _settle or no one
-                waiter.add_done_callback(lambda w: w.cancelled() or w.exception())
-        if not waiter.done():
-            if progress.committing:
-                member.unsettled = _Unsettled(batches, commits, progress.results, future)
-            elif progress.producer is not None and member.txn is progress.producer:
-                member.txn = None
-            logger.warning(
-                "Kafka log %s: a transaction of group %s has not returned after %.1f s "
-                "(librdkafka did not keep its timeout); %s",
-                self.url,
-                member.group,
-                bound,
-                "its commit's outcome is awaited before the next store"
-                if progress.committing
-                else "its producer is replaced",
-            )
-            raise LogUnavailableError(
-                f"Kafka log {self.url} is unavailable (store): the transaction did not "
-                f"answer within {bound:.1f} s"
-            )
-        try:
-            return waiter.result()
-        except KafkaException as exc:
-            raise self._cluster.error("store", exc) from exc
+        """One transaction on a thread of its own, bounded
+        (:meth:`Transactions.transact <._transactions.Transactions.transact>`)."""
+        return await self._transactions.transact(member, batches, offsets, commits)
 
     def _transaction(
         self,
@@ -914,145 +695,10 @@ class KafkaLog(Log):
         batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
         offsets: list[Any],
         commits: list[tuple[str, int, int]],
-        progress: _Progress | None = None,
     ) -> list[list[int]]:
-        """One transaction (in a thread): produce, send offsets, commit; abort on failure.
-
-        A commit that gets no answer (the broker went away under it) may
-        still have gone through: its store is *unsettled*. The producer is
-        kept and the next store first settles it (:meth:`_settle`); when
-        that next store is the same write sent again (the engine retries a
-        failed store as it was), and the earlier commit went through, its
-        offsets are returned and nothing is written twice. Without this, a
-        dead letter whose commit answered late was stored again by the
-        retry: a record with two dead letters.
-        """
-        progress = _Progress() if progress is None else progress
-        producer = progress.producer = self._transactional(member)
-        settled = self._settle(member, producer, batches, commits)
-        if settled is not None:
-            return settled
-        results: list[list[int]] = [[-1] * len(records) for _, _, records in batches]
-        progress.results = results
-        errors: list[Any] = []
-        committing = False
-        try:
-            producer.begin_transaction()
-            for n, (topic, partition, records) in enumerate(batches):
-                for i, (headers, body) in enumerate(records):
-                    key, rest = to_message(headers)
-
-                    def report(err: Any, msg: Any, n: int = n, i: int = i) -> None:
-                        if err is not None:
-                            errors.append(err)
-                        else:
-                            results[n][i] = msg.offset()
-
-                    producer.produce(
-                        self._name(topic),
-                        bytes(body),
-                        key,
-                        partition,
-                        on_delivery=report,
-                        headers=rest,
-                    )
-            if offsets:
-                producer.send_offsets_to_transaction(offsets, member.metadata, self.timeout)
-            committing = progress.committing = True
-            producer.commit_transaction(self.timeout)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if member.txn is not producer:
-                pass  # wedged and replaced meanwhile: the new producer fenced this one
-            elif committing and unanswered(err):
-                member.unsettled = _Unsettled(batches, commits, results)
-            else:
-                self._abandon(member, producer, err)
-            raise
-        if errors:
-            raise KafkaException(errors[0])
-        return results
-
-    def _settle(
-        self,
-        member: Member,
-        producer: Any,
-        batches: list[tuple[str, int, Sequence[OutgoingRecord]]],
-        commits: list[tuple[str, int, int]],
-    ) -> list[list[int]] | None:
-        """Learn how the member's unsettled store ended, before a new one.
-
-        ``commit_transaction`` is asked again: librdkafka resumes the commit
-        in flight and answers once its outcome is known. Committed: when
-        ``batches`` and ``commits`` are that store's own (sent again), its
-        offsets are returned and the caller writes nothing; otherwise None,
-        and the caller's transaction goes ahead. Not committed (the broker
-        wants it aborted): it is aborted, and None. Still no answer: raised,
-        so the caller fails the same way and tries again later.
-        """
-        pending = member.unsettled
-        if pending is None:
-            return None
-        if pending.wedged is not None:
-            if not pending.wedged.done():
-                raise KafkaException(
-                    KafkaError(
-                        KafkaError._TIMED_OUT,
-                        "the previous store's commit_transaction has not returned",
-                        retriable=True,
-                    )
-                )
-            if member.unsettled is not pending:  # its thread settled it meanwhile
-                return self._settle(member, producer, batches, commits)
-            member.unsettled = None
-            if pending.wedged.exception() is not None:
-                # It failed: its thread aborted it, or dropped the producer
-                # (then this store fails once and the next makes a new one).
-                if member.txn is not producer:
-                    raise KafkaException(
-                        KafkaError(
-                            KafkaError._TIMED_OUT, "the producer was replaced", retriable=True
-                        )
-                    )
-                return None
-            if pending.batches == batches and pending.commits == commits:
-                return pending.wedged.result()
-            return None
-        try:
-            producer.commit_transaction(self.timeout)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if unanswered(err):
-                raise
-            member.unsettled = None
-            self._abandon(member, producer, err)
-            return None
-        member.unsettled = None
-        done = all(offset >= 0 for offsets in pending.results for offset in offsets)
-        if done and pending.batches == batches and pending.commits == commits:
-            return pending.results
-        return None
-
-    def _abandon(self, member: Member, producer: Any, err: object) -> None:
-        """End a transaction that did not commit: abort it, or drop the producer.
-
-        After a fatal error the producer is unusable. An abort that did not
-        finish (the broker went away under it) stays in progress inside
-        librdkafka, and every later call of that producer failed with
-        "Conflicting abort_transaction API call is already in progress": the
-        member never stored again. In both cases a new producer with the same
-        ``transactional.id`` takes over at the next store; its
-        ``init_transactions`` fences this one and aborts the open transaction.
-        """
-        if isinstance(err, KafkaError) and err.fatal():
-            if member.txn is producer:
-                member.txn = None
-            return
-        try:
-            producer.abort_transaction(self.timeout)
-        except KafkaException:
-            if member.txn is producer:
-                member.txn = None
+        """One transaction in the calling thread
+        (:meth:`Transactions.transaction <._transactions.Transactions.transaction>`)."""
+        return self._transactions.transaction(member, batches, offsets, commits)
 
     # -- close -------------------------------------------------------------------------
 

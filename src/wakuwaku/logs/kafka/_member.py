@@ -39,7 +39,7 @@ from ._cluster import Cluster
 from ._ownership import Assignment
 
 if TYPE_CHECKING:
-    from ._log import _Unsettled
+    from ._transactions import Unsettled
 
 __all__ = ("Member",)
 
@@ -80,8 +80,8 @@ class Member:
         self.closing = False
         self.txn: Producer | None = None
         # A store whose commit_transaction gave no answer: its outcome is
-        # known only once the producer's commit is resumed (KafkaLog._settle).
-        self.unsettled: _Unsettled | None = None
+        # known only once the producer's commit is resumed (Transactions.settle).
+        self.unsettled: Unsettled | None = None
         # The group metadata (generation, member id) for KIP-447 transactions.
         # Read in the poll thread only: consumer_group_metadata() called from
         # another thread while poll() runs blocks (librdkafka serves it there).
