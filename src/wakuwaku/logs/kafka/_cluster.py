@@ -5,8 +5,8 @@ topic names under the log's prefix, the blocking client calls run in
 threads (bounded by ``timeout``) with their errors read once
 (:class:`~wakuwaku.LogUnavailableError` for a condition that passes,
 :class:`~wakuwaku.LogError` for a refusal), the admin client (renewed when
-it stops answering) and what is known of the topics (partition counts,
-``max.message.bytes``).
+it stops answering), and the topics: created, listed and deleted, and what
+is known of them (partition counts, ``max.message.bytes``).
 
 It also holds the librdkafka error codes the other modules classify by
 (:data:`FENCED_CODES`, :data:`UNKNOWN_TOPIC_CODES`): every reading of a
@@ -30,7 +30,13 @@ import confluent_kafka.admin as _admin_module
 from confluent_kafka import KafkaError, KafkaException
 
 from ..._clock import BLOCKING_CALLS
-from ..._errors import ConfigError, LogError, LogUnavailableError, UnknownTopicError
+from ..._errors import (
+    ConfigError,
+    LogError,
+    LogUnavailableError,
+    PartitionCountMismatch,
+    UnknownTopicError,
+)
 from ..._records import H_KEY
 from .._base import OutgoingRecord, check_topic_name
 
@@ -40,6 +46,7 @@ __all__ = (
     "LEGAL_TOPIC",
     "UNKNOWN_TOPIC_CODES",
     "Cluster",
+    "OffsetSpec",
     "check_partitions",
     "code",
     "unanswered",
@@ -50,6 +57,8 @@ _T = TypeVar("_T")
 _kadmin: Any = _admin_module  # its stubs are partial: used untyped
 AdminClient = _kadmin.AdminClient
 ConfigResource = _kadmin.ConfigResource
+NewTopic = _kadmin.NewTopic
+OffsetSpec = _kadmin.OffsetSpec
 ResourceType = _kadmin.ResourceType
 
 LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
@@ -344,10 +353,6 @@ class Cluster:
             raise UnknownTopicError(topic)
         return count
 
-    def remember(self, topic: str, partitions: int) -> None:
-        """A topic was created with ``partitions``."""
-        self._topics[topic] = partitions
-
     def forget(self, topic: str, *, limit: bool = False) -> None:
         """The topic is gone (or may be): its count is asked again, with
         ``limit`` its ``max.message.bytes`` too."""
@@ -355,7 +360,67 @@ class Cluster:
         if limit:
             self._limits.pop(topic, None)
 
-    async def wait_for_leaders(self, topic: str) -> None:
+    async def topics(self) -> list[tuple[str, int]]:
+        """Every topic under the prefix (Kafka's internal ``__*`` topics left
+        out) and its partition count, by name."""
+        meta = await self.run("list topics", lambda: self.admin().list_topics(timeout=self.timeout))
+        out = [
+            (self.plain(name), len(t.partitions))
+            for name, t in meta.topics.items()
+            if name.startswith(self.prefix) and not name.startswith("__") and t.error is None
+        ]
+        return sorted(out)
+
+    async def create_topic(self, topic: str, partitions: int, max_message_bytes: int) -> None:
+        """Create ``topic`` (the broker's replication factor), or find it with
+        that many partitions; return once every partition has a leader.
+
+        A topic of that name still being deleted is waited for (bounded by
+        ``timeout``) while the broker finishes the deletion; it is never taken
+        for an existing topic.
+
+        :raises PartitionCountMismatch: when the topic exists with another count.
+        :raises LogUnavailableError: when a topic of that name is still being
+            deleted after ``timeout`` seconds, or the cluster does not answer.
+        """
+        new = NewTopic(
+            self.name(topic),
+            num_partitions=partitions,
+            replication_factor=-1,
+            config={"max.message.bytes": str(max_message_bytes)},
+        )
+        deadline = time.monotonic() + self.timeout
+
+        def create() -> None:
+            admin = self.admin()
+            self.future("create topic", admin.create_topics([new])[self.name(topic)])
+
+        while True:
+            try:
+                await self.run("create topic", create)
+                break
+            except LogError as exc:
+                cause = exc.__cause__
+                found = code(cause) if cause is not None else None
+                if found == KafkaError.TOPIC_ALREADY_EXISTS:
+                    existing = await self.partitions_or_none(topic, fresh=True)
+                    if existing is None:  # being deleted: wait for it to go
+                        if time.monotonic() > deadline:
+                            raise LogUnavailableError(
+                                f"Kafka log {self.url}: topic {topic!r} cannot be created: "
+                                f"the broker is still deleting a topic of that name after "
+                                f"{self.timeout} s"
+                            ) from exc
+                        await asyncio.sleep(0.1)
+                        continue
+                    if existing != partitions:
+                        raise PartitionCountMismatch(topic, existing, partitions) from None
+                    break
+                raise
+        await self._wait_for_leaders(topic)
+        self._topics[topic] = partitions
+
+    async def _wait_for_leaders(self, topic: str) -> None:
         """Wait (bounded by ``timeout``) until every partition of a new topic has a leader."""
         name = self.name(topic)
         deadline = time.monotonic() + self.timeout
@@ -372,6 +437,42 @@ class Cluster:
                 and all(p.leader >= 0 and p.error is None for p in found.partitions.values())
             ):
                 return
+            await asyncio.sleep(0.05)
+
+    async def delete_topic(self, topic: str) -> bool:
+        """Ask the broker to delete ``topic`` and forget what is known of it
+        (the broker deletes it later: :meth:`wait_deleted`).
+
+        :returns: False when the broker has no such topic.
+        :raises LogError: / :raises LogUnavailableError: as :meth:`run`.
+        """
+        name = self.name(topic)
+        try:
+            await self.run(
+                "delete topic",
+                lambda: self.future("delete topic", self.admin().delete_topics([name])[name]),
+            )
+        except LogError as exc:
+            if exc.__cause__ is not None and code(exc.__cause__) in UNKNOWN_TOPIC_CODES:
+                return False
+            raise
+        self.forget(topic, limit=True)
+        return True
+
+    async def wait_deleted(self, topic: str) -> None:
+        """Return once the broker no longer lists ``topic``: deletion is
+        asynchronous on the broker, and a create right after must make a new
+        topic, not find the old one.
+
+        :raises LogUnavailableError: when it is still listed after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + self.timeout
+        while await self.partitions_or_none(topic, fresh=True) is not None:
+            if time.monotonic() > deadline:
+                raise LogUnavailableError(
+                    f"Kafka log {self.url}: topic {topic!r} was deleted but the broker still "
+                    f"lists it after {self.timeout} s"
+                )
             await asyncio.sleep(0.05)
 
     async def max_message_bytes(self, topic: str) -> int:

@@ -26,17 +26,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
-import confluent_kafka.admin as _admin_module
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from ..._clock import BLOCKING_CALLS
-from ..._errors import (
-    ConfigError,
-    FencedError,
-    LogError,
-    LogUnavailableError,
-    PartitionCountMismatch,
-)
+from ..._errors import ConfigError, FencedError
 from ..._topics import split_derived_topic
 from .._base import (
     AppendTokens,
@@ -53,7 +46,7 @@ from .._base import (
 )
 from .._url import check_servers, check_timeout, option_bool, option_timeout, parse_log_url
 from ._append import Appender
-from ._cluster import LEGAL_TOPIC, UNKNOWN_TOPIC_CODES, Cluster, code
+from ._cluster import LEGAL_TOPIC, Cluster
 from ._member import Member
 from ._offsets import GroupOffsets
 from ._ownership import OwnershipState
@@ -68,9 +61,6 @@ __all__ = (
     "KafkaLog",
     "derived_main_topic",
 )
-
-_kadmin: Any = _admin_module  # its stubs are partial: used untyped
-NewTopic = _kadmin.NewTopic
 
 USERNAME_ENV = "WAKUWAKU_KAFKA_USERNAME"
 """The SASL user name used when the URL names none."""
@@ -217,42 +207,7 @@ class KafkaLog(Log):
             raise ConfigError(f"topic {topic!r}: partition count must be >= 1, got {partitions!r}")
         derived = derived_from is not None or derived_main_topic(topic) is not None
         limit = self.max_message_bytes + (HEADER_ROOM if derived else 0)
-        new = NewTopic(
-            cluster.name(topic),
-            num_partitions=partitions,
-            replication_factor=-1,
-            config={"max.message.bytes": str(limit)},
-        )
-        deadline = time.monotonic() + self.timeout
-
-        def create() -> None:
-            admin = cluster.admin()
-            cluster.future("create topic", admin.create_topics([new])[cluster.name(topic)])
-
-        while True:
-            try:
-                await cluster.run("create topic", create)
-                break
-            except LogError as exc:
-                cause = exc.__cause__
-                found = code(cause) if cause is not None else None
-                if found == KafkaError.TOPIC_ALREADY_EXISTS:
-                    existing = await cluster.partitions_or_none(topic, fresh=True)
-                    if existing is None:  # being deleted: wait for it to go
-                        if time.monotonic() > deadline:
-                            raise LogUnavailableError(
-                                f"Kafka log {self.url}: topic {topic!r} cannot be created: "
-                                f"the broker is still deleting a topic of that name after "
-                                f"{self.timeout} s"
-                            ) from exc
-                        await asyncio.sleep(0.1)
-                        continue
-                    if existing != partitions:
-                        raise PartitionCountMismatch(topic, existing, partitions) from None
-                    break
-                raise
-        await cluster.wait_for_leaders(topic)
-        cluster.remember(topic, partitions)
+        await cluster.create_topic(topic, partitions, limit)
         return TopicInfo(topic, partitions)
 
     async def describe_topic(self, topic: str) -> TopicInfo:
@@ -260,16 +215,7 @@ class KafkaLog(Log):
 
     async def list_topics(self) -> list[TopicInfo]:
         """Every topic under the prefix (Kafka's internal ``__*`` topics left out), by name."""
-        cluster = self._cluster
-        meta = await cluster.run(
-            "list topics", lambda: cluster.admin().list_topics(timeout=self.timeout)
-        )
-        out = [
-            TopicInfo(cluster.plain(name), len(t.partitions))
-            for name, t in meta.topics.items()
-            if name.startswith(self.prefix) and not name.startswith("__") and t.error is None
-        ]
-        return sorted(out, key=lambda t: t.name)
+        return [TopicInfo(name, count) for name, count in await self._cluster.topics()]
 
     async def delete_topic(self, topic: str) -> bool:
         """Delete the Kafka topic (its committed offsets go with it, broker-side).
@@ -296,28 +242,10 @@ class KafkaLog(Log):
         for owner in [k for k, m in self._members.items() if topic in m.topics]:
             member = self._members.pop(owner)
             await cluster.run("leave group", member.close)
-        name = cluster.name(topic)
-        try:
-            await cluster.run(
-                "delete topic",
-                lambda: cluster.future("delete topic", cluster.admin().delete_topics([name])[name]),
-            )
-        except LogError as exc:
-            if exc.__cause__ is not None and code(exc.__cause__) in UNKNOWN_TOPIC_CODES:
-                return False
-            raise
-        cluster.forget(topic, limit=True)
+        if not await cluster.delete_topic(topic):
+            return False
         await self._appender.drop()
-        # Deletion is asynchronous on the broker: wait (bounded) until it is gone,
-        # so that a create right after makes a new topic, not finds the old one.
-        deadline = time.monotonic() + self.timeout
-        while await cluster.partitions_or_none(topic, fresh=True) is not None:
-            if time.monotonic() > deadline:
-                raise LogUnavailableError(
-                    f"Kafka log {self.url}: topic {topic!r} was deleted but the broker still "
-                    f"lists it after {self.timeout} s"
-                )
-            await asyncio.sleep(0.05)
+        await cluster.wait_deleted(topic)
         return True
 
     async def max_message_bytes_of(self, topic: str) -> int:

@@ -25,18 +25,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import confluent_kafka.admin as _admin_module
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 
 from ..._errors import LogError, UnknownTopicError
 from ..._records import H_KEY, Record
 from .._base import Page, check_partition
-from ._cluster import UNKNOWN_TOPIC_CODES, Cluster, code
+from ._cluster import UNKNOWN_TOPIC_CODES, Cluster, OffsetSpec, code
 
 __all__ = ("Reader", "Readers")
-
-_kadmin: Any = _admin_module  # its stubs are partial: used untyped
-OffsetSpec = _kadmin.OffsetSpec
 
 _MARKER_WAIT = 0.5
 """Seconds a read spends finding out that only a transaction marker lies

@@ -39,14 +39,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import confluent_kafka.admin as _admin_module
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 
 from ..._clock import BLOCKING_CALLS
 from ..._errors import FencedError, LogError, LogUnavailableError
 from .._base import BatchWrite, Lease, OutgoingRecord, check_commit, check_partition, check_record
 from ._append import to_message
-from ._cluster import FENCED_CODES, Cluster, code, unanswered
+from ._cluster import FENCED_CODES, Cluster, OffsetSpec, code, unanswered
 from ._member import Member
 
 if TYPE_CHECKING:
@@ -64,9 +63,6 @@ __all__ = (
 logger = logging.getLogger("wakuwaku.logs.kafka")
 
 _T = TypeVar("_T")
-
-_kadmin: Any = _admin_module  # its stubs are partial: used untyped
-OffsetSpec = _kadmin.OffsetSpec
 
 Batches = list[tuple[str, int, Sequence[OutgoingRecord]]]
 """A store's records: (topic, partition, records) per partition written."""
