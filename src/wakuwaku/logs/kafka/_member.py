@@ -17,7 +17,8 @@ before the coordinator is answered; on a lost assignment they are gone at
 once and every write under them refused.
 
 May call: :mod:`._cluster` (settings, names, calls in threads),
-:mod:`._ownership`. Called by the log (:mod:`._log`) and the transactions
+:mod:`._ownership`. Called by the log (:mod:`._log`), the commits made
+through its consumer (:mod:`._offsets`) and the transactions
 (:mod:`._transactions`).
 """
 
