@@ -193,6 +193,6 @@ async def test_the_verification_names_a_registered_planes_flight_given_up(
     result = await verify(dead, projection, expected, {"N1"}, 0, after_replay=False)
     assert not result.ok
     line = next(line for line in result.lines if "dead letters hold exactly" in line)
-    assert line.startswith("  [FAILED]") and "1 flights of registered ones: ['N1']" in line
+    assert line.startswith("  [FAILED]") and "1 flight of registered ones: ['N1']" in line
     # Every row is accounted for: only the line above says where the flight went.
     assert any(line.startswith("  [ok] every row accounted for") for line in result.lines)

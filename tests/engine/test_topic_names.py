@@ -229,7 +229,7 @@ async def test_6_records_of_another_group_in_a_retry_topic_are_skipped(
     status = await consumer_status(log, "orders", "shipping")
     assert status.retry_topic == RETRY and status.quarantined == ()
     assert status.problems == (
-        f"{RETRY} partition 0: 1 records of other consumer groups, skipped (two groups "
+        f"{RETRY} partition 0: 1 record of other consumer groups, skipped (two groups "
         "were configured with one retry topic)",
     )
     with caplog.at_level(logging.WARNING, logger="wakuwaku.consumer"):
