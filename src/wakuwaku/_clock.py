@@ -60,6 +60,17 @@ class BlockingCalls:
     def track(self) -> _Tracker:
         return _Tracker(self)
 
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` of real time while a server catches up (a commit
+        becoming visible, a topic being created), counted as a call in
+        flight: a fake clock must not jump meanwhile. Time jumped by a test's
+        own 10 ms wait loop while a Kafka store polled for its commit
+        markers: a retry measured on the fake clock came 10 ms late under
+        load. Never for a read waiting for new records (that is idle time).
+        """
+        with self.track():
+            await asyncio.sleep(seconds)
+
 
 class _Tracker:
     def __init__(self, owner: BlockingCalls) -> None:

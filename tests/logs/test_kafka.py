@@ -55,7 +55,7 @@ def test_url_options_and_secrets_never_shown(monkeypatch: pytest.MonkeyPatch) ->
     log = open_log("kafka://alice:s3cret@127.0.0.1:9092,127.0.0.1:9094?prefix=p.&timeout=3")
     assert isinstance(log, KafkaLog)
     assert log.hosts == ["127.0.0.1:9092", "127.0.0.1:9094"]
-    assert log.url == "kafka://127.0.0.1:9092,127.0.0.1:9094?prefix=p."
+    assert log.url == "kafka://127.0.0.1:9092,127.0.0.1:9094?prefix=p.&timeout=3"
     assert "s3cret" not in repr(log) and log.timeout == 3.0
     assert log._common["sasl.username"] == "alice"
     assert log._common["security.protocol"] == "SASL_PLAINTEXT"

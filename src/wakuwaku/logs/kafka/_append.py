@@ -148,7 +148,7 @@ class Appender:
                     )
                     break
                 except BufferError:
-                    await asyncio.sleep(0.01)
+                    await BLOCKING_CALLS.pause(0.01)
         return futures
 
     def close(self) -> None:

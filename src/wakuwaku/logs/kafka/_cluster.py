@@ -258,7 +258,7 @@ class Cluster:
                 self.admin_unavailable()
                 if time.monotonic() > deadline:
                     raise
-                await asyncio.sleep(0.1)
+                await BLOCKING_CALLS.pause(0.1)
             else:
                 self.admin_answered()
                 return answer
@@ -411,7 +411,7 @@ class Cluster:
                                 f"the broker is still deleting a topic of that name after "
                                 f"{self.timeout} s"
                             ) from exc
-                        await asyncio.sleep(0.1)
+                        await BLOCKING_CALLS.pause(0.1)
                         continue
                     if existing != partitions:
                         raise PartitionCountMismatch(topic, existing, partitions) from None
@@ -437,7 +437,7 @@ class Cluster:
                 and all(p.leader >= 0 and p.error is None for p in found.partitions.values())
             ):
                 return
-            await asyncio.sleep(0.05)
+            await BLOCKING_CALLS.pause(0.05)
 
     async def delete_topic(self, topic: str) -> bool:
         """Ask the broker to delete ``topic`` and forget what is known of it
@@ -473,7 +473,7 @@ class Cluster:
                     f"Kafka log {self.url}: topic {topic!r} was deleted but the broker still "
                     f"lists it after {self.timeout} s"
                 )
-            await asyncio.sleep(0.05)
+            await BLOCKING_CALLS.pause(0.05)
 
     async def max_message_bytes(self, topic: str) -> int:
         """The topic's ``max.message.bytes`` (read once, then cached)."""

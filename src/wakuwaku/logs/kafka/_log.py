@@ -44,7 +44,14 @@ from .._base import (
     check_record,
     check_token,
 )
-from .._url import check_servers, check_timeout, option_bool, option_timeout, parse_log_url
+from .._url import (
+    check_servers,
+    check_timeout,
+    log_url,
+    option_bool,
+    option_timeout,
+    parse_log_url,
+)
 from ._append import Appender
 from ._cluster import LEGAL_TOPIC, Cluster
 from ._member import Member
@@ -150,10 +157,18 @@ class KafkaLog(Log):
         self.session_timeout = float(session_timeout)
         self.revoke_timeout = float(revoke_timeout)
         self.max_message_bytes = int(max_message_bytes)
-        query = [f"prefix={prefix}"] if prefix else []
-        if not transactions:
-            query.append("transactions=0")
-        self.url = f"kafka://{','.join(hosts)}" + ("?" + "&".join(query) if query else "")
+        # The security settings stay out of the url: with credentials they are
+        # derived from them, and another process takes both from its own
+        # URL or environment.
+        self.url = log_url(
+            "kafka",
+            ",".join(hosts),
+            [
+                ("prefix", prefix, ""),
+                ("timeout", float(timeout), 10.0),
+                ("transactions", bool(transactions), True),
+            ],
+        )
         self._cluster = Cluster(
             hosts, prefix=prefix, timeout=float(timeout), security=security, url=self.url
         )

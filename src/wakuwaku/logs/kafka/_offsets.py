@@ -16,7 +16,6 @@ client), a :class:`~._member.Member`'s consumer through
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from ..._clock import BLOCKING_CALLS
 from ..._errors import FencedError, LogError, LogUnavailableError
 from .._base import Lease, check_commit, check_partition
 from ._cluster import (
@@ -147,7 +147,7 @@ class GroupOffsets:
                     f"has no stable answer after {cluster.timeout} s ({'; '.join(waiting)}; an "
                     f"UNSTABLE_OFFSET_COMMIT is a transaction that has not ended)"
                 ) from last
-            await asyncio.sleep(pause)
+            await BLOCKING_CALLS.pause(pause)
             pause = min(pause * 2, 0.05)
 
     def _consumer(self, group: str) -> Any:
@@ -266,7 +266,7 @@ class GroupOffsets:
                     f"group {group!r} reads {found.get((topic, partition))} back, not the "
                     f"{offset} committed, after {cluster.timeout} s"
                 )
-            await asyncio.sleep(0.05)
+            await BLOCKING_CALLS.pause(0.05)
 
     async def commit_all(
         self, member: Member, group: str, commits: Sequence[tuple[str, int, int]], fence: Lease
@@ -319,7 +319,7 @@ class GroupOffsets:
                     raise
                 if not isinstance(exc, LogUnavailableError) or time.monotonic() > deadline:
                     raise
-            await asyncio.sleep(0.05)
+            await BLOCKING_CALLS.pause(0.05)
 
     # -- delete ------------------------------------------------------------------------
 
@@ -375,7 +375,7 @@ class GroupOffsets:
                         f"Kafka log {self.cluster.url}: group {group!r} still has members after "
                         f"{self.cluster.timeout} s: stop its consumers first"
                     ) from exc
-                await asyncio.sleep(0.1)
+                await BLOCKING_CALLS.pause(0.1)
 
     def _drop_group(self, group: str) -> None:
         """Delete the Kafka consumer group itself; a group that is not there is fine."""

@@ -265,7 +265,7 @@ class Transactions:
                     f"but its records in {where} are not visible to read_committed readers "
                     f"after {cluster.timeout} s (the commit markers are not written)"
                 )
-            await asyncio.sleep(pause)
+            await BLOCKING_CALLS.pause(pause)
             pause = min(pause * 2, 0.05)
 
     async def transact(
