@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import click
 
-from . import _dashboard, _demo, _dlq, _inbox, _run, _status, _topics
+from . import _dashboard, _demo, _dlq, _inbox, _offsets, _run, _status, _topics
 
-# Each module defines ``register(group: click.Group) -> None``.
-_FAMILIES = (_topics, _dlq, _run, _status, _inbox, _demo, _dashboard)
+# Each module defines ``register(group: click.Group) -> None``; _offsets adds
+# to the ``group`` family that _topics registers, so it comes after it.
+_FAMILIES = (_topics, _offsets, _dlq, _run, _status, _inbox, _demo, _dashboard)
 
 
 def build() -> click.Group:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .._errors import ConfigError
+from .._errors import ConfigError, UnknownGroupError
 from ..admin import Status, consumer_status
 from ..engine import DEFAULT_RETRY_DELAYS
 from ..logs import DEFAULT_LOG_URL, Log, open_log, sqlite_log_path
@@ -136,16 +136,7 @@ def _per_reason(counts: Mapping[str, int]) -> str:
 
 def never_committed(status: Status) -> str:
     """What ``status`` says about a group without a commit on the topic."""
-    if status.groups is None:
-        others = "this log cannot list the groups that did"
-    elif status.groups:
-        others = "groups that did: " + ", ".join(repr(g) for g in status.groups)
-    else:
-        others = "no group has committed on it"
-    return (
-        f"group {status.group!r} has never committed on topic {status.topic!r} "
-        f"(a mistyped group, or a consumer that has not committed yet); {others}"
-    )
+    return str(UnknownGroupError(status.group, status.topic, status.groups))
 
 
 def render_status(status: Status, now: float) -> list[str]:
