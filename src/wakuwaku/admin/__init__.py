@@ -5,6 +5,8 @@ One module per task; every name is importable from ``wakuwaku.admin``:
 
 - :mod:`wakuwaku.admin.dead_letters`: :func:`list_dead_letters`,
   :func:`replay_dead_letters` and the replay ledger.
+- :mod:`wakuwaku.admin.purge`: :func:`purge_dead_letters` (``wakuwaku dlq
+  purge``), recorded in the same ledger.
 - :mod:`wakuwaku.admin.offsets`: :func:`reset_offsets` (``wakuwaku group
   reset-offsets``) and what it is built on (:func:`plan_offset_reset`,
   :func:`apply_offset_reset`, :func:`running_members`, :func:`offset_at_time`).
@@ -35,6 +37,8 @@ from .offsets import offset_at_time as offset_at_time
 from .offsets import plan_offset_reset as plan_offset_reset
 from .offsets import reset_offsets as reset_offsets
 from .offsets import running_members as running_members
+from .purge import PurgeReport as PurgeReport
+from .purge import purge_dead_letters as purge_dead_letters
 from .status import PartitionStatus as PartitionStatus
 from .status import QuarantinedKey as QuarantinedKey
 from .status import Status as Status
@@ -47,6 +51,7 @@ __all__ = (
     "OffsetResetPlan",
     "PartitionReset",
     "PartitionStatus",
+    "PurgeReport",
     "QuarantinedKey",
     "ReplayReport",
     "ReplayedDeadLetter",
@@ -65,6 +70,7 @@ __all__ = (
     "offset_at_time",
     "parse_dead_letter",
     "plan_offset_reset",
+    "purge_dead_letters",
     "replay_dead_letters",
     "replay_ledger_topic_name",
     "reset_offsets",

@@ -11,6 +11,7 @@ which the consumer noted in the log at start.
 configured one) so that running it again does not replay it
 twice; ``--all`` ignores the ledger. See
 :func:`wakuwaku.admin.replay_dead_letters` and ``docs/operations.md``.
+``purge`` is in :mod:`._dlq_purge`.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def _line(letter: DeadLetter) -> str:
     ]
     if letter.problems:
         fields.append("problems=" + "; ".join(letter.problems))
+    if letter.purged:
+        fields.append("purged")
     return "\t".join(fields)
 
 
@@ -91,6 +94,9 @@ def _line(letter: DeadLetter) -> str:
     is_flag=True,
     help="Print a JSON array (headers as text, body as text or body_hex).",
 )
+@click.option(
+    "--include-purged", is_flag=True, help="List purged dead letters too, marked 'purged'."
+)
 @namespace_option
 @log_option
 def list_command(
@@ -100,18 +106,27 @@ def list_command(
     key: str | None,
     limit: int | None,
     as_json: bool,
+    include_purged: bool,
     namespace: str,
     log_url: str,
 ) -> int:
     """List TOPIC's dead letters: dlq partition@offset, reason, key, type, source, error.
 
-    Dead letters with broken headers are listed with what is broken.
-    Exit status 3 when TOPIC does not exist.
+    Dead letters with broken headers are listed with what is broken; purged
+    ones are left out unless --include-purged. Exit status 3 when TOPIC does
+    not exist.
     """
 
     async def work(log: Log) -> tuple[list[DeadLetter], list[str], str]:
         found = await list_dead_letters(
-            log, topic, group=group, reason=reason, key=key, limit=limit, namespace=namespace
+            log,
+            topic,
+            group=group,
+            reason=reason,
+            key=key,
+            limit=limit,
+            namespace=namespace,
+            include_purged=include_purged,
         )
         names = await resolve_group_topics(log, topic, group, namespace)
         groups = [] if found else await dead_letter_groups(log, topic, namespace)
@@ -205,6 +220,8 @@ def replay_command(
         _no_such_group(topic, group, groups)
         return ExitCode.FAILURE
     click.echo(_describe(report, topic))
+    if report.purged:
+        click.echo(f"{report.purged} matching dead letters were purged: not replayed")
     if dry_run:
         for entry in report.replayed:
             click.echo(

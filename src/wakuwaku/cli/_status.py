@@ -176,6 +176,11 @@ def render_status(status: Status, now: float) -> list[str]:
         )
     else:
         lines.append("dead letters: none")
+    if status.purged:
+        lines.append(
+            f"dead letters purged (hidden): {sum(status.purged.values())}"
+            f"{_per_reason(status.purged)}"
+        )
     lines.extend(f"problem: {problem}" for problem in status.problems)
     return lines
 
