@@ -1,5 +1,5 @@
 """Purging dead letters (``wakuwaku.admin.purge_dead_letters``, ``wakuwaku dlq
-purge``)."""
+purge``) and how ``dlq list`` shows them (newest first, error text)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import msgspec
 import pytest
 
 import wakuwaku as wk
+from wakuwaku._records import H_ERROR, H_GROUP, H_KEY, H_REASON
 from wakuwaku.admin import (
     DeadLetter,
+    DeadLetterOrder,
     consumer_status,
     list_dead_letters,
     purge_dead_letters,
@@ -201,6 +203,53 @@ async def test_cli_purge_names_what_is_wrong(
     code = await asyncio.to_thread(purge_cli, TOPIC, "-g", "biling", "--all", "--log", built.url)
     assert code == ExitCode.FAILURE
     assert "group 'biling' has no dead-letter topic for 'orders'" in capsys.readouterr().err
+
+
+async def test_cli_list_is_newest_first_and_shows_the_error_text(
+    dead: tuple[DeadLog, Log], capsys: pytest.CaptureFixture[str]
+) -> None:
+    built, log = dead
+    hostile = (
+        "Unrecoverable: row\nlocked\tat https://user:pw@db.example/x  password=hunter2 " + "x" * 400
+    )
+    [offset] = await log.append(
+        DLQ,
+        1,
+        [
+            (
+                {
+                    H_REASON: b"unrecoverable",
+                    H_KEY: b"late",
+                    H_GROUP: GROUP.encode(),
+                    H_ERROR: hostile.encode(),
+                },
+                b"{}",
+            )
+        ],
+    )
+    newest = await list_dead_letters(log, TOPIC, group=GROUP, order=DeadLetterOrder.NEWEST_FIRST)
+    oldest = await list_dead_letters(log, TOPIC, group=GROUP, order="oldest")
+    assert oldest == newest[::-1]
+    assert [x.timestamp for x in oldest] == sorted(x.timestamp for x in oldest)
+    assert (newest[0].partition, newest[0].offset) == (1, offset)
+    with pytest.raises(wk.ConfigError, match="unknown dead-letter order 'sideways'"):
+        await list_dead_letters(log, TOPIC, group=GROUP, order="sideways")
+
+    def shown(*extra: str) -> list[str]:
+        main(["dlq", "list", TOPIC, "-g", GROUP, *extra, "--log", built.url])
+        return [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+
+    default = await asyncio.to_thread(shown)
+    assert default == [f"{x.partition}@{x.offset}" for x in newest]
+    assert await asyncio.to_thread(shown, "--oldest-first") == default[::-1]
+    assert await asyncio.to_thread(shown, "--limit", "2") == default[:2]
+
+    await asyncio.to_thread(main, ["dlq", "list", TOPIC, "-g", GROUP, "--log", built.url])
+    first = capsys.readouterr().out.splitlines()[0]
+    error = next(field for field in first.split("\t") if field.startswith("error="))
+    assert error.startswith("error=Unrecoverable: row locked at <url> password=<redacted> xxx")
+    assert error.endswith("…[truncated]") and len(error) == len("error=") + 200
+    assert "hunter2" not in first and "\n" not in first
 
 
 # ---------------------------------------------------------------- every log

@@ -16,6 +16,7 @@ One module per task; every name is importable from ``wakuwaku.admin``:
 
 from .dead_letters import MISSING_REASON as MISSING_REASON
 from .dead_letters import DeadLetter as DeadLetter
+from .dead_letters import DeadLetterOrder as DeadLetterOrder
 from .dead_letters import ReplayedDeadLetter as ReplayedDeadLetter
 from .dead_letters import ReplayReport as ReplayReport
 from .dead_letters import SkippedDeadLetter as SkippedDeadLetter
@@ -48,6 +49,7 @@ from .status import consumer_status as consumer_status
 __all__ = (
     "MISSING_REASON",
     "DeadLetter",
+    "DeadLetterOrder",
     "OffsetResetPlan",
     "PartitionReset",
     "PartitionStatus",

@@ -36,6 +36,7 @@ May call: the log, the engine's public names (topic names, configuration).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 from collections import Counter
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
@@ -82,6 +83,7 @@ logger = logging.getLogger("wakuwaku.admin")
 __all__ = (
     "MISSING_REASON",
     "DeadLetter",
+    "DeadLetterOrder",
     "ReplayReport",
     "ReplayedDeadLetter",
     "SkippedDeadLetter",
@@ -388,6 +390,28 @@ def _matches(letter: DeadLetter, reason: str | None, key: str | None) -> bool:
     return (reason is None or letter.reason == reason) and (key is None or letter.key == key)
 
 
+class DeadLetterOrder(enum.StrEnum):
+    """The order :func:`list_dead_letters` returns dead letters in."""
+
+    LOG = "log"
+    """By dead-letter partition, then offset: the order they are stored in."""
+    OLDEST_FIRST = "oldest"
+    """By the time the log stored them, oldest first (then partition, offset)."""
+    NEWEST_FIRST = "newest"
+    """By the time the log stored them, newest first (then partition, offset,
+    both descending): what an operator looking at a fresh failure wants first."""
+
+
+def _in_order(letters: list[DeadLetter], order: DeadLetterOrder) -> list[DeadLetter]:
+    if order is DeadLetterOrder.LOG:
+        return letters
+    return sorted(
+        letters,
+        key=lambda x: (x.timestamp, x.partition, x.offset),
+        reverse=order is DeadLetterOrder.NEWEST_FIRST,
+    )
+
+
 async def list_dead_letters(
     log: Log,
     topic: str,
@@ -397,10 +421,10 @@ async def list_dead_letters(
     key: str | None = None,
     limit: int | None = None,
     namespace: str = "",
+    order: DeadLetterOrder | str = DeadLetterOrder.LOG,
     include_purged: bool = False,
 ) -> list[DeadLetter]:
-    """The dead letters of ``topic``, by dead-letter partition then offset
-    (design §8), purged ones left out.
+    """The dead letters of ``topic`` (design §8), purged ones left out.
 
     :param log: the log.
     :param topic: the main topic.
@@ -409,20 +433,29 @@ async def list_dead_letters(
         name its consumer noted: :func:`wakuwaku.engine.group_topics`).
     :param reason: only dead letters with this reason code.
     :param key: only dead letters of this key.
-    :param limit: at most this many (the first ones in partition, offset order).
+    :param limit: at most this many (the first ones in ``order``).
     :param namespace: the consumer's namespace prefix, if it had one.
+    :param order: a :class:`DeadLetterOrder` (or its value): by partition
+        and offset (the default), or by the time the log stored them.
     :param include_purged: list purged dead letters too, with
         :attr:`DeadLetter.purged` set.
     :returns: the matching dead letters; an empty list when the consumer
         never created its dead-letter topic. Dead letters with broken headers are
         included, with :attr:`DeadLetter.problems` saying what is wrong.
     :raises UnknownTopicError: when the main topic does not exist.
-    :raises ConfigError: for an unknown reason code or a limit below 1, or
-        when ``topic`` is a dead-letter, retry or ledger topic (the message
-        names its main topic).
+    :raises ConfigError: for an unknown reason code or order or a limit below
+        1, or when ``topic`` is a dead-letter, retry or ledger topic (the
+        message names its main topic).
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
+    try:
+        order = DeadLetterOrder(order)
+    except ValueError:
+        raise ConfigError(
+            f"unknown dead-letter order {order!r}; use one of "
+            + ", ".join(o.value for o in DeadLetterOrder)
+        ) from None
     names = await resolve_group_topics(log, topic, group, namespace)
     await log.describe_topic(names.topic)
     partitions = await _partitions_or_none(log, names.dead_letter)
@@ -440,9 +473,9 @@ async def list_dead_letters(
                         continue
                     letter = dataclasses.replace(letter, purged=True)
                 found.append(letter)
-                if limit is not None and len(found) >= limit:
+                if order is DeadLetterOrder.LOG and limit is not None and len(found) >= limit:
                     return found
-    return found
+    return _in_order(found, order)[:limit]
 
 
 # ------------------------------------------------------------------------ replay

@@ -25,6 +25,7 @@ from .._records import ReasonCode, Source
 from .._sanitize import sanitize
 from ..admin import (
     DeadLetter,
+    DeadLetterOrder,
     ReplayReport,
     dead_letter_groups,
     list_dead_letters,
@@ -95,6 +96,11 @@ def _line(letter: DeadLetter) -> str:
     help="Print a JSON array (headers as text, body as text or body_hex).",
 )
 @click.option(
+    "--oldest-first",
+    is_flag=True,
+    help="Oldest dead letters first (default: newest first, by the time the log stored them).",
+)
+@click.option(
     "--include-purged", is_flag=True, help="List purged dead letters too, marked 'purged'."
 )
 @namespace_option
@@ -106,16 +112,19 @@ def list_command(
     key: str | None,
     limit: int | None,
     as_json: bool,
+    oldest_first: bool,
     include_purged: bool,
     namespace: str,
     log_url: str,
 ) -> int:
-    """List TOPIC's dead letters: dlq partition@offset, reason, key, type, source, error.
+    """List TOPIC's dead letters, newest first: dlq partition@offset, reason, key,
+    type, source, time, error text.
 
     Dead letters with broken headers are listed with what is broken; purged
-    ones are left out unless --include-purged. Exit status 3 when TOPIC does
-    not exist.
+    ones are left out unless --include-purged. --limit keeps the first ones
+    in the order shown. Exit status 3 when TOPIC does not exist.
     """
+    order = DeadLetterOrder.OLDEST_FIRST if oldest_first else DeadLetterOrder.NEWEST_FIRST
 
     async def work(log: Log) -> tuple[list[DeadLetter], list[str], str]:
         found = await list_dead_letters(
@@ -126,6 +135,7 @@ def list_command(
             key=key,
             limit=limit,
             namespace=namespace,
+            order=order,
             include_purged=include_purged,
         )
         names = await resolve_group_topics(log, topic, group, namespace)
