@@ -442,3 +442,20 @@ async def test_offset_at_time_checks_its_arguments(sqlite_log: Log) -> None:
         await offset_at_time(sqlite_log, TOPIC, 1, 0.0)
     with pytest.raises(wk.ConfigError, match="finite"):
         await offset_at_time(sqlite_log, TOPIC, 0, float("nan"))
+
+
+class _BlindLog(wk.MemoryLog):
+    """A log that cannot tell who owns its partitions (the contract allows it)."""
+
+    async def partition_owners(self, group: str, topic: str) -> None:  # type: ignore[override]
+        return None
+
+
+async def test_a_log_that_cannot_tell_who_runs_is_refused() -> None:
+    log = _BlindLog()
+    await fill(log, [2])
+    await log.commit(GROUP, TOPIC, 0, 1)
+    assert await running_members(log, GROUP, TOPIC) is None
+    with pytest.raises(wk.ConfigError, match="cannot tell whether members of group 'billing'"):
+        await reset_offsets(log, GROUP, TOPIC, 0)
+    assert await log.committed(GROUP, TOPIC, 0) == 1

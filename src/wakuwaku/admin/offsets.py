@@ -276,6 +276,17 @@ async def running_members(log: Log, group: str, topic: str) -> tuple[RunningMemb
     )
 
 
+async def _running(log: Log, group: str, topic: str) -> tuple[RunningMember, ...]:
+    """:func:`running_members`, refusing a log that cannot tell (ConfigError)."""
+    running = await running_members(log, group, topic)
+    if running is None:
+        raise ConfigError(
+            f"this log ({type(log).__name__}) cannot tell whether members of group "
+            f"{group!r} run on {topic!r} (Log.partition_owners), so offsets are not reset"
+        )
+    return running
+
+
 async def _first_record(
     log: Log, topic: str, partition: int, offset: int, end: int
 ) -> Record | None:
@@ -383,8 +394,11 @@ async def plan_offset_reset(
         did commit are named). On Iggy an offset of 0 is stored as none, so
         a group reset to offset 0 everywhere is known by those topics only.
     :raises ConfigError: for a bad group name, a negative offset, a time
-        without a zone, or when ``topic`` is a group's retry, dead-letter or
-        replay-ledger topic (the message names the main topic).
+        without a zone, when ``topic`` is a group's retry, dead-letter or
+        replay-ledger topic (the message names the main topic), or when the
+        log cannot tell whether members run (its
+        :meth:`~wakuwaku.logs.Log.partition_owners` answers None; every log
+        of wakuwaku can tell).
     """
     target = _check_target(to)
     names = await resolve_group_topics(log, topic, group, namespace)
@@ -394,12 +408,7 @@ async def plan_offset_reset(
         isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count
     ):
         raise UnknownPartitionError(main, partition, count)
-    running = await running_members(log, group, main)
-    if running is None:
-        raise ConfigError(
-            f"this log ({type(log).__name__}) cannot tell whether members of group "
-            f"{group!r} run on {main!r}, so offsets are not reset"
-        )
+    running = await _running(log, group, main)
     committed = {p: await log.committed(group, main, p) for p in range(count)}
     if not running and all(c is None for c in committed.values()):
         # A consumer creates its group's retry and dead-letter topics when it
@@ -431,11 +440,12 @@ async def apply_offset_reset(log: Log, plan: OffsetResetPlan) -> OffsetResetPlan
     :returns: the plan, ``applied``.
     :raises GroupRunningError: when members of the group run on the topic
         (naming them and their partitions); nothing was stored.
+    :raises ConfigError: when the log cannot tell whether members run.
     :raises LogError: when the log refuses a commit (Kafka refuses one while
         the group has any member, also one that runs on another topic); the
         message names the partitions stored before it.
     """
-    running = await running_members(log, plan.group, plan.topic)
+    running = await _running(log, plan.group, plan.topic)
     if running:
         raise GroupRunningError(
             plan.group, plan.topic, {p: m.member for m in running for p in m.partitions}
