@@ -13,6 +13,7 @@ from ._errors import CorruptLogError as CorruptLogError
 from ._errors import DuplicateTypeTag as DuplicateTypeTag
 from ._errors import ErrorClass as ErrorClass
 from ._errors import FencedError as FencedError
+from ._errors import GroupRunningError as GroupRunningError
 from ._errors import HandleError as HandleError
 from ._errors import LogError as LogError
 from ._errors import LogUnavailableError as LogUnavailableError
@@ -24,6 +25,7 @@ from ._errors import Retryable as Retryable
 from ._errors import SetupError as SetupError
 from ._errors import StepError as StepError
 from ._errors import Transient as Transient
+from ._errors import UnknownGroupError as UnknownGroupError
 from ._errors import UnknownPartitionError as UnknownPartitionError
 from ._errors import UnknownTopicError as UnknownTopicError
 from ._errors import Unrecoverable as Unrecoverable
@@ -90,6 +92,7 @@ __all__ = (
     "ErrorClass",
     "EventType",
     "FencedError",
+    "GroupRunningError",
     "HandleError",
     "Handler",
     "Inbox",
@@ -120,6 +123,7 @@ __all__ = (
     "SystemClock",
     "TopicInfo",
     "Transient",
+    "UnknownGroupError",
     "UnknownPartitionError",
     "UnknownTopicError",
     "Unrecoverable",

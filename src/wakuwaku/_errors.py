@@ -15,6 +15,8 @@
     │   ├── FencedError                         a stale partition owner (design §15)
     │   └── LogUnavailableError                 the log cannot be reached now
     ├── SetupError                              a fault no retry fixes stopped the consumer
+    ├── GroupRunningError                       a tool refused: members of the group run
+    ├── UnknownGroupError (also LookupError)    a group with no committed offset on a topic
     ├── HandleError                             a handler's classified failure
     │   ├── Transient                           (design §1, §5.6)
     │   │   └── CircuitOpenError                an open circuit breaker (design §12)
@@ -187,6 +189,61 @@ class SetupError(WakuwakuError):
         during = "" if operation is None else f" during {operation!r}"
         advice = f"; {hint}" if hint else ""
         super().__init__(f"setup error{during}{where}: {what}{advice}")
+
+
+class GroupRunningError(WakuwakuError):
+    """A tool that changes a consumer group's state was refused because members
+    of the group are running (``wakuwaku group reset-offsets``).
+
+    A running member keeps its own position in memory and commits it, so an
+    offset stored beside it would be overwritten (or, on Kafka, is refused by
+    the broker).
+
+    :param group: the consumer group.
+    :param topic: the topic.
+    :param partitions: partition -> the member running it.
+    :ivar members: the running members' names, sorted.
+    """
+
+    def __init__(self, group: str, topic: str, partitions: dict[int, str]) -> None:
+        self.group = group
+        self.topic = topic
+        self.partitions = dict(sorted(partitions.items()))
+        self.members = tuple(sorted(set(partitions.values())))
+        names = ", ".join(
+            f"{member!r} (partition{'s' * (len(owned) != 1)} {', '.join(map(str, owned))})"
+            for member in self.members
+            for owned in [[p for p, m in self.partitions.items() if m == member]]
+        )
+        super().__init__(
+            f"group {group!r} has running members on topic {topic!r}: {names}; stop them first"
+        )
+
+
+class UnknownGroupError(WakuwakuError, LookupError):
+    """A consumer group has no committed offset on a topic: a mistyped name, or
+    a consumer that never committed there.
+
+    :param group: the group asked for.
+    :param topic: the topic.
+    :param groups: the groups that did commit on the topic, sorted; None when
+        the log cannot list them.
+    """
+
+    def __init__(self, group: str, topic: str, groups: tuple[str, ...] | None) -> None:
+        self.group = group
+        self.topic = topic
+        self.groups = groups
+        if groups is None:
+            others = "this log cannot list the groups that did"
+        elif groups:
+            others = "groups that did: " + ", ".join(repr(g) for g in groups)
+        else:
+            others = "no group has committed on it"
+        super().__init__(
+            f"group {group!r} has never committed on topic {topic!r} "
+            f"(a mistyped group, or a consumer that has not committed yet); {others}"
+        )
 
 
 class HandleError(WakuwakuError):

@@ -379,9 +379,9 @@ def test_admin_exports_are_complete() -> None:
     """Every public name defined in wakuwaku.admin's two modules is in their
     __all__ and importable from wakuwaku.admin (ruff RUF022 sorts it)."""
     import wakuwaku.admin as admin
-    from wakuwaku.admin import dead_letters, status
+    from wakuwaku.admin import dead_letters, offsets, purge, status
 
-    for module in (dead_letters, status):
+    for module in (dead_letters, offsets, purge, status):
         public = {
             name
             for name, value in vars(module).items()

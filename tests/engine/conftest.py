@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,8 @@ import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs import Log
 from wakuwaku.testing import FakeClock
+
+from ..log_kit import ENGINES, fresh_log
 
 T0 = 1_700_000_000.0
 
@@ -110,70 +111,10 @@ def clock() -> FakeClock:
     return FakeClock(T0)
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        "sqlite",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("nats", marks=pytest.mark.nats),
-        pytest.param("kafka", marks=pytest.mark.kafka),
-        pytest.param("iggy", marks=pytest.mark.iggy),
-    ]
-)
+@pytest.fixture(params=ENGINES)
 async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Log]:
-    prefix = None
-    if request.param == "memory":
-        created: Log = wk.MemoryLog()
-    elif request.param == "sqlite":
-        from wakuwaku.logs.sqlite import SQLiteLog
-
-        created = SQLiteLog(tmp_path / "log.db")
-    elif request.param == "redis":
-        from wakuwaku.logs.redis import RedisLog
-
-        from ..conftest import REDIS_URL
-
-        prefix = f"wktest-{uuid.uuid4().hex}"  # the server is shared: a namespace per test
-        created = RedisLog(REDIS_URL, prefix=prefix)
-    elif request.param == "kafka":
-        from ..kafka_support import fresh_prefix as kafka_prefix
-        from ..kafka_support import kafka_log
-
-        prefix = kafka_prefix()
-        created = kafka_log(prefix)
-    elif request.param == "iggy":
-        from ..iggy_support import fresh_stream, iggy_log
-
-        prefix = fresh_stream()  # the server is shared: a stream per test
-        created = iggy_log(prefix)
-    else:
-        from ..nats_support import fresh_prefix, nats_log
-
-        prefix = fresh_prefix()
-        created = nats_log(prefix)
-    try:
+    async with fresh_log(request.param, tmp_path) as created:
         yield created
-    finally:
-        await created.close()
-        if prefix is not None:
-            if request.param == "kafka":
-                from ..kafka_support import drop_prefix as drop_kafka_prefix
-
-                await asyncio.to_thread(drop_kafka_prefix, prefix)
-            elif request.param == "iggy":
-                from ..iggy_support import drop_stream
-
-                await drop_stream(prefix)
-            elif request.param == "redis":
-                from ..conftest import REDIS_URL
-                from ..logs.test_redis import purge
-
-                await purge(REDIS_URL, prefix)
-            else:
-                from ..conftest import NATS_URL
-                from ..nats_support import drop_prefix
-
-                await drop_prefix(NATS_URL, prefix)
 
 
 @pytest.fixture

@@ -25,12 +25,18 @@ of the consumer that wrote them.
   topic>.replayed`` for a configured dead-letter topic; one ledger record
   per replayed dead letter), so a second run does not replay it again;
   ``everything=True`` (``--all``) ignores the ledger.
+- The ledger also notes purges (marker ``purged``, written by
+  :func:`wakuwaku.admin.purge.purge_dead_letters`): every reader here
+  (:func:`list_dead_letters`, :func:`replay_dead_letters`, the counts of
+  ``status``) leaves purged dead letters out.
 
 May call: the log, the engine's public names (topic names, configuration).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import logging
 from collections import Counter
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
@@ -77,6 +83,7 @@ logger = logging.getLogger("wakuwaku.admin")
 __all__ = (
     "MISSING_REASON",
     "DeadLetter",
+    "DeadLetterOrder",
     "ReplayReport",
     "ReplayedDeadLetter",
     "SkippedDeadLetter",
@@ -92,6 +99,7 @@ __all__ = (
 
 _PAGE = 500
 MARKER_REPLAYED = b"replayed"
+MARKER_PURGED = b"purged"
 MISSING_REASON = "<missing>"
 """How :class:`Status` counts dead letters without a ``wk-reason`` header."""
 
@@ -121,6 +129,8 @@ class DeadLetter:
         well-formed dead letter); such a record is listed, never dropped.
     :param group: ``wk-group``, the consumer group that wrote it; None for
         a dead letter written before the engine stamped it.
+    :param purged: True when the ledger says it was purged
+        (:func:`~wakuwaku.admin.purge_dead_letters`); only listed with ``include_purged``.
     """
 
     partition: int
@@ -135,6 +145,7 @@ class DeadLetter:
     timestamp: float = 0.0
     problems: tuple[str, ...] = ()
     group: str | None = None
+    purged: bool = False
 
     def belongs_to(self, topic: str, group: str) -> bool:
         """False when ``wk-group`` names another group or ``wk-src`` another
@@ -176,6 +187,7 @@ class DeadLetter:
                 for name, value in sorted(self.headers.items())
             },
             "problems": list(self.problems),
+            "purged": self.purged,
         }
         try:
             out["body"] = self.body.decode("utf-8")
@@ -378,6 +390,28 @@ def _matches(letter: DeadLetter, reason: str | None, key: str | None) -> bool:
     return (reason is None or letter.reason == reason) and (key is None or letter.key == key)
 
 
+class DeadLetterOrder(enum.StrEnum):
+    """The order :func:`list_dead_letters` returns dead letters in."""
+
+    LOG = "log"
+    """By dead-letter partition, then offset: the order they are stored in."""
+    OLDEST_FIRST = "oldest"
+    """By the time the log stored them, oldest first (then partition, offset)."""
+    NEWEST_FIRST = "newest"
+    """By the time the log stored them, newest first (then partition, offset,
+    both descending): what an operator looking at a fresh failure wants first."""
+
+
+def _in_order(letters: list[DeadLetter], order: DeadLetterOrder) -> list[DeadLetter]:
+    if order is DeadLetterOrder.LOG:
+        return letters
+    return sorted(
+        letters,
+        key=lambda x: (x.timestamp, x.partition, x.offset),
+        reverse=order is DeadLetterOrder.NEWEST_FIRST,
+    )
+
+
 async def list_dead_letters(
     log: Log,
     topic: str,
@@ -387,8 +421,10 @@ async def list_dead_letters(
     key: str | None = None,
     limit: int | None = None,
     namespace: str = "",
+    order: DeadLetterOrder | str = DeadLetterOrder.LOG,
+    include_purged: bool = False,
 ) -> list[DeadLetter]:
-    """The dead letters of ``topic``, by dead-letter partition then offset (design §8).
+    """The dead letters of ``topic`` (design §8), purged ones left out.
 
     :param log: the log.
     :param topic: the main topic.
@@ -397,32 +433,49 @@ async def list_dead_letters(
         name its consumer noted: :func:`wakuwaku.engine.group_topics`).
     :param reason: only dead letters with this reason code.
     :param key: only dead letters of this key.
-    :param limit: at most this many (the first ones in partition, offset order).
+    :param limit: at most this many (the first ones in ``order``).
     :param namespace: the consumer's namespace prefix, if it had one.
+    :param order: a :class:`DeadLetterOrder` (or its value): by partition
+        and offset (the default), or by the time the log stored them.
+    :param include_purged: list purged dead letters too, with
+        :attr:`DeadLetter.purged` set.
     :returns: the matching dead letters; an empty list when the consumer
         never created its dead-letter topic. Dead letters with broken headers are
         included, with :attr:`DeadLetter.problems` saying what is wrong.
     :raises UnknownTopicError: when the main topic does not exist.
-    :raises ConfigError: for an unknown reason code or a limit below 1, or
-        when ``topic`` is a dead-letter, retry or ledger topic (the message
-        names its main topic).
+    :raises ConfigError: for an unknown reason code or order or a limit below
+        1, or when ``topic`` is a dead-letter, retry or ledger topic (the
+        message names its main topic).
     """
     wanted = _check_reason(reason)
     _check_limit(limit)
+    try:
+        order = DeadLetterOrder(order)
+    except ValueError:
+        raise ConfigError(
+            f"unknown dead-letter order {order!r}; use one of "
+            + ", ".join(o.value for o in DeadLetterOrder)
+        ) from None
     names = await resolve_group_topics(log, topic, group, namespace)
     await log.describe_topic(names.topic)
     partitions = await _partitions_or_none(log, names.dead_letter)
     if partitions is None:
         return []
+    ledger = await _read_ledger(log, names.replay_ledger)
     found: list[DeadLetter] = []
     async with aclosing(_dead_letter_pages(log, names, partitions)) as pages:
-        async for _, page in pages:
+        async for p, page in pages:
             for letter in page:
-                if _matches(letter, wanted, key):
-                    found.append(letter)
-                    if limit is not None and len(found) >= limit:
-                        return found
-    return found
+                if not _matches(letter, wanted, key):
+                    continue
+                if ledger.was_purged(p, letter.offset):
+                    if not include_purged:
+                        continue
+                    letter = dataclasses.replace(letter, purged=True)
+                found.append(letter)
+                if order is DeadLetterOrder.LOG and limit is not None and len(found) >= limit:
+                    return found
+    return _in_order(found, order)[:limit]
 
 
 # ------------------------------------------------------------------------ replay
@@ -465,6 +518,8 @@ class ReplayReport:
     :param skipped: matching dead letters that cannot be replayed, with why.
     :param already_replayed: matching dead letters left alone because the
         ledger says an earlier run replayed them.
+    :param purged: matching dead letters left alone because they were
+        purged (:func:`~wakuwaku.admin.purge_dead_letters`; also with ``everything``).
     """
 
     topic: str
@@ -472,6 +527,7 @@ class ReplayReport:
     replayed: list[ReplayedDeadLetter] = field(default_factory=list)
     skipped: list[SkippedDeadLetter] = field(default_factory=list)
     already_replayed: int = 0
+    purged: int = 0
 
     @property
     def matched(self) -> int:
@@ -518,23 +574,41 @@ def _ledger_record(letter: DeadLetter, partition: int, offset: int) -> OutgoingR
     )
 
 
-async def _read_ledger(log: Log, ledger: str) -> dict[int, set[int]]:
+@dataclass
+class _Ledger:
+    """What the ledger topic says about dead letters: per dead-letter partition,
+    the offsets replayed and the offsets purged."""
+
+    replayed: dict[int, set[int]] = field(default_factory=dict)
+    purged: dict[int, set[int]] = field(default_factory=dict)
+
+    def was_replayed(self, partition: int, offset: int) -> bool:
+        return offset in self.replayed.get(partition, ())
+
+    def was_purged(self, partition: int, offset: int) -> bool:
+        return offset in self.purged.get(partition, ())
+
+
+async def _read_ledger(log: Log, ledger: str) -> _Ledger:
+    """The ledger topic read whole; a record with ``wk-marker: purged`` notes a
+    purge, any other one a replay (ledgers written before purges existed)."""
     partitions = await _partitions_or_none(log, ledger)
-    done: dict[int, set[int]] = {}
+    found = _Ledger()
     if partitions is None:
-        return done
+        return found
     starts = await log.start_offsets(ledger)
     ends = await log.end_offsets(ledger)
     for p in range(partitions):
         async for page in _scan(log, ledger, p, starts.get(p, 0), ends.get(p, 0)):
             for record in page:
+                purge = record.headers.get(H_MARKER) == MARKER_PURGED
+                noted = found.purged if purge else found.replayed
                 raw = header_text(record.headers, H_DLQ_OFFSET)
                 try:
-                    done.setdefault(p, set()).add(int(raw or ""))
+                    noted.setdefault(p, set()).add(int(raw or ""))
                 except ValueError:
-                    log_text = sanitize(raw or "<missing>", 40)
-                    _warn_ledger(ledger, p, record.offset, log_text)
-    return done
+                    _warn_ledger(ledger, p, record.offset, sanitize(raw or "<missing>", 40))
+    return found
 
 
 def _warn_ledger(ledger: str, partition: int, offset: int, raw: str) -> None:
@@ -568,6 +642,7 @@ async def replay_dead_letters(
     partition ``murmur2(key) mod N`` of the main topic, after everything
     already there: a replayed event is handled after the key's newer events.
 
+    Purged dead letters (:func:`~wakuwaku.admin.purge_dead_letters`) are never replayed.
     Every replayed dead letter is noted in the ledger topic
     ``wk-replayed.<group>.<topic>`` (``<dead-letter topic>.replayed`` for a
     configured dead-letter topic; created on first use with the dead-letter
@@ -585,7 +660,8 @@ async def replay_dead_letters(
         partition then offset order; the ledger's are not counted).
     :param dry_run: write nothing (neither copies nor ledger); the report
         says what would be replayed.
-    :param everything: ignore the ledger and replay every match again.
+    :param everything: ignore the ledger's replays and replay every match
+        again (purged dead letters stay purged).
     :param namespace: the consumer's namespace prefix, if it had one.
     :returns: a :class:`ReplayReport`. Matching dead letters without a usable
         ``wk-key`` (they cannot be routed) or without a valid ``wk-src``
@@ -611,7 +687,7 @@ async def replay_dead_letters(
             await log.create_topic(ledger, dead_letter_partitions, derived_from=main)
         except PartitionCountMismatch as exc:
             raise PartitionCountMismatch(ledger, exc.existing, dead_letter_partitions) from None
-    done = {} if everything else await _read_ledger(log, ledger)
+    ledger_says = await _read_ledger(log, ledger)
     remaining = limit
     async with aclosing(_dead_letter_pages(log, names, dead_letter_partitions)) as pages:
         async for p, page in pages:
@@ -621,8 +697,7 @@ async def replay_dead_letters(
                     break
                 if not _matches(letter, wanted, key):
                     continue
-                if letter.offset in done.get(p, ()):
-                    report.already_replayed += 1
+                if _left_alone(report, ledger_says, p, letter.offset, everything):
                     continue
                 if remaining is not None:
                     remaining -= 1
@@ -646,6 +721,20 @@ async def replay_dead_letters(
             if remaining is not None and remaining <= 0:
                 break
     return report
+
+
+def _left_alone(
+    report: ReplayReport, ledger: _Ledger, partition: int, offset: int, everything: bool
+) -> bool:
+    """True (and counted in ``report``) for a dead letter a replay leaves alone:
+    a purged one, or one replayed before unless ``everything``."""
+    if ledger.was_purged(partition, offset):
+        report.purged += 1
+        return True
+    if not everything and ledger.was_replayed(partition, offset):
+        report.already_replayed += 1
+        return True
+    return False
 
 
 async def _replay_page(
@@ -689,17 +778,22 @@ async def _replay_page(
 
 async def _dead_letter_counts(
     log: Log, names: GroupTopics
-) -> tuple[dict[str, int], dict[str, int]]:
-    """Dead letters per reason, and of those the ones the replay ledger holds."""
+) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Dead letters per reason, of those the ones the ledger says were replayed,
+    and apart from both the purged ones (which the first two leave out)."""
     dead: Counter[str] = Counter()
     replayed: Counter[str] = Counter()
+    purged: Counter[str] = Counter()
     dead_letter_partitions = await _partitions_or_none(log, names.dead_letter)
     if dead_letter_partitions is not None:
-        done = await _read_ledger(log, names.replay_ledger)
+        ledger = await _read_ledger(log, names.replay_ledger)
         async for p, page in _dead_letter_pages(log, names, dead_letter_partitions):
             for letter in page:
                 reason = letter.reason or MISSING_REASON
+                if ledger.was_purged(p, letter.offset):
+                    purged[reason] += 1
+                    continue
                 dead[reason] += 1
-                if letter.offset in done.get(p, ()):
+                if ledger.was_replayed(p, letter.offset):
                     replayed[reason] += 1
-    return dict(sorted(dead.items())), dict(sorted(replayed.items()))
+    return dict(sorted(dead.items())), dict(sorted(replayed.items())), dict(sorted(purged.items()))

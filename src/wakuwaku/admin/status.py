@@ -71,7 +71,7 @@ class Status:
     :param partitions: per partition, in order.
     :param quarantined: quarantined keys, earliest next attempt first.
     :param dead_letters: dead letters per ``wk-reason`` (``"<missing>"`` for
-        records without one).
+        records without one), purged ones left out.
     :param problems: broken records met in the retry topic, each naming
         topic, partition and offset (the consumer would stop on them too).
     :param replayed: of :attr:`dead_letters`, those per reason that the
@@ -80,6 +80,8 @@ class Status:
         log can list them (None otherwise).
     :param retry_topic: / :param dead_letter_topic: the group's retry and
         dead-letter topics that were read (derived or configured, design §6).
+    :param purged: dead letters per reason that ``dlq purge`` purged (not
+        in :attr:`dead_letters`).
     """
 
     topic: str
@@ -92,6 +94,7 @@ class Status:
     groups: tuple[str, ...] | None = None
     retry_topic: str = ""
     dead_letter_topic: str = ""
+    purged: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def never_committed(self) -> bool:
@@ -160,6 +163,7 @@ class Status:
             "dead_letters": dict(self.dead_letters),
             "dead_letters_replayed": dict(self.replayed),
             "dead_letters_not_replayed": self.not_replayed,
+            "dead_letters_purged": dict(self.purged),
             "never_committed": self.never_committed,
             "groups": None if self.groups is None else list(self.groups),
             "problems": list(self.problems),
@@ -232,7 +236,7 @@ async def consumer_status(
                 )
         rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))
     quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
-    dead, replayed = await _dead_letter_counts(log, names)
+    dead, replayed, purged = await _dead_letter_counts(log, names)
     return Status(
         main,
         group,
@@ -244,6 +248,7 @@ async def consumer_status(
         await committed_groups(log, main),
         retry,
         names.dead_letter,
+        purged,
     )
 
 

@@ -8,10 +8,34 @@ from __future__ import annotations
 
 import click
 
-from . import _dashboard, _demo, _dlq, _inbox, _produce, _run, _status, _topics
+from . import (
+    _dashboard,
+    _demo,
+    _dlq,
+    _dlq_purge,
+    _inbox,
+    _offsets,
+    _produce,
+    _run,
+    _status,
+    _topics,
+)
 
-# Each module defines ``register(group: click.Group) -> None``.
-_FAMILIES = (_topics, _produce, _dlq, _run, _status, _inbox, _demo, _dashboard)
+# Each module defines ``register(group: click.Group) -> None``; _offsets and
+# _dlq_purge add to the ``group`` and ``dlq`` families that _topics and _dlq
+# register, so each comes after its family.
+_FAMILIES = (
+    _topics,
+    _offsets,
+    _produce,
+    _dlq,
+    _dlq_purge,
+    _run,
+    _status,
+    _inbox,
+    _demo,
+    _dashboard,
+)
 
 
 def build() -> click.Group:

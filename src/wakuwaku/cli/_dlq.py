@@ -11,6 +11,7 @@ which the consumer noted in the log at start.
 configured one) so that running it again does not replay it
 twice; ``--all`` ignores the ledger. See
 :func:`wakuwaku.admin.replay_dead_letters` and ``docs/operations.md``.
+``purge`` is in :mod:`._dlq_purge`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .._sanitize import sanitize
 from .._text import counted, plural, shown_key
 from ..admin import (
     DeadLetter,
+    DeadLetterOrder,
     ReplayReport,
     dead_letter_groups,
     list_dead_letters,
@@ -80,6 +82,8 @@ def _line(letter: DeadLetter) -> str:
     ]
     if letter.problems:
         fields.append("problems=" + "; ".join(letter.problems))
+    if letter.purged:
+        fields.append("purged")
     return "\t".join(fields)
 
 
@@ -92,6 +96,14 @@ def _line(letter: DeadLetter) -> str:
     is_flag=True,
     help="Print a JSON array (headers as text, body as text or body_hex).",
 )
+@click.option(
+    "--oldest-first",
+    is_flag=True,
+    help="Oldest dead letters first (default: newest first, by the time the log stored them).",
+)
+@click.option(
+    "--include-purged", is_flag=True, help="List purged dead letters too, marked 'purged'."
+)
 @namespace_option
 @log_option
 def list_command(
@@ -101,18 +113,31 @@ def list_command(
     key: str | None,
     limit: int | None,
     as_json: bool,
+    oldest_first: bool,
+    include_purged: bool,
     namespace: str,
     log_url: str,
 ) -> int:
-    """List TOPIC's dead letters: dlq partition@offset, reason, key, type, source, error.
+    """List TOPIC's dead letters, newest first: dlq partition@offset, reason, key,
+    type, source, time, error text.
 
-    Dead letters with broken headers are listed with what is broken.
-    Exit status 3 when TOPIC does not exist.
+    Dead letters with broken headers are listed with what is broken; purged
+    ones are left out unless --include-purged. --limit keeps the first ones
+    in the order shown. Exit status 3 when TOPIC does not exist.
     """
+    order = DeadLetterOrder.OLDEST_FIRST if oldest_first else DeadLetterOrder.NEWEST_FIRST
 
     async def work(log: Log) -> tuple[list[DeadLetter], list[str], str]:
         found = await list_dead_letters(
-            log, topic, group=group, reason=reason, key=key, limit=limit, namespace=namespace
+            log,
+            topic,
+            group=group,
+            reason=reason,
+            key=key,
+            limit=limit,
+            namespace=namespace,
+            order=order,
+            include_purged=include_purged,
         )
         names = await resolve_group_topics(log, topic, group, namespace)
         groups = [] if found else await dead_letter_groups(log, topic, namespace)
@@ -206,6 +231,8 @@ def replay_command(
         _no_such_group(topic, group, groups)
         return ExitCode.FAILURE
     click.echo(_describe(report, topic))
+    if report.purged:
+        click.echo(f"{report.purged} matching dead letters were purged: not replayed")
     if dry_run:
         for entry in report.replayed:
             click.echo(

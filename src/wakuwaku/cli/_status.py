@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .._errors import ConfigError
+from .._errors import ConfigError, UnknownGroupError
 from .._text import counted, shown_key
 from ..admin import Status, consumer_status
 from ..engine import DEFAULT_RETRY_DELAYS
@@ -168,16 +168,7 @@ def _per_reason(counts: Mapping[str, int]) -> str:
 
 def never_committed(status: Status) -> str:
     """What ``status`` says about a group without a commit on the topic."""
-    if status.groups is None:
-        others = "this log cannot list the groups that did"
-    elif status.groups:
-        others = "groups that did: " + ", ".join(repr(g) for g in status.groups)
-    else:
-        others = "no group has committed on it"
-    return (
-        f"group {status.group!r} has never committed on topic {status.topic!r} "
-        f"(a mistyped group, or a consumer that has not committed yet); {others}"
-    )
+    return str(UnknownGroupError(status.group, status.topic, status.groups))
 
 
 def render_status(status: Status, now: float) -> list[str]:
@@ -217,6 +208,11 @@ def render_status(status: Status, now: float) -> list[str]:
         )
     else:
         lines.append("dead letters: none")
+    if status.purged:
+        lines.append(
+            f"dead letters purged (hidden): {sum(status.purged.values())}"
+            f"{_per_reason(status.purged)}"
+        )
     lines.extend(f"problem: {problem}" for problem in status.problems)
     return lines
 

@@ -20,6 +20,7 @@ from ._context import ChunkContext as ChunkContext
 from ._context import current_chunk as current_chunk
 from ._handler import Handler as Handler
 from ._handler import handler as handler
+from ._ownership import AssignmentLog as AssignmentLog
 from ._registry import group_topics as group_topics
 from ._registry import read_topic_names as read_topic_names
 from ._registry import registered_topics as registered_topics
@@ -35,6 +36,7 @@ __all__ = (
     "DEFAULT_RETRY_DELAYS",
     "MAX_RETRY_DELAY",
     "TOPIC_NAMES_TOPIC",
+    "AssignmentLog",
     "ChunkContext",
     "Consumer",
     "ConsumerConfig",
