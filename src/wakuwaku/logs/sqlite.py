@@ -344,12 +344,12 @@ class SQLiteLog(Log):
         :class:`~wakuwaku.UnknownTopicError` instead of writing into a new
         topic of the same name.
         """
+        self._forget(topic)
         return await self._run(self._delete_topic, topic)
 
     def _delete_topic(self, topic: str) -> bool:
         db = self._db()
         self._topics.pop(topic, None)
-        self._forget(topic)
         db.execute("BEGIN IMMEDIATE")
         row = db.execute("SELECT id FROM wk_topics WHERE name = ?", (topic,)).fetchone()
         if row is None:
