@@ -30,7 +30,8 @@ import time
 import msgspec
 
 from wakuwaku._records import WIRE_VERSION
-from wakuwaku.logs.sqlite import SQLiteLog, _schema_statements
+from wakuwaku.logs._sqlite_file import schema_statements
+from wakuwaku.logs.sqlite import SQLiteLog
 
 TOPIC = "bench"
 
@@ -96,7 +97,7 @@ def raw_connect(path: str, fsync: bool) -> sqlite3.Connection:
 
 def raw_append(path: str, rows: Rows, batch: int, fsync: bool) -> float:
     db = raw_connect(path, fsync)
-    for statement in _schema_statements():
+    for statement in schema_statements():
         db.execute(statement)
     encode = msgspec.msgpack.encode
     started = time.perf_counter()

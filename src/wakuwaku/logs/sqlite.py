@@ -14,32 +14,28 @@ Blocking sqlite3 calls run on one worker thread per instance, which owns
 the instance's connection; the event loop never waits on the disk. The
 schema is ``sqlite_schema.sql`` beside this module; docs/logs.md describes
 the file layout and the decisions taken where the spec is silent.
+
+:mod:`._sqlite_file` owns the worker thread, the connection (opening and
+checking the file, rollback, errors as the contract names them) and the
+topic ids; the log keeps the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
-from importlib import resources
-from typing import ParamSpec, TypeVar
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from .._clock import BLOCKING_CALLS
 from .._errors import (
     ConfigError,
-    CorruptLogError,
     FencedError,
-    LogError,
-    LogUnavailableError,
     PartitionCountMismatch,
-    UnknownTopicError,
 )
 from .._records import Record, unreadable_record
 from ._base import (
@@ -50,20 +46,16 @@ from ._base import (
     OutgoingRecord,
     TopicInfo,
     check_commit,
-    check_partition,
     check_record,
     check_token,
     check_topic_name,
 )
+from ._sqlite_file import APPLICATION_ID as APPLICATION_ID
+from ._sqlite_file import SCHEMA_VERSION as SCHEMA_VERSION
+from ._sqlite_file import SQLiteFile, TopicGone
 from ._url import log_url
 
 __all__ = ("APPLICATION_ID", "SCHEMA_VERSION", "SQLiteLog")
-
-APPLICATION_ID = 0x776B776B
-"""``PRAGMA application_id`` of a wakuwaku log file (``"wkwk"``)."""
-
-SCHEMA_VERSION = 1
-"""``PRAGMA user_version`` this code writes and reads."""
 
 _POLL_INTERVAL = 0.025
 _RETENTION_INTERVAL = 5.0
@@ -74,9 +66,6 @@ _READ_BATCH = 2_500
 _READ_AHEAD_BYTES = 1 << 20
 
 logger = logging.getLogger("wakuwaku.logs.sqlite")
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 _encode_headers_into = msgspec.msgpack.Encoder().encode_into
 _encode_headers = msgspec.msgpack.Encoder().encode
@@ -137,14 +126,9 @@ class SQLiteLog(Log):
         self.retention = retention
         self.busy_timeout = float(busy_timeout)
         self.fsync = fsync
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="wakuwaku-sqlite"
-        )
-        self._closed = False
         self._tokens = AppendTokens()
+        self._file = SQLiteFile(self.path, busy_timeout=self.busy_timeout, fsync=fsync)
         # Owned by the worker thread only: no lock needed.
-        self._conn: sqlite3.Connection | None = None
-        self._topics: dict[str, tuple[int, int]] = {}
         self._retained_at: dict[str, float] = {}
         # Owned by the event loop side: records read ahead per (topic, partition).
         self._ahead: dict[tuple[str, int], list[Record]] = {}
@@ -156,138 +140,6 @@ class SQLiteLog(Log):
     def __repr__(self) -> str:
         return f"SQLiteLog({self.path!r})"
 
-    # -- plumbing ---------------------------------------------------------
-
-    async def _run(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if self._closed:
-            raise LogError(f"the SQLite log {self.path!r} is closed")
-        loop = asyncio.get_running_loop()
-        call = functools.partial(self._guarded, fn, *args, **kwargs)
-        with BLOCKING_CALLS.track():  # a fake clock waits for real I/O to finish
-            return await loop.run_in_executor(self._executor, call)
-
-    def _guarded(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return fn(*args, **kwargs)
-        except sqlite3.Error as exc:
-            self._rollback()
-            raise self._translate(exc) from exc
-        except _TopicGone as gone:
-            self._rollback()
-            names = [name for name, (tid, _) in self._topics.items() if tid == gone.args[0]]
-            for name in names:
-                self._topics.pop(name, None)
-            raise UnknownTopicError(names[0] if names else f"#{gone.args[0]}") from None
-        except BaseException:
-            self._rollback()
-            raise
-
-    def _rollback(self) -> None:
-        """End a transaction an exception left open, so the next call starts clean."""
-        if self._conn is not None and self._conn.in_transaction:
-            try:
-                self._conn.rollback()
-            except sqlite3.Error as exc:  # the original error is the one to report
-                logger.debug("rollback after a failure failed too: %s", exc)
-
-    def _translate(self, exc: sqlite3.Error) -> LogError:
-        text = str(exc)
-        lowered = text.lower()
-        if "locked" in lowered or "busy" in lowered:
-            return LogUnavailableError(
-                f"SQLite log {self.path!r} stayed locked by another connection for more "
-                f"than busy_timeout={self.busy_timeout:g} s: {text}"
-            )
-        if any(sign in lowered for sign in ("not a database", "malformed", "no such")):
-            return CorruptLogError(f"SQLite log {self.path!r} is damaged: {text}")
-        if isinstance(exc, sqlite3.OperationalError):
-            return LogUnavailableError(f"SQLite log {self.path!r} is unavailable: {text}")
-        return LogError(f"SQLite log {self.path!r} failed: {text}")
-
-    def _db(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self._conn = self._open()
-        return self._conn
-
-    def _open(self) -> sqlite3.Connection:
-        parent = os.path.dirname(os.path.abspath(self.path))
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except OSError as exc:
-            raise LogUnavailableError(
-                f"cannot create the directory of SQLite log {self.path!r}: {exc}"
-            ) from exc
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
-        try:
-            self._check_and_init(conn)
-            conn.execute(f"PRAGMA synchronous={'FULL' if self.fsync else 'NORMAL'}")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _check_and_init(self, conn: sqlite3.Connection) -> None:
-        # Identify the file before changing anything in it (WAL mode included),
-        # so a foreign database is left exactly as it was.
-        # Any schema object (table, index, view, trigger) means the file is not empty.
-        app_id, objects = self._identity(conn)
-        if app_id == 0 and objects == 0:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("BEGIN IMMEDIATE")
-            app_id, objects = self._identity(conn)  # another process may have won
-            if app_id == 0 and objects == 0:
-                for statement in _schema_statements():
-                    conn.execute(statement)
-                conn.execute("INSERT INTO wk_meta VALUES ('created_at', ?)", (repr(time.time()),))
-                conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                app_id = APPLICATION_ID
-            conn.execute("COMMIT")
-        if app_id != APPLICATION_ID:
-            # Tables only: sqlite_master also lists indexes, views and triggers.
-            tables = int(
-                conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[
-                    0
-                ]
-            )
-            raise CorruptLogError(
-                f"{self.path!r} is not a wakuwaku log: it is a SQLite database of another "
-                f"application (application_id={app_id}, {tables} "
-                f"table{'s' * (tables != 1)}); use another file for the log"
-            )
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA_VERSION:
-            raise CorruptLogError(
-                f"{self.path!r} has wakuwaku log schema version {version}; this wakuwaku "
-                f"reads version {SCHEMA_VERSION}"
-            )
-        conn.execute("PRAGMA journal_mode=WAL")
-
-    @staticmethod
-    def _identity(conn: sqlite3.Connection) -> tuple[int, int]:
-        app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
-        objects = int(conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0])
-        return app_id, objects
-
-    def _topic(self, db: sqlite3.Connection, topic: str) -> tuple[int, int]:
-        """``(id, partitions)`` of ``topic``, cached: a topic never changes
-        once created, and one deleted by another process is found by
-        :meth:`_check_alive` (an empty read) or by a write's own check."""
-        found = self._topics.get(topic)
-        if found is None:
-            row = db.execute(
-                "SELECT id, partitions FROM wk_topics WHERE name = ?", (topic,)
-            ).fetchone()
-            if row is None:
-                raise UnknownTopicError(topic)
-            found = self._topics[topic] = (int(row[0]), int(row[1]))
-        return found
-
-    def _partition(self, db: sqlite3.Connection, topic: str, partition: int) -> int:
-        topic_id, partitions = self._topic(db, topic)
-        check_partition(topic, partition, partitions)
-        return topic_id
-
     # -- topics -----------------------------------------------------------
 
     async def create_topic(
@@ -296,10 +148,10 @@ class SQLiteLog(Log):
         check_topic_name(topic)
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ConfigError(f"topic {topic!r}: partition count must be >= 1, got {partitions!r}")
-        return await self._run(self._create_topic, topic, partitions)
+        return await self._file.run(self._create_topic, topic, partitions)
 
     def _create_topic(self, topic: str, partitions: int) -> TopicInfo:
-        db = self._db()
+        db = self._file.db()
         db.execute("BEGIN IMMEDIATE")
         row = db.execute("SELECT partitions FROM wk_topics WHERE name = ?", (topic,)).fetchone()
         if row is not None:
@@ -320,16 +172,16 @@ class SQLiteLog(Log):
         return TopicInfo(topic, partitions)
 
     async def describe_topic(self, topic: str) -> TopicInfo:
-        return await self._run(self._describe_topic, topic)
+        return await self._file.run(self._describe_topic, topic)
 
     def _describe_topic(self, topic: str) -> TopicInfo:
-        return TopicInfo(topic, self._topic(self._db(), topic)[1])
+        return TopicInfo(topic, self._file.topic(self._file.db(), topic)[1])
 
     async def list_topics(self) -> list[TopicInfo]:
-        return await self._run(self._list_topics)
+        return await self._file.run(self._list_topics)
 
     def _list_topics(self) -> list[TopicInfo]:
-        rows = self._db().execute(
+        rows = self._file.db().execute(
             "SELECT name, partitions FROM wk_topics WHERE name NOT LIKE char(0) || '%'"
             " ORDER BY name"
         )
@@ -345,11 +197,11 @@ class SQLiteLog(Log):
         topic of the same name.
         """
         self._forget(topic)
-        return await self._run(self._delete_topic, topic)
+        return await self._file.run(self._delete_topic, topic)
 
     def _delete_topic(self, topic: str) -> bool:
-        db = self._db()
-        self._topics.pop(topic, None)
+        db = self._file.db()
+        self._file.evict(topic)
         db.execute("BEGIN IMMEDIATE")
         row = db.execute("SELECT id FROM wk_topics WHERE name = ?", (topic,)).fetchone()
         if row is None:
@@ -368,13 +220,13 @@ class SQLiteLog(Log):
 
     async def delete_group(self, group: str, topic: str | None = None) -> int:
         """Delete ``group``'s offsets and leases in one transaction (:meth:`Log.delete_group`)."""
-        return await self._run(self._delete_group, group, topic)
+        return await self._file.run(self._delete_group, group, topic)
 
     def _delete_group(self, group: str, topic: str | None) -> int:
-        db = self._db()
+        db = self._file.db()
         if topic is not None:
-            self._topics.pop(topic, None)
-            self._topic(db, topic)
+            self._file.evict(topic)
+            self._file.topic(db, topic)
         where, args = (
             ("grp = ?", (group,)) if topic is None else ("grp = ? AND topic = ?", (group, topic))
         )
@@ -409,17 +261,19 @@ class SQLiteLog(Log):
         encoded = [_encode_record(headers, body) for headers, body in records]
         done = self._tokens.get(topic, partition, token, len(encoded))
         if done is not None:
-            await self._run(self._append, topic, partition, [], fence)  # the fence still holds?
+            await self._file.run(
+                self._append, topic, partition, [], fence
+            )  # the fence still holds?
             return done
-        offsets = await self._run(self._append, topic, partition, encoded, fence)
+        offsets = await self._file.run(self._append, topic, partition, encoded, fence)
         self._tokens.put(topic, partition, token, offsets)
         return offsets
 
     def _append(
         self, topic: str, partition: int, encoded: list[_Row], fence: Lease | None
     ) -> list[int]:
-        db = self._db()
-        topic_id = self._partition(db, topic, partition)
+        db = self._file.db()
+        topic_id = self._file.partition(db, topic, partition)
         if not encoded and fence is None:
             return []
         db.execute("BEGIN IMMEDIATE")
@@ -444,7 +298,7 @@ class SQLiteLog(Log):
             (topic_id, partition),
         ).fetchone()
         if row is None:  # another connection deleted the topic since it was cached
-            raise _TopicGone(topic_id)
+            raise TopicGone(topic_id)
         first = int(row[0])
         # Rows go in by statements of up to _ROWS_PER_INSERT rows each (one
         # VALUES list): one statement step per 64 rows instead of one per
@@ -487,7 +341,7 @@ class SQLiteLog(Log):
             (topic, partition, check_commit(write.group, topic, partition, offset))
             for topic, partition, offset in write.commits
         ]
-        assigned = await self._run(self._store, write.group, appends, commits, fence)
+        assigned = await self._file.run(self._store, write.group, appends, commits, fence)
         if self.retention and commits:
             for topic in {topic for topic, _, _ in commits}:
                 self._forget(topic)
@@ -500,10 +354,10 @@ class SQLiteLog(Log):
         commits: list[tuple[str, int, int]],
         fence: Lease | None,
     ) -> list[list[int]]:
-        db = self._db()
-        topic_ids = [self._partition(db, topic, partition) for topic, partition, _ in appends]
+        db = self._file.db()
+        topic_ids = [self._file.partition(db, topic, partition) for topic, partition, _ in appends]
         for topic, partition, _ in commits:
-            self._partition(db, topic, partition)
+            self._file.partition(db, topic, partition)
         now = time.time()
         db.execute("BEGIN IMMEDIATE")
         self._check_fence(db, fence)
@@ -554,7 +408,7 @@ class SQLiteLog(Log):
             max_records -= len(head)
         deadline = time.monotonic() + max(0.0, wait)
         while True:
-            found, ahead = await self._run(
+            found, ahead = await self._file.run(
                 self._read, topic, partition, offset, max_records, sequential
             )
             if ahead:
@@ -575,8 +429,7 @@ class SQLiteLog(Log):
     ) -> list[Record]:
         """The start of the page from the records read ahead: all of it, part
         of it (the caller reads the rest from the file), or nothing."""
-        if self._closed:
-            raise LogError(f"the SQLite log {self.path!r} is closed")
+        self._file.check_open()
         key = (topic, partition)
         ahead = self._ahead.pop(key, None)
         if ahead is None or max_records < 1:
@@ -592,8 +445,8 @@ class SQLiteLog(Log):
     def _read(
         self, topic: str, partition: int, offset: int, max_records: int, read_ahead: bool
     ) -> tuple[list[Record], list[Record]]:
-        db = self._db()
-        topic_id = self._partition(db, topic, partition)
+        db = self._file.db()
+        topic_id = self._file.partition(db, topic, partition)
         if max_records < 1:
             return [], []
         extra = max(0, _READ_BATCH - max_records) if read_ahead else 0
@@ -607,39 +460,25 @@ class SQLiteLog(Log):
         finally:
             cursor.close()  # ends the read snapshot at once
         if not found:
-            self._check_alive(db, topic_id)
+            self._file.check_alive(db, topic_id)
         return found, ahead
 
-    def _check_alive(self, db: sqlite3.Connection, topic_id: int) -> None:
-        """Raise :class:`_TopicGone` when the topic of a cached id was deleted
-        since it was cached (by another process: a deletion here evicts it).
-
-        Asked when a read finds nothing or a topic shows no partitions: a
-        consumer whose topic another process deleted read empty pages
-        forever, idle in silence, instead of :class:`~wakuwaku.UnknownTopicError`.
-        """
-        row = db.execute(
-            "SELECT 1 FROM wk_topics WHERE id = ? AND name NOT LIKE char(0) || '%'", (topic_id,)
-        ).fetchone()
-        if row is None:
-            raise _TopicGone(topic_id)
-
     async def end_offsets(self, topic: str) -> dict[int, int]:
-        return await self._run(self._bounds, topic, "next_offset")
+        return await self._file.run(self._bounds, topic, "next_offset")
 
     async def start_offsets(self, topic: str) -> dict[int, int]:
-        return await self._run(self._bounds, topic, "start_offset")
+        return await self._file.run(self._bounds, topic, "start_offset")
 
     def _bounds(self, topic: str, column: str) -> dict[int, int]:
-        db = self._db()
-        topic_id, _ = self._topic(db, topic)
+        db = self._file.db()
+        topic_id, _ = self._file.topic(db, topic)
         rows = db.execute(
             f"SELECT part, {column} FROM wk_partitions WHERE topic_id = ? ORDER BY part",
             (topic_id,),
         )
         bounds = {int(part): int(value) for part, value in rows}
         if not bounds:
-            self._check_alive(db, topic_id)
+            self._file.check_alive(db, topic_id)
         return bounds
 
     # -- offsets and leases -----------------------------------------------
@@ -663,7 +502,7 @@ class SQLiteLog(Log):
         :raises FencedError: when ``fence`` is not the current lease.
         """
         offset = check_commit(group, topic, partition, offset)
-        await self._run(self._commit, group, topic, partition, offset, fence)
+        await self._file.run(self._commit, group, topic, partition, offset, fence)
         if self.retention:
             self._forget(topic)
 
@@ -680,8 +519,8 @@ class SQLiteLog(Log):
         offset: int,
         fence: Lease | None,
     ) -> None:
-        db = self._db()
-        self._partition(db, topic, partition)
+        db = self._file.db()
+        self._file.partition(db, topic, partition)
         now = time.time()
         db.execute("BEGIN IMMEDIATE")
         self._check_fence(db, fence)
@@ -692,7 +531,7 @@ class SQLiteLog(Log):
             try:
                 self._apply_retention(topic)
             except sqlite3.Error as exc:
-                self._rollback()
+                self._file.rollback()
                 logger.warning("automatic retention of topic %r failed: %s", topic, exc)
 
     @staticmethod
@@ -707,11 +546,11 @@ class SQLiteLog(Log):
         )
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
-        return await self._run(self._committed, group, topic, partition)
+        return await self._file.run(self._committed, group, topic, partition)
 
     def _committed(self, group: str, topic: str, partition: int) -> int | None:
         row = (
-            self._db()
+            self._file.db()
             .execute(
                 "SELECT off FROM wk_commits WHERE grp = ? AND topic = ? AND part = ?",
                 (group, topic, partition),
@@ -722,11 +561,11 @@ class SQLiteLog(Log):
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
         """See :meth:`Log.group_offsets <wakuwaku.logs.Log.group_offsets>`."""
-        return await self._run(self._group_offsets, topic)
+        return await self._file.run(self._group_offsets, topic)
 
     def _group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
-        db = self._db()
-        self._topic(db, topic)
+        db = self._file.db()
+        self._file.topic(db, topic)
         found: dict[str, dict[int, int]] = {}
         rows = db.execute(
             "SELECT grp, part, off FROM wk_commits WHERE topic = ? ORDER BY grp, part", (topic,)
@@ -737,11 +576,11 @@ class SQLiteLog(Log):
 
     async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
         """See :meth:`Log.partition_owners <wakuwaku.logs.Log.partition_owners>`."""
-        return await self._run(self._owners, group, topic)
+        return await self._file.run(self._owners, group, topic)
 
     def _owners(self, group: str, topic: str) -> dict[int, Lease]:
-        db = self._db()
-        self._topic(db, topic)
+        db = self._file.db()
+        self._file.topic(db, topic)
         rows = db.execute(
             "SELECT part, member, generation, expires_at FROM wk_leases"
             " WHERE grp = ? AND topic = ? AND member != '' ORDER BY part",
@@ -766,12 +605,12 @@ class SQLiteLog(Log):
             raise ConfigError("a lease needs a non-empty member name")
         if ttl <= 0:
             raise ConfigError(f"a lease ttl must be > 0 seconds, got {ttl!r}")
-        return await self._run(self._acquire, group, topic, partition, member, float(ttl))
+        return await self._file.run(self._acquire, group, topic, partition, member, float(ttl))
 
     def _acquire(
         self, group: str, topic: str, partition: int, member: str, ttl: float
     ) -> Lease | None:
-        db = self._db()
+        db = self._file.db()
         db.execute("BEGIN IMMEDIATE")
         now = time.time()
         row = db.execute(
@@ -799,10 +638,10 @@ class SQLiteLog(Log):
 
     async def release_partition(self, lease: Lease) -> None:
         """Give up ``lease`` when it is still the current one; see :meth:`Log.release_partition`."""
-        await self._run(self._release, lease)
+        await self._file.run(self._release, lease)
 
     def _release(self, lease: Lease) -> None:
-        self._db().execute(
+        self._file.db().execute(
             "UPDATE wk_leases SET member = '', expires_at = 0"
             " WHERE grp = ? AND topic = ? AND part = ? AND generation = ?",
             (lease.group, lease.topic, lease.partition, lease.generation),
@@ -819,13 +658,13 @@ class SQLiteLog(Log):
         :returns: how many records were deleted.
         :raises UnknownTopicError: when the topic does not exist.
         """
-        removed = await self._run(self._apply_retention, topic)
+        removed = await self._file.run(self._apply_retention, topic)
         self._forget(topic)
         return removed
 
     def _apply_retention(self, topic: str) -> int:
-        db = self._db()
-        topic_id, _ = self._topic(db, topic)
+        db = self._file.db()
+        topic_id, _ = self._file.topic(db, topic)
         db.execute("BEGIN IMMEDIATE")
         marks = db.execute(
             "SELECT p.part, p.start_offset, min(p.next_offset, min(c.off))"
@@ -851,18 +690,10 @@ class SQLiteLog(Log):
 
     async def close(self) -> None:
         """Close the connection and stop the worker thread; calling it again does nothing."""
-        if self._closed:
+        if self._file.closed:
             return
-        loop = asyncio.get_running_loop()
-        self._closed = True
         self._ahead.clear()
-        await loop.run_in_executor(self._executor, self._close_conn)
-        self._executor.shutdown(wait=False)
-
-    def _close_conn(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            conn.close()
+        await self._file.close()
 
 
 _ROWS_PER_INSERT = 64
@@ -880,10 +711,6 @@ def _insert_sql(rows: int) -> str:
     connection's statement cache holds a few of them."""
     values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
     return f"INSERT INTO wk_records (topic_id, part, off, ts, headers, body) VALUES {values}"
-
-
-class _TopicGone(Exception):
-    """A cached topic id whose partitions are gone (the topic was deleted)."""
 
 
 def _fetch(cursor: sqlite3.Cursor, count: int) -> list[Record]:
@@ -962,18 +789,3 @@ def _encode_record(headers: Mapping[str, bytes], body: bytes) -> _Row:
     else:
         encoded += _EMPTY_HEADERS
     return encoded, bytearray(body)
-
-
-@functools.cache
-def _schema_statements() -> tuple[str, ...]:
-    script = resources.files(__package__).joinpath("sqlite_schema.sql").read_text("utf-8")
-    statements: list[str] = []
-    buffer = ""
-    for line in script.splitlines(keepends=True):
-        if not buffer and (not line.strip() or line.lstrip().startswith("--")):
-            continue
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            statements.append(buffer.strip())
-            buffer = ""
-    return tuple(statements)
