@@ -17,27 +17,25 @@ the file layout and the decisions taken where the spec is silent.
 
 :mod:`._sqlite_file` owns the worker thread, the connection (opening and
 checking the file, rollback, errors as the contract names them) and the
-topic ids; the log keeps the rest.
+topic ids; :mod:`._sqlite_records` the record rows (encoding, the
+multi-row insert, decoding); the log keeps the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
-
-import msgspec
+from collections.abc import Sequence
 
 from .._errors import (
     ConfigError,
     FencedError,
     PartitionCountMismatch,
 )
-from .._records import Record, unreadable_record
+from .._records import Record
 from ._base import (
     AppendTokens,
     BatchWrite,
@@ -46,13 +44,13 @@ from ._base import (
     OutgoingRecord,
     TopicInfo,
     check_commit,
-    check_record,
     check_token,
     check_topic_name,
 )
 from ._sqlite_file import APPLICATION_ID as APPLICATION_ID
 from ._sqlite_file import SCHEMA_VERSION as SCHEMA_VERSION
-from ._sqlite_file import SQLiteFile, TopicGone
+from ._sqlite_file import SQLiteFile
+from ._sqlite_records import Row, encode_record, fetch, insert, select
 from ._url import log_url
 
 __all__ = ("APPLICATION_ID", "SCHEMA_VERSION", "SQLiteLog")
@@ -66,16 +64,6 @@ _READ_BATCH = 2_500
 _READ_AHEAD_BYTES = 1 << 20
 
 logger = logging.getLogger("wakuwaku.logs.sqlite")
-
-_encode_headers_into = msgspec.msgpack.Encoder().encode_into
-_encode_headers = msgspec.msgpack.Encoder().encode
-_decode_headers = msgspec.msgpack.Decoder(dict[str, bytes]).decode
-_EMPTY_HEADERS = _encode_headers({})
-
-_READ_SQL = (
-    "SELECT off, headers, body, ts FROM wk_records"
-    " WHERE topic_id = ? AND part = ? AND off >= ? ORDER BY off LIMIT ?"
-)
 
 
 class SQLiteLog(Log):
@@ -258,7 +246,7 @@ class SQLiteLog(Log):
             or body is not bytes-like, or for a bad token; nothing is written then.
         """
         check_token(token)
-        encoded = [_encode_record(headers, body) for headers, body in records]
+        encoded = [encode_record(headers, body) for headers, body in records]
         done = self._tokens.get(topic, partition, token, len(encoded))
         if done is not None:
             await self._file.run(
@@ -270,7 +258,7 @@ class SQLiteLog(Log):
         return offsets
 
     def _append(
-        self, topic: str, partition: int, encoded: list[_Row], fence: Lease | None
+        self, topic: str, partition: int, encoded: list[Row], fence: Lease | None
     ) -> list[int]:
         db = self._file.db()
         topic_id = self._file.partition(db, topic, partition)
@@ -278,46 +266,9 @@ class SQLiteLog(Log):
             return []
         db.execute("BEGIN IMMEDIATE")
         self._check_fence(db, fence)
-        offsets = self._insert(db, topic_id, partition, encoded, time.time())
+        offsets = insert(db, topic_id, partition, encoded, time.time())
         db.execute("COMMIT")
         return offsets
-
-    @staticmethod
-    def _insert(
-        db: sqlite3.Connection,
-        topic_id: int,
-        partition: int,
-        encoded: list[_Row],
-        now: float,
-    ) -> list[int]:
-        """Insert records inside the caller's transaction; returns their offsets."""
-        if not encoded:
-            return []
-        row = db.execute(
-            "SELECT next_offset FROM wk_partitions WHERE topic_id = ? AND part = ?",
-            (topic_id, partition),
-        ).fetchone()
-        if row is None:  # another connection deleted the topic since it was cached
-            raise TopicGone(topic_id)
-        first = int(row[0])
-        # Rows go in by statements of up to _ROWS_PER_INSERT rows each (one
-        # VALUES list): one statement step per 64 rows instead of one per
-        # row, which the retry path of a failing key pays twice per record.
-        done = 0
-        count = len(encoded)
-        while done < count:
-            rows = min(_ROWS_PER_INSERT, 1 << ((count - done).bit_length() - 1))
-            args: list[object] = []
-            for i in range(done, done + rows):
-                headers, body = encoded[i]
-                args += (topic_id, partition, first + i, now, headers, body)
-            db.execute(_insert_sql(rows), args)
-            done += rows
-        db.execute(
-            "UPDATE wk_partitions SET next_offset = ? WHERE topic_id = ? AND part = ?",
-            (first + len(encoded), topic_id, partition),
-        )
-        return list(range(first, first + len(encoded)))
 
     @staticmethod
     def _check_fence(db: sqlite3.Connection, fence: Lease | None) -> None:
@@ -334,7 +285,7 @@ class SQLiteLog(Log):
     async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
         """Write all of ``write`` in one transaction, or nothing; see :meth:`Log.store`."""
         appends = [
-            (topic, partition, [_encode_record(h, b) for h, b in records])
+            (topic, partition, [encode_record(h, b) for h, b in records])
             for topic, partition, records in write.appends
         ]
         commits = [
@@ -350,7 +301,7 @@ class SQLiteLog(Log):
     def _store(
         self,
         group: str,
-        appends: list[tuple[str, int, list[_Row]]],
+        appends: list[tuple[str, int, list[Row]]],
         commits: list[tuple[str, int, int]],
         fence: Lease | None,
     ) -> list[list[int]]:
@@ -362,7 +313,7 @@ class SQLiteLog(Log):
         db.execute("BEGIN IMMEDIATE")
         self._check_fence(db, fence)
         assigned = [
-            self._insert(db, topic_id, partition, encoded, now)
+            insert(db, topic_id, partition, encoded, now)
             for topic_id, (_, partition, encoded) in zip(topic_ids, appends, strict=True)
         ]
         for topic, partition, offset in commits:
@@ -450,13 +401,13 @@ class SQLiteLog(Log):
         if max_records < 1:
             return [], []
         extra = max(0, _READ_BATCH - max_records) if read_ahead else 0
-        cursor = db.execute(_READ_SQL, (topic_id, partition, offset, max_records + extra))
+        cursor = select(db, topic_id, partition, offset, max_records + extra)
         try:
-            found = _fetch(cursor, max_records)
+            found = fetch(cursor, max_records)
             ahead: list[Record] = []
             if extra and len(found) == max_records:
                 size = sum(len(r.body) for r in found) // len(found) + 64
-                ahead = _fetch(cursor, min(extra, _READ_AHEAD_BYTES // size))
+                ahead = fetch(cursor, min(extra, _READ_AHEAD_BYTES // size))
         finally:
             cursor.close()  # ends the read snapshot at once
         if not found:
@@ -694,98 +645,3 @@ class SQLiteLog(Log):
             return
         self._ahead.clear()
         await self._file.close()
-
-
-_ROWS_PER_INSERT = 64
-"""Rows one INSERT statement writes at most (6 parameters a row: far below
-SQLite's oldest limit of 999 parameters)."""
-
-
-@functools.cache
-def _insert_sql(rows: int) -> str:
-    """An INSERT of ``rows`` records, six anonymous parameters each.
-
-    Anonymous, not numbered: the ``sqlite3`` module of Python 3.12+ asks
-    SQLite for every parameter's name, a linear search for numbered ones.
-    Called with powers of two up to :data:`_ROWS_PER_INSERT` only, so the
-    connection's statement cache holds a few of them."""
-    values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
-    return f"INSERT INTO wk_records (topic_id, part, off, ts, headers, body) VALUES {values}"
-
-
-def _fetch(cursor: sqlite3.Cursor, count: int) -> list[Record]:
-    """Up to ``count`` records from ``cursor``, built a small chunk at a time.
-
-    Records of one fetch whose encoded headers are byte-for-byte equal share
-    one decoded headers dict (the same key and type repeat a lot): fewer
-    objects to build, and a consumer that checks headers checks each distinct
-    dict once. Records and their headers are read-only.
-    """
-    out: list[Record] = []
-    shared: dict[bytes, dict[str, bytes]] = {}
-    while len(out) < count:
-        rows = cursor.fetchmany(min(_CHUNK, count - len(out)))
-        if not rows:
-            break
-        out += _records(rows, shared)
-    return out
-
-
-_CHUNK = 250
-
-
-def _records(
-    rows: list[tuple[int, bytes, bytes, float]], shared: dict[bytes, dict[str, bytes]]
-) -> list[Record]:
-    """Records of ``(off, headers, body, ts)`` rows; ``shared`` maps encoded
-    headers to their decoded dict (see :func:`_fetch`)."""
-    out: list[Record] = []
-    append = out.append
-    get = shared.get
-    decode = _decode_headers
-    for off, raw, body, ts in rows:
-        headers = get(raw)
-        if headers is None:
-            try:
-                headers = shared[raw] = decode(raw)
-            except (msgspec.DecodeError, TypeError) as exc:
-                append(_unreadable(off, raw, body, ts, exc))
-                continue
-        append(Record(off, headers, body, ts))
-    return out
-
-
-def _unreadable(off: int, raw: object, body: object, ts: object, exc: Exception) -> Record:
-    """The record of a row whose headers blob (or another column) is not what
-    :func:`_encode_record` writes: kept whole, marked ``wk-unreadable`` (design §8)."""
-    what = f"SQLite log: the stored headers are not a msgpack map of str to bytes ({exc})"
-    raw_headers = bytes(raw) if isinstance(raw, bytes | bytearray | memoryview) else None
-    if raw_headers is None and raw is not None:
-        what = f"SQLite log: the headers column holds a {type(raw).__name__}, not a blob"
-        raw_headers = str(raw).encode("utf-8", "replace")
-    if not isinstance(body, bytes | bytearray | memoryview):
-        body = b"" if body is None else str(body).encode("utf-8", "replace")
-    stamp = float(ts) if isinstance(ts, int | float) else 0.0
-    return unreadable_record(int(off), what, bytes(body), raw_headers, stamp)
-
-
-_Row = tuple[bytearray, bytearray]
-"""An encoded record as it is bound: ``(msgpack headers, body)``."""
-
-
-def _encode_record(headers: Mapping[str, bytes], body: bytes) -> _Row:
-    """``(msgpack headers, body)`` of one record, checked by :func:`check_record`.
-
-    Both are bytearrays: the ``sqlite3`` module binds a bytearray as a blob
-    at once, while it looks a ``bytes`` value up in its adapter registry
-    first (CPython's ``_need_adapt`` lists ``bytearray``, not ``bytes``),
-    which costs more than the copy: half the binding time of a row (and
-    every record of a failing key is written twice).
-    """
-    checked = check_record(headers, body)
-    encoded = bytearray()
-    if checked:
-        _encode_headers_into(checked, encoded)
-    else:
-        encoded += _EMPTY_HEADERS
-    return encoded, bytearray(body)
