@@ -18,21 +18,19 @@ the file layout and the decisions taken where the spec is silent.
 :mod:`._sqlite_file` owns the worker thread, the connection (opening and
 checking the file, rollback, errors as the contract names them) and the
 topic ids; :mod:`._sqlite_records` the record rows (encoding, the
-multi-row insert, decoding); the log keeps the rest.
+multi-row insert, decoding); :mod:`._sqlite_groups` committed offsets,
+leases and the fence check, retention; the log keeps the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import sqlite3
 import time
 from collections.abc import Sequence
 
 from .._errors import (
     ConfigError,
-    FencedError,
     PartitionCountMismatch,
 )
 from .._records import Record
@@ -50,20 +48,18 @@ from ._base import (
 from ._sqlite_file import APPLICATION_ID as APPLICATION_ID
 from ._sqlite_file import SCHEMA_VERSION as SCHEMA_VERSION
 from ._sqlite_file import SQLiteFile
+from ._sqlite_groups import Groups, check_fence, upsert_commit
 from ._sqlite_records import Row, encode_record, fetch, insert, select
 from ._url import log_url
 
 __all__ = ("APPLICATION_ID", "SCHEMA_VERSION", "SQLiteLog")
 
 _POLL_INTERVAL = 0.025
-_RETENTION_INTERVAL = 5.0
 # A read fetches up to this many records in one worker call; what the caller
 # did not ask for is kept for its next read (measured: bigger fetches lose
 # more to CPU cache misses than they save in thread hops).
 _READ_BATCH = 2_500
 _READ_AHEAD_BYTES = 1 << 20
-
-logger = logging.getLogger("wakuwaku.logs.sqlite")
 
 
 class SQLiteLog(Log):
@@ -116,8 +112,7 @@ class SQLiteLog(Log):
         self.fsync = fsync
         self._tokens = AppendTokens()
         self._file = SQLiteFile(self.path, busy_timeout=self.busy_timeout, fsync=fsync)
-        # Owned by the worker thread only: no lock needed.
-        self._retained_at: dict[str, float] = {}
+        self._groups = Groups(self._file, retention=retention)
         # Owned by the event loop side: records read ahead per (topic, partition).
         self._ahead: dict[tuple[str, int], list[Record]] = {}
         # Per partition, the offset after the last record a read returned: a
@@ -208,21 +203,7 @@ class SQLiteLog(Log):
 
     async def delete_group(self, group: str, topic: str | None = None) -> int:
         """Delete ``group``'s offsets and leases in one transaction (:meth:`Log.delete_group`)."""
-        return await self._file.run(self._delete_group, group, topic)
-
-    def _delete_group(self, group: str, topic: str | None) -> int:
-        db = self._file.db()
-        if topic is not None:
-            self._file.evict(topic)
-            self._file.topic(db, topic)
-        where, args = (
-            ("grp = ?", (group,)) if topic is None else ("grp = ? AND topic = ?", (group, topic))
-        )
-        db.execute("BEGIN IMMEDIATE")
-        removed = db.execute(f"DELETE FROM wk_commits WHERE {where}", args).rowcount
-        db.execute(f"DELETE FROM wk_leases WHERE {where}", args)
-        db.execute("COMMIT")
-        return int(removed)
+        return await self._file.run(self._groups.delete, group, topic)
 
     # -- records ----------------------------------------------------------
 
@@ -265,22 +246,10 @@ class SQLiteLog(Log):
         if not encoded and fence is None:
             return []
         db.execute("BEGIN IMMEDIATE")
-        self._check_fence(db, fence)
+        check_fence(db, fence)
         offsets = insert(db, topic_id, partition, encoded, time.time())
         db.execute("COMMIT")
         return offsets
-
-    @staticmethod
-    def _check_fence(db: sqlite3.Connection, fence: Lease | None) -> None:
-        """Inside a write transaction: :raises FencedError: for a stale ``fence``."""
-        if fence is None:
-            return
-        row = db.execute(
-            "SELECT generation FROM wk_leases WHERE grp = ? AND topic = ? AND part = ?",
-            (fence.group, fence.topic, fence.partition),
-        ).fetchone()
-        if row is None or row[0] != fence.generation:
-            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
 
     async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
         """Write all of ``write`` in one transaction, or nothing; see :meth:`Log.store`."""
@@ -311,13 +280,13 @@ class SQLiteLog(Log):
             self._file.partition(db, topic, partition)
         now = time.time()
         db.execute("BEGIN IMMEDIATE")
-        self._check_fence(db, fence)
+        check_fence(db, fence)
         assigned = [
             insert(db, topic_id, partition, encoded, now)
             for topic_id, (_, partition, encoded) in zip(topic_ids, appends, strict=True)
         ]
         for topic, partition, offset in commits:
-            self._upsert_commit(db, group, topic, partition, offset, now)
+            upsert_commit(db, group, topic, partition, offset, now)
         db.execute("COMMIT")
         return assigned
 
@@ -453,7 +422,7 @@ class SQLiteLog(Log):
         :raises FencedError: when ``fence`` is not the current lease.
         """
         offset = check_commit(group, topic, partition, offset)
-        await self._file.run(self._commit, group, topic, partition, offset, fence)
+        await self._file.run(self._groups.commit, group, topic, partition, offset, fence)
         if self.retention:
             self._forget(topic)
 
@@ -462,85 +431,16 @@ class SQLiteLog(Log):
         for key in [key for key in self._ahead if key[0] == topic]:
             self._ahead.pop(key, None)
 
-    def _commit(
-        self,
-        group: str,
-        topic: str,
-        partition: int,
-        offset: int,
-        fence: Lease | None,
-    ) -> None:
-        db = self._file.db()
-        self._file.partition(db, topic, partition)
-        now = time.time()
-        db.execute("BEGIN IMMEDIATE")
-        self._check_fence(db, fence)
-        self._upsert_commit(db, group, topic, partition, offset, now)
-        db.execute("COMMIT")
-        if self.retention and now - self._retained_at.get(topic, 0.0) >= _RETENTION_INTERVAL:
-            self._retained_at[topic] = now
-            try:
-                self._apply_retention(topic)
-            except sqlite3.Error as exc:
-                self._file.rollback()
-                logger.warning("automatic retention of topic %r failed: %s", topic, exc)
-
-    @staticmethod
-    def _upsert_commit(
-        db: sqlite3.Connection, group: str, topic: str, partition: int, offset: int, now: float
-    ) -> None:
-        db.execute(
-            "INSERT INTO wk_commits (grp, topic, part, off, committed_at) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT (grp, topic, part) DO UPDATE SET off = excluded.off,"
-            " committed_at = excluded.committed_at",
-            (group, topic, partition, offset, now),
-        )
-
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
-        return await self._file.run(self._committed, group, topic, partition)
-
-    def _committed(self, group: str, topic: str, partition: int) -> int | None:
-        row = (
-            self._file.db()
-            .execute(
-                "SELECT off FROM wk_commits WHERE grp = ? AND topic = ? AND part = ?",
-                (group, topic, partition),
-            )
-            .fetchone()
-        )
-        return None if row is None else int(row[0])
+        return await self._file.run(self._groups.committed, group, topic, partition)
 
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
         """See :meth:`Log.group_offsets <wakuwaku.logs.Log.group_offsets>`."""
-        return await self._file.run(self._group_offsets, topic)
-
-    def _group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
-        db = self._file.db()
-        self._file.topic(db, topic)
-        found: dict[str, dict[int, int]] = {}
-        rows = db.execute(
-            "SELECT grp, part, off FROM wk_commits WHERE topic = ? ORDER BY grp, part", (topic,)
-        )
-        for group, part, off in rows:
-            found.setdefault(group, {})[int(part)] = int(off)
-        return found
+        return await self._file.run(self._groups.group_offsets, topic)
 
     async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
         """See :meth:`Log.partition_owners <wakuwaku.logs.Log.partition_owners>`."""
-        return await self._file.run(self._owners, group, topic)
-
-    def _owners(self, group: str, topic: str) -> dict[int, Lease]:
-        db = self._file.db()
-        self._file.topic(db, topic)
-        rows = db.execute(
-            "SELECT part, member, generation, expires_at FROM wk_leases"
-            " WHERE grp = ? AND topic = ? AND member != '' ORDER BY part",
-            (group, topic),
-        )
-        return {
-            int(part): Lease(group, topic, int(part), member, int(gen), float(exp))
-            for part, member, gen, exp in rows
-        }
+        return await self._file.run(self._groups.owners, group, topic)
 
     async def acquire_partition(
         self, group: str, topic: str, partition: int, member: str, ttl: float
@@ -556,47 +456,13 @@ class SQLiteLog(Log):
             raise ConfigError("a lease needs a non-empty member name")
         if ttl <= 0:
             raise ConfigError(f"a lease ttl must be > 0 seconds, got {ttl!r}")
-        return await self._file.run(self._acquire, group, topic, partition, member, float(ttl))
-
-    def _acquire(
-        self, group: str, topic: str, partition: int, member: str, ttl: float
-    ) -> Lease | None:
-        db = self._file.db()
-        db.execute("BEGIN IMMEDIATE")
-        now = time.time()
-        row = db.execute(
-            "SELECT member, generation, expires_at FROM wk_leases"
-            " WHERE grp = ? AND topic = ? AND part = ?",
-            (group, topic, partition),
-        ).fetchone()
-        if row is not None and row[0] != member and row[2] > now:
-            db.execute("COMMIT")
-            return None
-        if row is not None and row[0] == member:
-            generation = int(row[1])
-        else:
-            generation = (int(row[1]) if row is not None else 0) + 1
-        lease = Lease(group, topic, partition, member, generation, now + ttl)
-        db.execute(
-            "INSERT INTO wk_leases (grp, topic, part, member, generation, expires_at)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (grp, topic, part) DO UPDATE SET"
-            " member = excluded.member, generation = excluded.generation,"
-            " expires_at = excluded.expires_at",
-            (group, topic, partition, member, generation, lease.expires_at),
+        return await self._file.run(
+            self._groups.acquire, group, topic, partition, member, float(ttl)
         )
-        db.execute("COMMIT")
-        return lease
 
     async def release_partition(self, lease: Lease) -> None:
         """Give up ``lease`` when it is still the current one; see :meth:`Log.release_partition`."""
-        await self._file.run(self._release, lease)
-
-    def _release(self, lease: Lease) -> None:
-        self._file.db().execute(
-            "UPDATE wk_leases SET member = '', expires_at = 0"
-            " WHERE grp = ? AND topic = ? AND part = ? AND generation = ?",
-            (lease.group, lease.topic, lease.partition, lease.generation),
-        )
+        await self._file.run(self._groups.release, lease)
 
     # -- retention and shutdown -------------------------------------------
 
@@ -609,34 +475,8 @@ class SQLiteLog(Log):
         :returns: how many records were deleted.
         :raises UnknownTopicError: when the topic does not exist.
         """
-        removed = await self._file.run(self._apply_retention, topic)
+        removed = await self._file.run(self._groups.apply_retention, topic)
         self._forget(topic)
-        return removed
-
-    def _apply_retention(self, topic: str) -> int:
-        db = self._file.db()
-        topic_id, _ = self._file.topic(db, topic)
-        db.execute("BEGIN IMMEDIATE")
-        marks = db.execute(
-            "SELECT p.part, p.start_offset, min(p.next_offset, min(c.off))"
-            " FROM wk_partitions p JOIN wk_commits c ON c.topic = ? AND c.part = p.part"
-            " WHERE p.topic_id = ? GROUP BY p.part",
-            (topic, topic_id),
-        ).fetchall()
-        removed = 0
-        for part, start, low in marks:
-            if low <= start:
-                continue
-            cur = db.execute(
-                "DELETE FROM wk_records WHERE topic_id = ? AND part = ? AND off < ?",
-                (topic_id, part, low),
-            )
-            removed += cur.rowcount
-            db.execute(
-                "UPDATE wk_partitions SET start_offset = ? WHERE topic_id = ? AND part = ?",
-                (low, topic_id, part),
-            )
-        db.execute("COMMIT")
         return removed
 
     async def close(self) -> None:
