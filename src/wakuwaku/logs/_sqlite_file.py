@@ -23,7 +23,8 @@ It opens no transaction of its own but the one that makes a file a log, and
 knows no records, offsets or leases. May call: sqlite3,
 :mod:`wakuwaku._clock`, :mod:`wakuwaku._errors` and :mod:`._base` (the
 partition check). The log (:mod:`wakuwaku.logs.sqlite`) and its other parts
-(:mod:`._sqlite_records`, :mod:`._sqlite_groups`) call it, never the reverse.
+(:mod:`._sqlite_records`, :mod:`._sqlite_reads`, :mod:`._sqlite_groups`)
+call it, never the reverse.
 """
 
 from __future__ import annotations

@@ -15,24 +15,29 @@ the instance's connection; the event loop never waits on the disk. The
 schema is ``sqlite_schema.sql`` beside this module; docs/logs.md describes
 the file layout and the decisions taken where the spec is silent.
 
-:mod:`._sqlite_file` owns the worker thread, the connection (opening and
-checking the file, rollback, errors as the contract names them) and the
-topic ids; :mod:`._sqlite_records` the record rows (encoding, the
-multi-row insert, decoding); :mod:`._sqlite_groups` committed offsets,
-leases and the fence check, retention; the log keeps the rest.
+:class:`SQLiteLog` implements the :class:`~wakuwaku.logs.Log` contract on
+four private parts, each owning its state; each calls only the parts
+listed below it:
+
+- :mod:`._sqlite_groups`: committed offsets, leases and fencing, retention;
+- :mod:`._sqlite_reads`: the read path, its records read ahead and its poll
+  loop;
+- :mod:`._sqlite_records`: the record rows: encoding, the insert, decoding;
+- :mod:`._sqlite_file`: the worker thread, the connection (opening and
+  checking the file, errors, rollback) and the topic id cache.
+
+The log itself keeps the argument checks, the topics (create, describe,
+list, delete, start and end offsets), the append tokens, and the writes
+that span parts in one transaction (append, store).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Sequence
 
-from .._errors import (
-    ConfigError,
-    PartitionCountMismatch,
-)
+from .._errors import ConfigError, PartitionCountMismatch
 from .._records import Record
 from ._base import (
     AppendTokens,
@@ -49,17 +54,11 @@ from ._sqlite_file import APPLICATION_ID as APPLICATION_ID
 from ._sqlite_file import SCHEMA_VERSION as SCHEMA_VERSION
 from ._sqlite_file import SQLiteFile
 from ._sqlite_groups import Groups, check_fence, upsert_commit
-from ._sqlite_records import Row, encode_record, fetch, insert, select
+from ._sqlite_reads import Reads
+from ._sqlite_records import Row, encode_record, insert
 from ._url import log_url
 
 __all__ = ("APPLICATION_ID", "SCHEMA_VERSION", "SQLiteLog")
-
-_POLL_INTERVAL = 0.025
-# A read fetches up to this many records in one worker call; what the caller
-# did not ask for is kept for its next read (measured: bigger fetches lose
-# more to CPU cache misses than they save in thread hops).
-_READ_BATCH = 2_500
-_READ_AHEAD_BYTES = 1 << 20
 
 
 class SQLiteLog(Log):
@@ -113,12 +112,7 @@ class SQLiteLog(Log):
         self._tokens = AppendTokens()
         self._file = SQLiteFile(self.path, busy_timeout=self.busy_timeout, fsync=fsync)
         self._groups = Groups(self._file, retention=retention)
-        # Owned by the event loop side: records read ahead per (topic, partition).
-        self._ahead: dict[tuple[str, int], list[Record]] = {}
-        # Per partition, the offset after the last record a read returned: a
-        # read there reads on, and only such a read (or a partition's first)
-        # fetches records ahead.
-        self._read_next: dict[tuple[str, int], int] = {}
+        self._reads = Reads(self._file)
 
     def __repr__(self) -> str:
         return f"SQLiteLog({self.path!r})"
@@ -179,7 +173,7 @@ class SQLiteLog(Log):
         :class:`~wakuwaku.UnknownTopicError` instead of writing into a new
         topic of the same name.
         """
-        self._forget(topic)
+        self._reads.forget(topic)
         return await self._file.run(self._delete_topic, topic)
 
     def _delete_topic(self, topic: str) -> bool:
@@ -201,9 +195,23 @@ class SQLiteLog(Log):
         db.execute("COMMIT")
         return True
 
-    async def delete_group(self, group: str, topic: str | None = None) -> int:
-        """Delete ``group``'s offsets and leases in one transaction (:meth:`Log.delete_group`)."""
-        return await self._file.run(self._groups.delete, group, topic)
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        return await self._file.run(self._bounds, topic, "next_offset")
+
+    async def start_offsets(self, topic: str) -> dict[int, int]:
+        return await self._file.run(self._bounds, topic, "start_offset")
+
+    def _bounds(self, topic: str, column: str) -> dict[int, int]:
+        db = self._file.db()
+        topic_id, _ = self._file.topic(db, topic)
+        rows = db.execute(
+            f"SELECT part, {column} FROM wk_partitions WHERE topic_id = ? ORDER BY part",
+            (topic_id,),
+        )
+        bounds = {int(part): int(value) for part, value in rows}
+        if not bounds:
+            self._file.check_alive(db, topic_id)
+        return bounds
 
     # -- records ----------------------------------------------------------
 
@@ -230,9 +238,8 @@ class SQLiteLog(Log):
         encoded = [encode_record(headers, body) for headers, body in records]
         done = self._tokens.get(topic, partition, token, len(encoded))
         if done is not None:
-            await self._file.run(
-                self._append, topic, partition, [], fence
-            )  # the fence still holds?
+            # sent again: only check that the fence still holds
+            await self._file.run(self._append, topic, partition, [], fence)
             return done
         offsets = await self._file.run(self._append, topic, partition, encoded, fence)
         self._tokens.put(topic, partition, token, offsets)
@@ -264,7 +271,7 @@ class SQLiteLog(Log):
         assigned = await self._file.run(self._store, write.group, appends, commits, fence)
         if self.retention and commits:
             for topic in {topic for topic, _, _ in commits}:
-                self._forget(topic)
+                self._reads.forget(topic)
         return assigned
 
     def _store(
@@ -317,89 +324,15 @@ class SQLiteLog(Log):
         While nothing is there and ``wait`` (seconds) has not run out, the
         file is polled every 25 ms, so appends of other processes are seen.
         """
-        key = (topic, partition)
-        sequential = self._read_next.get(key, offset) == offset
-        head = self._read_ahead(topic, partition, offset, max_records)
-        if len(head) == max_records:
-            self._read_next[key] = head[-1].offset + 1
-            return head
-        if head:  # the rest of the page follows the records read ahead
-            offset = head[-1].offset + 1
-            max_records -= len(head)
-        deadline = time.monotonic() + max(0.0, wait)
-        while True:
-            found, ahead = await self._file.run(
-                self._read, topic, partition, offset, max_records, sequential
-            )
-            if ahead:
-                self._ahead[key] = ahead
-            if head or found:
-                page = head + found if head else found
-                self._read_next[key] = page[-1].offset + 1
-                return page
-            if max_records < 1:
-                return found
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return found
-            await asyncio.sleep(min(_POLL_INTERVAL, remaining))
-
-    def _read_ahead(
-        self, topic: str, partition: int, offset: int, max_records: int
-    ) -> list[Record]:
-        """The start of the page from the records read ahead: all of it, part
-        of it (the caller reads the rest from the file), or nothing."""
-        self._file.check_open()
-        key = (topic, partition)
-        ahead = self._ahead.pop(key, None)
-        if ahead is None or max_records < 1:
-            return []
-        index = offset - ahead[0].offset  # offsets are dense: index = distance
-        if index < 0 or index >= len(ahead):
-            return []
-        end = index + max_records
-        if end < len(ahead):
-            self._ahead[key] = ahead[end:]
-        return ahead[index:end]
+        return await self._reads.read(self._read, topic, partition, offset, max_records, wait)
 
     def _read(
         self, topic: str, partition: int, offset: int, max_records: int, read_ahead: bool
     ) -> tuple[list[Record], list[Record]]:
-        db = self._file.db()
-        topic_id = self._file.partition(db, topic, partition)
-        if max_records < 1:
-            return [], []
-        extra = max(0, _READ_BATCH - max_records) if read_ahead else 0
-        cursor = select(db, topic_id, partition, offset, max_records + extra)
-        try:
-            found = fetch(cursor, max_records)
-            ahead: list[Record] = []
-            if extra and len(found) == max_records:
-                size = sum(len(r.body) for r in found) // len(found) + 64
-                ahead = fetch(cursor, min(extra, _READ_AHEAD_BYTES // size))
-        finally:
-            cursor.close()  # ends the read snapshot at once
-        if not found:
-            self._file.check_alive(db, topic_id)
-        return found, ahead
-
-    async def end_offsets(self, topic: str) -> dict[int, int]:
-        return await self._file.run(self._bounds, topic, "next_offset")
-
-    async def start_offsets(self, topic: str) -> dict[int, int]:
-        return await self._file.run(self._bounds, topic, "start_offset")
-
-    def _bounds(self, topic: str, column: str) -> dict[int, int]:
-        db = self._file.db()
-        topic_id, _ = self._file.topic(db, topic)
-        rows = db.execute(
-            f"SELECT part, {column} FROM wk_partitions WHERE topic_id = ? ORDER BY part",
-            (topic_id,),
-        )
-        bounds = {int(part): int(value) for part, value in rows}
-        if not bounds:
-            self._file.check_alive(db, topic_id)
-        return bounds
+        """On the worker thread: a page and the records read ahead of it
+        (:meth:`Reads.fetch_page <._sqlite_reads.Reads.fetch_page>`); each
+        read looks it up on the log, so a test can watch what the file gives."""
+        return self._reads.fetch_page(topic, partition, offset, max_records, read_ahead)
 
     # -- offsets and leases -----------------------------------------------
 
@@ -424,12 +357,7 @@ class SQLiteLog(Log):
         offset = check_commit(group, topic, partition, offset)
         await self._file.run(self._groups.commit, group, topic, partition, offset, fence)
         if self.retention:
-            self._forget(topic)
-
-    def _forget(self, topic: str) -> None:
-        """Drop records read ahead of ``topic`` (retention may have deleted them)."""
-        for key in [key for key in self._ahead if key[0] == topic]:
-            self._ahead.pop(key, None)
+            self._reads.forget(topic)
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         return await self._file.run(self._groups.committed, group, topic, partition)
@@ -437,6 +365,10 @@ class SQLiteLog(Log):
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
         """See :meth:`Log.group_offsets <wakuwaku.logs.Log.group_offsets>`."""
         return await self._file.run(self._groups.group_offsets, topic)
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        """Delete ``group``'s offsets and leases in one transaction (:meth:`Log.delete_group`)."""
+        return await self._file.run(self._groups.delete, group, topic)
 
     async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
         """See :meth:`Log.partition_owners <wakuwaku.logs.Log.partition_owners>`."""
@@ -476,12 +408,12 @@ class SQLiteLog(Log):
         :raises UnknownTopicError: when the topic does not exist.
         """
         removed = await self._file.run(self._groups.apply_retention, topic)
-        self._forget(topic)
+        self._reads.forget(topic)
         return removed
 
     async def close(self) -> None:
         """Close the connection and stop the worker thread; calling it again does nothing."""
         if self._file.closed:
             return
-        self._ahead.clear()
+        self._reads.clear()
         await self._file.close()
