@@ -58,8 +58,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 import msgspec
 
-from .._clock import BLOCKING_CALLS
-from .._errors import (
+from ..._clock import BLOCKING_CALLS
+from ..._errors import (
     ConfigError,
     FencedError,
     LogError,
@@ -67,9 +67,9 @@ from .._errors import (
     PartitionCountMismatch,
     UnknownTopicError,
 )
-from .._records import H_KEY, Record, unreadable_record
-from .._topics import split_derived_topic
-from ._base import (
+from ..._records import H_KEY, Record, unreadable_record
+from ..._topics import split_derived_topic
+from .._base import (
     AppendTokens,
     Lease,
     Log,
@@ -81,7 +81,7 @@ from ._base import (
     check_token,
     check_topic_name,
 )
-from ._url import check_servers, check_timeout, log_url, option_timeout, parse_log_url
+from .._url import check_servers, check_timeout, log_url, option_timeout, parse_log_url
 
 __all__ = (
     "HEADER_ROOM",
