@@ -43,16 +43,7 @@ from urllib.parse import unquote
 
 try:
     import xxhash
-    from apache_iggy import (
-        AutoLogin,
-        Consumer,
-        IggyClient,
-        PollingStrategy,
-        ReceiveMessage,
-        SendMessage,
-        TcpConfig,
-        TcpReconnectionConfig,
-    )
+    from apache_iggy import Consumer, IggyClient, PollingStrategy, ReceiveMessage, SendMessage
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Iggy log needs apache-iggy: pip install 'wakuwaku[iggy]'") from exc
 
@@ -65,7 +56,6 @@ from ..._errors import (
     LogError,
     LogUnavailableError,
     PartitionCountMismatch,
-    UnknownTopicError,
 )
 from ..._records import H_KEY, Record, unreadable_record
 from ..._topics import split_derived_topic
@@ -79,9 +69,9 @@ from .._base import (
     check_partition,
     check_record,
     check_token,
-    check_topic_name,
 )
 from .._url import check_servers, check_timeout, log_url, option_timeout, parse_log_url
+from ._server import MAX_NAME, Server, check_group, check_name, end_of, ident
 
 __all__ = (
     "HEADER_ROOM",
@@ -128,23 +118,6 @@ _KIND_CONSUMER = 1
 _KIND_GROUP = 2
 _ACK_QUORUM = 1
 
-_UNAVAILABLE = (
-    "disconnected",
-    "not connected",
-    "connection",
-    "timed out",
-    "timeout",
-    "cannot connect",
-    "broken pipe",
-    "reset by peer",
-    "empty response",
-    "refused",
-    "unavailable",
-    "not primary",
-    "i/o",
-    "io error",
-)
-"""Words of the client's errors that mean the server is not answering now."""
 _generations = itertools.count(1)
 
 
@@ -161,14 +134,6 @@ def iggy_partition(key: str | bytes, partitions: int) -> int:
 def _derived(topic: str) -> bool:
     """True for an engine-made topic name (the one rule, :mod:`wakuwaku._topics`)."""
     return split_derived_topic(topic) is not None
-
-
-def _ident(value: str | int) -> bytes:
-    """An Iggy identifier on the wire: kind, length, value."""
-    if isinstance(value, int):
-        return bytes((1, 4)) + struct.pack("<I", value)
-    raw = value.encode("utf-8")
-    return bytes((2, len(raw))) + raw
 
 
 def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
@@ -273,81 +238,49 @@ class IggyLog(Log):
         check_servers("Iggy", address, "iggy://user:password@host:port")
         if "," in address:
             raise ConfigError("an Iggy log names one server: iggy://user:password@host:port")
-        if not isinstance(stream, str) or not stream or len(stream.encode()) > _MAX_HEADER:
+        if not isinstance(stream, str) or not stream or len(stream.encode()) > MAX_NAME:
             raise ConfigError(f"an Iggy stream name takes 1-255 bytes, got {stream!r}")
-        timeout = check_timeout(timeout)
+        timeout = float(check_timeout(timeout))
         self.address = address
         self.stream = stream
-        self.timeout = float(timeout)
-        self._username = username or os.environ.get(USERNAME_ENV) or "iggy"
-        self._password = password if password is not None else os.environ.get(PASSWORD_ENV, "")
         self.url = log_url(
-            "iggy", address, [("stream", stream, "wakuwaku"), ("timeout", self.timeout, 5.0)]
+            "iggy", address, [("stream", stream, "wakuwaku"), ("timeout", timeout, 5.0)]
         )
-        self._client: IggyClient | None = None
-        self._connecting = asyncio.Lock()
-        self._stream_ready = False
-        self._topics: dict[str, int] = {}
+        self._server = Server(
+            address,
+            username or os.environ.get(USERNAME_ENV) or "iggy",
+            password if password is not None else os.environ.get(PASSWORD_ENV, ""),
+            stream,
+            timeout,
+            self.url,
+        )
         self._derived: set[str] = set()
         self._members: dict[tuple[str, str], _Member] = {}
         self._tokens = AppendTokens()
         self._reader = Consumer.Single(_READER)
-        self._closed = False
 
     def __repr__(self) -> str:
         return f"IggyLog({self.url!r})"
+
+    @property
+    def timeout(self) -> float:
+        """The bound of every call to the server (seconds); set, it bounds the calls made after."""
+        return self._server.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._server.timeout = value
+
+    @property
+    def _password(self) -> str:
+        """The Iggy user's password (never printed)."""
+        return self._server.password
 
     def partition_for(self, key: str | bytes, partitions: int) -> int:
         """Iggy's message-key partitioning (:func:`iggy_partition`)."""
         return iggy_partition(key, partitions)
 
-    # -- plumbing -----------------------------------------------------------
-
-    def _config(self) -> TcpConfig:
-        return TcpConfig(
-            server_address=self.address,
-            auto_login=AutoLogin.username_password(self._username, self._password),
-            # The log reconnects by itself, with a new client (_renew): the
-            # SDK's own loop, once a call waiting in it was cancelled by the
-            # timeout, answered "Disconnected" forever after a server restart.
-            reconnection=TcpReconnectionConfig(enabled=False),
-            nodelay=True,
-        )
-
-    async def _connect(self) -> IggyClient:
-        client = IggyClient(self._config())
-        await self._bounded("connect", client.connect)
-        return client
-
-    async def _admin(self) -> IggyClient:
-        if self._closed:
-            raise LogError(f"the Iggy log {self.url} is closed")
-        if self._client is None:
-            async with self._connecting:
-                if self._client is None:
-                    self._client = await self._connect()
-        return self._client
-
-    async def _bounded(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Await ``call()`` within ``timeout``, translating the client's errors."""
-        try:
-            with BLOCKING_CALLS.track():
-                return await asyncio.wait_for(_awaited(call()), self.timeout)
-        except TimeoutError as exc:
-            raise LogUnavailableError(
-                f"Iggy log {self.url} is unavailable ({what}): no answer within {self.timeout} s"
-            ) from exc
-        except (RuntimeError, ValueError, OSError) as exc:
-            raise self._error(what, exc) from exc
-
-    async def _call(self, what: str, call: Callable[[IggyClient], Awaitable[_T]]) -> _T:
-        client = await self._admin()
-        try:
-            return await self._bounded(what, lambda: call(client))
-        except LogUnavailableError:
-            if self._client is client:
-                self._client = None  # the next call connects again (_renew)
-            raise
+    # -- members' connections ---------------------------------------------
 
     async def _on_member(
         self, member: _Member, what: str, call: Callable[[IggyClient], Awaitable[_T]]
@@ -357,10 +290,10 @@ class IggyLog(Log):
         the engine sees its partitions gone and acquires them again, joining anew.
         """
         if member.client is None:
-            member.client = await self._connect()
+            member.client = await self._server.connect()
         client = member.client
         try:
-            return await self._bounded(what, lambda: call(client))
+            return await self._server.bounded(what, lambda: call(client))
         except LogUnavailableError:
             if member.client is client:
                 member.client = None
@@ -370,51 +303,7 @@ class IggyLog(Log):
                     member.bump()
             raise
 
-    def _error(self, what: str, exc: BaseException) -> LogError:
-        text = str(exc) or type(exc).__name__
-        if isinstance(exc, OSError) or any(w in text.lower() for w in _UNAVAILABLE):
-            return LogUnavailableError(f"Iggy log {self.url} is unavailable ({what}): {text}")
-        return LogError(f"Iggy log {self.url} failed ({what}): {text}")
-
-    async def _ensure_stream(self) -> None:
-        if self._stream_ready:
-            return
-        found = await self._call("get stream", lambda c: c.get_stream(self.stream))
-        if found is None:
-            try:
-                await self._call("create stream", lambda c: c.create_stream(self.stream))
-            except LogUnavailableError:
-                raise
-            except LogError:
-                # Made by another process meanwhile: there now, or a real refusal.
-                if await self._call("get stream", lambda c: c.get_stream(self.stream)) is None:
-                    raise
-        self._stream_ready = True
-
     # -- topics ---------------------------------------------------------------
-
-    def _check_name(self, topic: str) -> None:
-        check_topic_name(topic)
-        if len(topic.encode("utf-8")) > _MAX_HEADER:
-            raise ConfigError(f"invalid Iggy topic name {topic!r}: at most 255 bytes of UTF-8")
-
-    async def _partitions_or_none(self, topic: str, *, fresh: bool = False) -> int | None:
-        if not fresh and topic in self._topics:
-            return self._topics[topic]
-        self._check_name(topic)
-        await self._ensure_stream()
-        found = await self._call("describe topic", lambda c: c.get_topic(self.stream, topic))
-        if found is None:
-            self._topics.pop(topic, None)
-            return None
-        self._topics[topic] = int(found.partitions_count)
-        return self._topics[topic]
-
-    async def _partitions(self, topic: str, *, fresh: bool = False) -> int:
-        count = await self._partitions_or_none(topic, fresh=fresh)
-        if count is None:
-            raise UnknownTopicError(topic)
-        return count
 
     async def create_topic(
         self, topic: str, partitions: int, *, derived_from: str | None = None
@@ -429,7 +318,7 @@ class IggyLog(Log):
             a count outside 1..1000 (Iggy's limit).
         :raises PartitionCountMismatch: when the topic exists with another count.
         """
-        self._check_name(topic)
+        check_name(topic)
         if (
             isinstance(partitions, bool)
             or not isinstance(partitions, int)
@@ -441,44 +330,17 @@ class IggyLog(Log):
             )
         if derived_from is not None or _derived(topic):
             self._derived.add(topic)
-        existing = await self._partitions_or_none(topic, fresh=True)
-        if existing is None:
-            try:
-                # Each record is written out as it comes (not after 1 024 of
-                # them, the server's default): a server killed with SIGKILL
-                # kept nothing it had acknowledged on a default topic, records
-                # nor stored offsets.
-                await self._call(
-                    "create topic",
-                    lambda c: c.create_topic(
-                        self.stream, topic, partitions, messages_required_to_save=1
-                    ),
-                )
-            except LogUnavailableError:
-                raise
-            except LogError:
-                existing = await self._partitions_or_none(topic, fresh=True)
-                if existing is None:
-                    raise
-            else:
-                existing = partitions
-                self._topics[topic] = partitions
+        existing = await self._server.create_topic(topic, partitions)
         if existing != partitions:
             raise PartitionCountMismatch(topic, existing, partitions)
         return TopicInfo(topic, partitions)
 
     async def describe_topic(self, topic: str) -> TopicInfo:
-        return TopicInfo(topic, await self._partitions(topic, fresh=True))
+        return TopicInfo(topic, await self._server.partitions(topic, fresh=True))
 
     async def list_topics(self) -> list[TopicInfo]:
         """Every topic of the log's stream, by name (none while the stream does not exist)."""
-        found = await self._call("get stream", lambda c: c.get_stream(self.stream))
-        if found is None:
-            return []
-        topics = await self._call("list topics", lambda c: c.get_topics(self.stream))
-        return sorted(
-            (TopicInfo(t.name, int(t.partitions_count)) for t in topics), key=lambda t: t.name
-        )
+        return await self._server.list_topics()
 
     async def delete_topic(self, topic: str) -> bool:
         """Delete the Iggy topic with its records, consumer groups and stored offsets.
@@ -488,17 +350,8 @@ class IggyLog(Log):
 
         :returns: False when there was no such topic.
         """
-        if await self._partitions_or_none(topic, fresh=True) is None:
+        if not await self._server.delete_topic(topic):
             return False
-        try:
-            await self._call("delete topic", lambda c: c.delete_topic(self.stream, topic))
-        except LogUnavailableError:
-            raise
-        except LogError:
-            if await self._partitions_or_none(topic, fresh=True) is None:
-                return False
-            raise
-        self._topics.pop(topic, None)
         self._derived.discard(topic)
         for member in self._members.values():
             if member.topics.pop(topic, None) is not None:
@@ -595,7 +448,7 @@ class IggyLog(Log):
         """
         check_token(token)
         checked = [(check_record(h, b), b) for h, b in records]
-        check_partition(topic, partition, await self._partitions(topic))
+        check_partition(topic, partition, await self._server.partitions(topic))
         if not checked:
             return []
         done = self._tokens.get(topic, partition, token, len(checked))
@@ -607,14 +460,14 @@ class IggyLog(Log):
         if fence is not None:
             await self._fence_owner(fence)
         try:
-            answer = await self._call(
+            answer = await self._server.call(
                 f"append to {topic}/{partition}",
                 lambda c: c.send_messages(self.stream, topic, partition, messages),
             )
         except LogUnavailableError:
             raise
         except LogError:
-            await self._unknown_topic(topic)
+            await self._server.unknown_topic(topic)
             raise
         if not answer.confirmations:
             raise LogError(f"Iggy log {self.url}: append to {topic}/{partition} got no offset")
@@ -622,12 +475,6 @@ class IggyLog(Log):
         offsets = list(range(base, base + len(messages)))
         self._tokens.put(topic, partition, token, offsets)
         return offsets
-
-    async def _unknown_topic(self, topic: str) -> None:
-        """After a refused call: :class:`UnknownTopicError` when the topic is gone."""
-        count = await self._partitions_or_none(topic, fresh=True)
-        if count is None:
-            raise UnknownTopicError(topic)
 
     async def read(
         self,
@@ -642,7 +489,7 @@ class IggyLog(Log):
         With ``wait``, polls again every 20 ms until a record is there or
         ``wait`` seconds have passed.
         """
-        check_partition(topic, partition, await self._partitions(topic))
+        check_partition(topic, partition, await self._server.partitions(topic))
         deadline = time.monotonic() + max(wait, 0.0)
         strategy = PollingStrategy.Offset(max(offset, 0))
         while True:
@@ -651,7 +498,7 @@ class IggyLog(Log):
             except LogUnavailableError:
                 raise
             except LogError:
-                await self._unknown_topic(topic)
+                await self._server.unknown_topic(topic)
                 raise
             records = [self._record(m) for m in found if m.offset() >= offset]
             if records or time.monotonic() >= deadline:
@@ -662,7 +509,7 @@ class IggyLog(Log):
         self, topic: str, partition: int, strategy: PollingStrategy, count: int
     ) -> list[ReceiveMessage]:
         """One poll of ``partition`` as the log's reader (it stores no offset)."""
-        return await self._call(
+        return await self._server.call(
             f"read {topic}/{partition}",
             lambda c: c.poll_messages(
                 self.stream,
@@ -675,35 +522,19 @@ class IggyLog(Log):
             ),
         )
 
-    async def _partition_info(self, topic: str) -> list[Any]:
-        await self._ensure_stream()
-        found = await self._call("describe topic", lambda c: c.get_topic(self.stream, topic))
-        if found is None:
-            self._topics.pop(topic, None)
-            raise UnknownTopicError(topic)
-        self._topics[topic] = int(found.partitions_count)
-        return sorted(found.partitions, key=lambda p: p.id)
-
-    @staticmethod
-    def _end(info: Any) -> int:
-        # current_offset is the last record's offset (0 on an empty partition).
-        if int(info.messages_count) == 0 and int(info.current_offset) == 0:
-            return 0
-        return int(info.current_offset) + 1
-
     async def end_offsets(self, topic: str) -> dict[int, int]:
-        return {int(p.id): self._end(p) for p in await self._partition_info(topic)}
+        return await self._server.end_offsets(topic)
 
     async def start_offsets(self, topic: str) -> dict[int, int]:
         """Per partition, the offset of the first stored record (the end when none)."""
         out: dict[int, int] = {}
-        for info in await self._partition_info(topic):
+        for info in await self._server.partition_info(topic):
             partition = int(info.id)
             if int(info.messages_count) == 0:
-                out[partition] = self._end(info)
+                out[partition] = end_of(info)
                 continue
             first = await self._poll(topic, partition, PollingStrategy.First(), 1)
-            out[partition] = int(first[0].offset()) if first else self._end(info)
+            out[partition] = int(first[0].offset()) if first else end_of(info)
         return out
 
     # -- offsets ----------------------------------------------------------------
@@ -713,23 +544,18 @@ class IggyLog(Log):
     ) -> bytes:
         return (
             bytes((kind,))
-            + _ident(consumer)
-            + _ident(self.stream)
-            + _ident(topic)
+            + ident(consumer)
+            + ident(self.stream)
+            + ident(topic)
             + b"\x01"
             + struct.pack("<I", partition)
             + tail
         )
 
-    @staticmethod
-    def _check_group(group: str) -> None:
-        if len(group.encode("utf-8")) > _MAX_HEADER:
-            raise ConfigError(f"an Iggy consumer or group name takes at most 255 bytes: {group!r}")
-
     async def _stored(self, kind: int, group: str, topic: str, p: int) -> int:
         """The stored offset (Iggy's: the last consumed record), -1 when none."""
         request = self._offset_request(kind, group, topic, p)
-        answer = await self._call(
+        answer = await self._server.call(
             f"committed offset {topic}/{p}",
             lambda c: c.send_binary_request(_GET_OFFSET, request),
         )
@@ -751,8 +577,8 @@ class IggyLog(Log):
         :raises UnknownTopicError: when the topic does not exist.
         :raises LogUnavailableError: when the server does not answer.
         """
-        count = await self._partitions(topic)
-        groups = await self._call(
+        count = await self._server.partitions(topic)
+        groups = await self._server.call(
             f"list groups of {topic}", lambda c: c.get_consumer_groups(self.stream, topic)
         )
         out: dict[str, dict[int, int]] = {}
@@ -768,8 +594,8 @@ class IggyLog(Log):
         last record consumed; this is one past it). None when none was stored,
         the topic is gone, or the group committed 0 (Iggy cannot store "before
         the first record")."""
-        self._check_group(group)
-        count = await self._partitions_or_none(topic)
+        check_group(group)
+        count = await self._server.partitions_or_none(topic)
         if count is None:
             return None
         check_partition(topic, partition, count)
@@ -778,7 +604,7 @@ class IggyLog(Log):
         except LogUnavailableError:
             raise
         except LogError:
-            if await self._partitions_or_none(topic, fresh=True) is None:
+            if await self._server.partitions_or_none(topic, fresh=True) is None:
                 return None
             raise
         return None if stored < 0 else stored + 1
@@ -807,8 +633,8 @@ class IggyLog(Log):
         :raises FencedError: as :meth:`Log.commit`.
         """
         offset = check_commit(group, topic, partition, offset)
-        self._check_group(group)
-        check_partition(topic, partition, await self._partitions(topic))
+        check_group(group)
+        check_partition(topic, partition, await self._server.partitions(topic))
         owner: _Member | None = None
         if fence is not None:
             if fence.group != group:
@@ -841,11 +667,11 @@ class IggyLog(Log):
             if owner is not None:
                 await self._on_member(owner, what, send)
             else:
-                await self._call(what, send)
+                await self._server.call(what, send)
         except LogUnavailableError:
             raise
         except LogError as exc:
-            await self._unknown_topic(topic)
+            await self._server.unknown_topic(topic)
             if kind == _KIND_GROUP:
                 raise FencedError(group, topic, partition, -1) from exc
             ends = await self.end_offsets(topic)
@@ -861,7 +687,7 @@ class IggyLog(Log):
         if await self._stored(kind, group, topic, partition) < 0:
             return False
         request = self._offset_request(kind, group, topic, partition, bytes((_ACK_QUORUM,)))
-        await self._call(
+        await self._server.call(
             f"delete offset {topic}/{partition}",
             lambda c: c.send_binary_request(_DELETE_OFFSET, request),
         )
@@ -875,9 +701,9 @@ class IggyLog(Log):
         :returns: how many stored offsets were deleted.
         :raises UnknownTopicError: when ``topic`` does not exist.
         """
-        self._check_group(group)
+        check_group(group)
         if topic is not None:
-            topics = [TopicInfo(topic, await self._partitions(topic, fresh=True))]
+            topics = [TopicInfo(topic, await self._server.partitions(topic, fresh=True))]
         else:
             topics = await self.list_topics()
         for key in [k for k in self._members if k[0] == group]:
@@ -894,11 +720,11 @@ class IggyLog(Log):
 
     async def _drop_group(self, group: str, topic: str) -> None:
         """Delete the Iggy consumer group ``group`` of ``topic`` when there is one."""
-        found = await self._call(
+        found = await self._server.call(
             "describe group", lambda c: c.get_consumer_group(self.stream, topic, group)
         )
         if found is not None:
-            await self._call(
+            await self._server.call(
                 "delete group", lambda c: c.delete_consumer_group(self.stream, topic, group)
             )
 
@@ -924,7 +750,7 @@ class IggyLog(Log):
         joined = member.topics.get(topic)
         if joined is None:
             return None
-        request = _ident(self.stream) + _ident(topic) + _ident(member.group)
+        request = ident(self.stream) + ident(topic) + ident(member.group)
         answer = await self._on_member(
             member,
             f"sync group {member.group!r} on {topic}",
@@ -948,24 +774,24 @@ class IggyLog(Log):
 
     async def _keep_synced(self, member: _Member) -> None:
         """The member's assignment, asked every :data:`_SYNC_EVERY` seconds."""
-        while not self._closed:
+        while not self._server.closed:
             for topic in list(member.topics):
                 try:
                     await self._sync(member, topic)
                 except LogError as exc:
                     logger.debug("Iggy group %s: sync failed: %s", member.group, exc)
             # Not a blocking call: a fake clock may move meanwhile (each
-            # sync's request is one, through _bounded).
+            # sync's request is one, through Server.bounded).
             await asyncio.sleep(_SYNC_EVERY)
 
     async def _join(self, member: _Member, topic: str) -> None:
         group = member.group
-        found = await self._call(
+        found = await self._server.call(
             "describe group", lambda c: c.get_consumer_group(self.stream, topic, group)
         )
         if found is None:
             try:
-                await self._call(
+                await self._server.call(
                     "create group", lambda c: c.create_consumer_group(self.stream, topic, group)
                 )
             except LogUnavailableError:
@@ -1002,8 +828,8 @@ class IggyLog(Log):
         missing and joins it (the server rebalances at once). ``ttl`` only
         sets ``expires_at``.
         """
-        self._check_group(group)
-        check_partition(topic, partition, await self._partitions(topic))
+        check_group(group)
+        check_partition(topic, partition, await self._server.partitions(topic))
         owner = await self._member(group, member)
         async with owner.joining:
             if topic not in owner.topics:
@@ -1045,9 +871,9 @@ class IggyLog(Log):
 
         :raises UnknownTopicError: when the topic does not exist.
         """
-        self._check_group(group)
-        await self._partitions(topic, fresh=True)
-        found = await self._call(
+        check_group(group)
+        await self._server.partitions(topic, fresh=True)
+        found = await self._server.call(
             "describe group", lambda c: c.get_consumer_group(self.stream, topic, group)
         )
         if found is None:
@@ -1123,17 +949,14 @@ class IggyLog(Log):
 
     async def close(self) -> None:
         """Leave every group and drop the connections; calling it again does nothing."""
-        if self._closed:
+        if self._server.closed:
             return
         for member in list(self._members.values()):
             try:
                 await self._drop_member(member)
             except LogError as exc:  # the server is away: its session ends with the socket
                 logger.debug("Iggy group %s: leaving failed: %s", member.group, exc)
-        self._closed = True
-        dropped = self._client is not None
-        self._client = None
-        if dropped:
+        if self._server.close():
             # Dropping the client lets its Rust runtime end the connection
             # in the background, which calls back into Python. A process
             # that exited at once aborted (SIGABRT, exit 134) about 1 run in
@@ -1169,7 +992,3 @@ class IggyLog(Log):
             stream=parsed.options.get("stream", "wakuwaku"),
             timeout=timeout,
         )
-
-
-async def _awaited(awaitable: Awaitable[_T]) -> _T:
-    return await awaitable
