@@ -36,18 +36,16 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import unquote
 
 try:
     import xxhash
-    from apache_iggy import Consumer, IggyClient, PollingStrategy, ReceiveMessage, SendMessage
+    from apache_iggy import IggyClient
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Iggy log needs apache-iggy: pip install 'wakuwaku[iggy]'") from exc
-
-import msgspec
 
 from ..._clock import BLOCKING_CALLS
 from ..._errors import (
@@ -57,7 +55,7 @@ from ..._errors import (
     LogUnavailableError,
     PartitionCountMismatch,
 )
-from ..._records import H_KEY, Record, unreadable_record
+from ..._records import Record
 from ..._topics import split_derived_topic
 from .._base import (
     AppendTokens,
@@ -71,7 +69,8 @@ from .._base import (
     check_token,
 )
 from .._url import check_servers, check_timeout, log_url, option_timeout, parse_log_url
-from ._server import MAX_NAME, Server, check_group, check_name, end_of, ident
+from ._messages import HEADER_ROOM, MAX_PAYLOAD, Messages
+from ._server import MAX_NAME, Server, check_group, check_name, ident
 
 __all__ = (
     "HEADER_ROOM",
@@ -91,22 +90,8 @@ USERNAME_ENV = "WAKUWAKU_IGGY_USERNAME"
 PASSWORD_ENV = "WAKUWAKU_IGGY_PASSWORD"
 """The password used when the URL names none (never printed)."""
 
-MAX_PAYLOAD = 64_000_000
-"""Iggy's largest message payload (bytes): ``MAX_PAYLOAD_SIZE`` of its server."""
-HEADER_ROOM = 1_000_000
-"""Bytes kept free below :data:`MAX_PAYLOAD` on every topic but the engine's
-retry, dead-letter and replay topics, so a record at its main topic's limit
-can still be retried and dead-lettered with the headers the engine adds."""
-ENVELOPE = "wk-iggy-envelope"
-"""Reserved header: the payload is ``msgpack([headers, body])`` (headers Iggy
-cannot carry, an empty body)."""
-_MAX_HEADER = 255  # bytes of one Iggy header name or value
-_MAX_HEADERS = 90_000  # of Iggy's 100 000 bytes of user headers, less framing
-_HEADER_FRAMING = 16  # per header: kinds and lengths, counted generously
 _MAX_PARTITIONS = 1000
 _SYNC_EVERY = 0.5  # seconds between a member's assignment syncs
-_READ_PAUSE = 0.02  # seconds between polls of a waiting read
-_READER = "wakuwaku-reader"
 _DROP_SETTLE = 0.1  # seconds close() gives a dropped client's runtime to end
 
 # Binary commands apache-iggy 0.9.0 does not wrap (codes of the server's protocol).
@@ -134,35 +119,6 @@ def iggy_partition(key: str | bytes, partitions: int) -> int:
 def _derived(topic: str) -> bool:
     """True for an engine-made topic name (the one rule, :mod:`wakuwaku._topics`)."""
     return split_derived_topic(topic) is not None
-
-
-def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
-    """A message's Iggy user headers as ``str -> bytes``.
-
-    The usual case (text names, raw values, as this log writes them) is one
-    comprehension and one type check per header: this runs once per record
-    read, and was the consumer's largest cost on Iggy. Other kinds (a
-    name in bytes, a value Iggy typed as text or a number) are turned into
-    the same shape; a name that is not UTF-8 keeps its bytes as ``\ufffd``.
-    """
-    found = message.user_headers()
-    if not found:
-        return {}
-    plain = {key.value: value.value for key, value in found.items()}
-    if all(type(k) is str and type(v) is bytes for k, v in plain.items()):
-        return plain
-    out: dict[str, bytes] = {}
-    for key, value in found.items():
-        name = key.value
-        if isinstance(name, bytes):
-            name = name.decode("utf-8", "replace")
-        raw = value.value
-        if isinstance(raw, str):
-            raw = raw.encode("utf-8")
-        elif not isinstance(raw, bytes):
-            raw = str(raw).encode("utf-8")
-        out[str(name)] = raw
-    return out
 
 
 @dataclass
@@ -254,10 +210,9 @@ class IggyLog(Log):
             timeout,
             self.url,
         )
-        self._derived: set[str] = set()
+        self._messages = Messages(self._server)
         self._members: dict[tuple[str, str], _Member] = {}
         self._tokens = AppendTokens()
-        self._reader = Consumer.Single(_READER)
 
     def __repr__(self) -> str:
         return f"IggyLog({self.url!r})"
@@ -329,7 +284,7 @@ class IggyLog(Log):
                 f"got {partitions!r}"
             )
         if derived_from is not None or _derived(topic):
-            self._derived.add(topic)
+            self._messages.mark_derived(topic)
         existing = await self._server.create_topic(topic, partitions)
         if existing != partitions:
             raise PartitionCountMismatch(topic, existing, partitions)
@@ -352,7 +307,7 @@ class IggyLog(Log):
         """
         if not await self._server.delete_topic(topic):
             return False
-        self._derived.discard(topic)
+        self._messages.forget(topic)
         for member in self._members.values():
             if member.topics.pop(topic, None) is not None:
                 member.held = {h for h in member.held if h[0] != topic}
@@ -360,69 +315,6 @@ class IggyLog(Log):
         return True
 
     # -- records --------------------------------------------------------------
-
-    def _limit(self, topic: str) -> int:
-        return MAX_PAYLOAD if topic in self._derived else MAX_PAYLOAD - HEADER_ROOM
-
-    def _message(
-        self, topic: str, partition: int, headers: Mapping[str, bytes], body: bytes
-    ) -> Any:
-        """The Iggy message of one record (:data:`ENVELOPE` for what headers cannot carry).
-
-        :raises ConfigError: for a record over the topic's limit, naming it.
-        """
-        size = len(body) + sum(len(k.encode()) + len(v) for k, v in headers.items())
-        limit = self._limit(topic)
-        if size > limit:
-            key = headers.get(H_KEY, b"")
-            raise ConfigError(
-                f"a record of key {bytes(key)[:80]!r} for {topic}/{partition} is {size} bytes "
-                f"(body and headers); Iggy topic {topic!r} takes at most {limit} (Iggy's "
-                f"message limit is {MAX_PAYLOAD} bytes"
-                + ("" if topic in self._derived else f", less {HEADER_ROOM} for retry headers")
-                + ")"
-            )
-        plain: dict[str, bytes] = {}
-        extra: dict[str, bytes] = {}
-        room = _MAX_HEADERS
-        for name, value in headers.items():
-            width = len(name.encode("utf-8"))
-            cost = width + len(value) + _HEADER_FRAMING
-            if 0 < len(value) <= _MAX_HEADER and width <= _MAX_HEADER and cost <= room:
-                plain[name] = value
-                room -= cost
-            else:
-                extra[name] = value
-        if not extra and body:
-            return SendMessage(body, plain or None)
-        payload = msgspec.msgpack.encode([extra, body])
-        if len(payload) > MAX_PAYLOAD:
-            raise ConfigError(
-                f"a record for {topic}/{partition} does not fit Iggy's message limit of "
-                f"{MAX_PAYLOAD} bytes once its long headers are moved into the payload"
-            )
-        plain[ENVELOPE] = b"1"
-        return SendMessage(payload, plain)
-
-    def _record(self, message: ReceiveMessage) -> Record:
-        offset = int(message.offset())
-        stamp = message.timestamp() / 1_000_000
-        body = message.payload()
-        try:
-            headers = _headers_of(message)
-        except (ValueError, UnicodeError) as exc:
-            return unreadable_record(offset, f"Iggy user headers not decodable: {exc}", body)
-        if ENVELOPE not in headers:
-            return Record(offset, headers, body, stamp)
-        headers.pop(ENVELOPE)
-        try:
-            extra, inner = msgspec.msgpack.decode(body, type=tuple[dict[str, bytes], bytes])
-        except msgspec.DecodeError:
-            return unreadable_record(
-                offset, f"a record marked {ENVELOPE} whose payload is not one", body
-            )
-        headers.update(extra)
-        return Record(offset, headers, inner, stamp)
 
     async def append(
         self,
@@ -456,23 +348,10 @@ class IggyLog(Log):
             if fence is not None:
                 await self._fence_owner(fence)
             return done
-        messages = [self._message(topic, partition, h, bytes(b)) for h, b in checked]
+        messages = [self._messages.message(topic, partition, h, bytes(b)) for h, b in checked]
         if fence is not None:
             await self._fence_owner(fence)
-        try:
-            answer = await self._server.call(
-                f"append to {topic}/{partition}",
-                lambda c: c.send_messages(self.stream, topic, partition, messages),
-            )
-        except LogUnavailableError:
-            raise
-        except LogError:
-            await self._server.unknown_topic(topic)
-            raise
-        if not answer.confirmations:
-            raise LogError(f"Iggy log {self.url}: append to {topic}/{partition} got no offset")
-        base = int(answer.confirmations[0].base_offset)
-        offsets = list(range(base, base + len(messages)))
+        offsets = await self._messages.send(topic, partition, messages)
         self._tokens.put(topic, partition, token, offsets)
         return offsets
 
@@ -490,52 +369,14 @@ class IggyLog(Log):
         ``wait`` seconds have passed.
         """
         check_partition(topic, partition, await self._server.partitions(topic))
-        deadline = time.monotonic() + max(wait, 0.0)
-        strategy = PollingStrategy.Offset(max(offset, 0))
-        while True:
-            try:
-                found = await self._poll(topic, partition, strategy, max(1, max_records))
-            except LogUnavailableError:
-                raise
-            except LogError:
-                await self._server.unknown_topic(topic)
-                raise
-            records = [self._record(m) for m in found if m.offset() >= offset]
-            if records or time.monotonic() >= deadline:
-                return records[:max_records]
-            await asyncio.sleep(min(_READ_PAUSE, max(0.0, deadline - time.monotonic())))
-
-    async def _poll(
-        self, topic: str, partition: int, strategy: PollingStrategy, count: int
-    ) -> list[ReceiveMessage]:
-        """One poll of ``partition`` as the log's reader (it stores no offset)."""
-        return await self._server.call(
-            f"read {topic}/{partition}",
-            lambda c: c.poll_messages(
-                self.stream,
-                topic,
-                consumer=self._reader,
-                polling_strategy=strategy,
-                count=count,
-                auto_commit=False,
-                partition_id=partition,
-            ),
-        )
+        return await self._messages.read(topic, partition, offset, max_records, wait)
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
         return await self._server.end_offsets(topic)
 
     async def start_offsets(self, topic: str) -> dict[int, int]:
         """Per partition, the offset of the first stored record (the end when none)."""
-        out: dict[int, int] = {}
-        for info in await self._server.partition_info(topic):
-            partition = int(info.id)
-            if int(info.messages_count) == 0:
-                out[partition] = end_of(info)
-                continue
-            first = await self._poll(topic, partition, PollingStrategy.First(), 1)
-            out[partition] = int(first[0].offset()) if first else end_of(info)
-        return out
+        return await self._messages.start_offsets(topic)
 
     # -- offsets ----------------------------------------------------------------
 
