@@ -30,15 +30,9 @@ apache-iggy (the Rust SDK behind an asyncio API) is imported here only
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
-import logging
 import os
 import struct
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import Awaitable, Sequence
 from urllib.parse import unquote
 
 try:
@@ -47,7 +41,6 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Iggy log needs apache-iggy: pip install 'wakuwaku[iggy]'") from exc
 
-from ..._clock import BLOCKING_CALLS
 from ..._errors import (
     ConfigError,
     FencedError,
@@ -69,6 +62,7 @@ from .._base import (
     check_token,
 )
 from .._url import check_servers, check_timeout, log_url, option_timeout, parse_log_url
+from ._groups import Groups, Member
 from ._messages import HEADER_ROOM, MAX_PAYLOAD, Messages
 from ._server import MAX_NAME, Server, check_group, check_name, ident
 
@@ -81,29 +75,21 @@ __all__ = (
     "iggy_partition",
 )
 
-logger = logging.getLogger("wakuwaku.logs.iggy")
-
-_T = TypeVar("_T")
-
 USERNAME_ENV = "WAKUWAKU_IGGY_USERNAME"
 """The user name used when the URL names none."""
 PASSWORD_ENV = "WAKUWAKU_IGGY_PASSWORD"
 """The password used when the URL names none (never printed)."""
 
 _MAX_PARTITIONS = 1000
-_SYNC_EVERY = 0.5  # seconds between a member's assignment syncs
 _DROP_SETTLE = 0.1  # seconds close() gives a dropped client's runtime to end
 
 # Binary commands apache-iggy 0.9.0 does not wrap (codes of the server's protocol).
 _GET_OFFSET = 120
 _STORE_OFFSET = 121
 _DELETE_OFFSET = 122
-_SYNC_GROUP = 606
 _KIND_CONSUMER = 1
 _KIND_GROUP = 2
 _ACK_QUORUM = 1
-
-_generations = itertools.count(1)
 
 
 def iggy_partition(key: str | bytes, partitions: int) -> int:
@@ -119,34 +105,6 @@ def iggy_partition(key: str | bytes, partitions: int) -> int:
 def _derived(topic: str) -> bool:
     """True for an engine-made topic name (the one rule, :mod:`wakuwaku._topics`)."""
     return split_derived_topic(topic) is not None
-
-
-@dataclass
-class _Joined:
-    """One Iggy consumer-group membership of a member (one topic)."""
-
-    partitions: dict[int, int] = field(default_factory=dict)  # partition -> lease generation
-    server_generation: int = -1
-
-
-class _Member:
-    """One group member: a connection of its own (Iggy's group members are
-    sessions), the topics whose Iggy consumer group it joined, and a task
-    that asks the server for its assignment every :data:`_SYNC_EVERY` seconds."""
-
-    def __init__(self, group: str, member: str, client: IggyClient | None) -> None:
-        self.group = group
-        self.member = member
-        self.client = client
-        self.topics: dict[str, _Joined] = {}
-        self.held: set[tuple[str, int]] = set()
-        self.joining = asyncio.Lock()
-        self.changed = asyncio.Event()  # replaced at each change: waiters keep theirs
-        self.task: asyncio.Task[None] | None = None
-
-    def bump(self) -> None:
-        old, self.changed = self.changed, asyncio.Event()
-        old.set()
 
 
 class IggyLog(Log):
@@ -211,7 +169,8 @@ class IggyLog(Log):
             self.url,
         )
         self._messages = Messages(self._server)
-        self._members: dict[tuple[str, str], _Member] = {}
+        self._groups = Groups(self._server)
+        self._members = self._groups.members  # a test reaches a member through it
         self._tokens = AppendTokens()
 
     def __repr__(self) -> str:
@@ -234,29 +193,6 @@ class IggyLog(Log):
     def partition_for(self, key: str | bytes, partitions: int) -> int:
         """Iggy's message-key partitioning (:func:`iggy_partition`)."""
         return iggy_partition(key, partitions)
-
-    # -- members' connections ---------------------------------------------
-
-    async def _on_member(
-        self, member: _Member, what: str, call: Callable[[IggyClient], Awaitable[_T]]
-    ) -> _T:
-        """``call`` on the member's own connection. A connection that fails is
-        dropped with its memberships (a new session is no member of anything):
-        the engine sees its partitions gone and acquires them again, joining anew.
-        """
-        if member.client is None:
-            member.client = await self._server.connect()
-        client = member.client
-        try:
-            return await self._server.bounded(what, lambda: call(client))
-        except LogUnavailableError:
-            if member.client is client:
-                member.client = None
-                if member.topics:
-                    member.topics.clear()
-                    member.held.clear()
-                    member.bump()
-            raise
 
     # -- topics ---------------------------------------------------------------
 
@@ -308,10 +244,7 @@ class IggyLog(Log):
         if not await self._server.delete_topic(topic):
             return False
         self._messages.forget(topic)
-        for member in self._members.values():
-            if member.topics.pop(topic, None) is not None:
-                member.held = {h for h in member.held if h[0] != topic}
-                member.bump()
+        self._groups.forget_topic(topic)
         return True
 
     # -- records --------------------------------------------------------------
@@ -346,11 +279,11 @@ class IggyLog(Log):
         done = self._tokens.get(topic, partition, token, len(checked))
         if done is not None:
             if fence is not None:
-                await self._fence_owner(fence)
+                await self._groups.fence_owner(fence)
             return done
         messages = [self._messages.message(topic, partition, h, bytes(b)) for h, b in checked]
         if fence is not None:
-            await self._fence_owner(fence)
+            await self._groups.fence_owner(fence)
         offsets = await self._messages.send(topic, partition, messages)
         self._tokens.put(topic, partition, token, offsets)
         return offsets
@@ -476,11 +409,11 @@ class IggyLog(Log):
         offset = check_commit(group, topic, partition, offset)
         check_group(group)
         check_partition(topic, partition, await self._server.partitions(topic))
-        owner: _Member | None = None
+        owner: Member | None = None
         if fence is not None:
             if fence.group != group:
                 raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
-            owner = await self._fence_owner(fence)
+            owner = await self._groups.fence_owner(fence)
             if (fence.topic, fence.partition) != (topic, partition):
                 owner = None  # a retry partition: not in the member's Iggy group
         if offset == 0:
@@ -491,7 +424,7 @@ class IggyLog(Log):
         await self._store(None, _KIND_CONSUMER, group, topic, partition, offset - 1)
 
     async def _store(
-        self, owner: _Member | None, kind: int, group: str, topic: str, partition: int, stored: int
+        self, owner: Member | None, kind: int, group: str, topic: str, partition: int, stored: int
     ) -> None:
         """Store ``stored`` as Iggy's offset: the group's (``_KIND_GROUP``, on
         ``owner``'s connection, fenced by the server) or the consumer's named
@@ -506,7 +439,7 @@ class IggyLog(Log):
         what = f"commit {topic}/{partition}"
         try:
             if owner is not None:
-                await self._on_member(owner, what, send)
+                await owner.call(what, send)
             else:
                 await self._server.call(what, send)
         except LogUnavailableError:
@@ -546,118 +479,17 @@ class IggyLog(Log):
         if topic is not None:
             topics = [TopicInfo(topic, await self._server.partitions(topic, fresh=True))]
         else:
-            topics = await self.list_topics()
-        for key in [k for k in self._members if k[0] == group]:
-            member = self._members[key]
-            for name in [t.name for t in topics if t.name in member.topics]:
-                await self._leave(member, name)
+            topics = await self._server.list_topics()
+        await self._groups.leave(group, [t.name for t in topics])
         deleted = 0
         for info in topics:
             for partition in range(info.partitions):
                 if await self._delete_offset(_KIND_CONSUMER, group, info.name, partition):
                     deleted += 1
-            await self._drop_group(group, info.name)
+            await self._groups.drop_group(group, info.name)
         return deleted
 
-    async def _drop_group(self, group: str, topic: str) -> None:
-        """Delete the Iggy consumer group ``group`` of ``topic`` when there is one."""
-        found = await self._server.call(
-            "describe group", lambda c: c.get_consumer_group(self.stream, topic, group)
-        )
-        if found is not None:
-            await self._server.call(
-                "delete group", lambda c: c.delete_consumer_group(self.stream, topic, group)
-            )
-
     # -- ownership ------------------------------------------------------------------
-
-    async def _member(self, group: str, member: str) -> _Member:
-        key = (group, member)
-        found = self._members.get(key)
-        if found is None:
-            found = self._members.setdefault(key, _Member(group, member, None))
-        if found.task is None or found.task.done():
-            found.task = asyncio.create_task(
-                self._keep_synced(found), name=f"wakuwaku-iggy-member-{member}"
-            )
-        return found
-
-    async def _sync(self, member: _Member, topic: str) -> _Joined | None:
-        """Ask the server for ``member``'s partitions of ``topic`` (its Iggy group).
-
-        :returns: the membership, or None when the server no longer counts
-            the member in (it left, its session ended, the group is gone).
-        """
-        joined = member.topics.get(topic)
-        if joined is None:
-            return None
-        request = ident(self.stream) + ident(topic) + ident(member.group)
-        answer = await self._on_member(
-            member,
-            f"sync group {member.group!r} on {topic}",
-            lambda c: c.send_binary_request(_SYNC_GROUP, request),
-        )
-        now: dict[int, int] = {}
-        if len(answer) >= 12:
-            server_generation, count = struct.unpack_from("<QI", answer, 0)
-            ids = struct.unpack_from(f"<{count}I", answer, 12)
-            now = {p: joined.partitions.get(p) or next(_generations) for p in ids}
-            joined.server_generation = server_generation
-        if now != joined.partitions:
-            joined.partitions = now
-            member.held &= {(topic, p) for p in now} | {h for h in member.held if h[0] != topic}
-            member.bump()
-        if len(answer) < 12:
-            member.topics.pop(topic, None)
-            member.bump()
-            return None
-        return joined
-
-    async def _keep_synced(self, member: _Member) -> None:
-        """The member's assignment, asked every :data:`_SYNC_EVERY` seconds."""
-        while not self._server.closed:
-            for topic in list(member.topics):
-                try:
-                    await self._sync(member, topic)
-                except LogError as exc:
-                    logger.debug("Iggy group %s: sync failed: %s", member.group, exc)
-            # Not a blocking call: a fake clock may move meanwhile (each
-            # sync's request is one, through Server.bounded).
-            await asyncio.sleep(_SYNC_EVERY)
-
-    async def _join(self, member: _Member, topic: str) -> None:
-        group = member.group
-        found = await self._server.call(
-            "describe group", lambda c: c.get_consumer_group(self.stream, topic, group)
-        )
-        if found is None:
-            try:
-                await self._server.call(
-                    "create group", lambda c: c.create_consumer_group(self.stream, topic, group)
-                )
-            except LogUnavailableError:
-                raise
-            except LogError:
-                pass  # made by another member meanwhile; the join says if not
-        await self._on_member(
-            member,
-            f"join group {group!r} on {topic}",
-            lambda c: c.join_consumer_group(self.stream, topic, group),
-        )
-        member.topics[topic] = _Joined()
-
-    async def _leave(self, member: _Member, topic: str) -> None:
-        if member.topics.pop(topic, None) is None:
-            return
-        member.held = {h for h in member.held if h[0] != topic}
-        member.bump()
-        with contextlib.suppress(LogError):  # gone already: the group or the topic
-            if member.client is not None:
-                await self._on_member(
-                    member,
-                    f"leave group {member.group!r} on {topic}",
-                    lambda c: c.leave_consumer_group(self.stream, topic, member.group),
-                )
 
     async def acquire_partition(
         self, group: str, topic: str, partition: int, member: str, ttl: float
@@ -671,34 +503,7 @@ class IggyLog(Log):
         """
         check_group(group)
         check_partition(topic, partition, await self._server.partitions(topic))
-        owner = await self._member(group, member)
-        async with owner.joining:
-            if topic not in owner.topics:
-                await self._join(owner, topic)
-            joined = await self._sync(owner, topic)
-        if joined is None:
-            return None
-        generation = joined.partitions.get(partition)
-        if generation is None:
-            return None
-        owner.held.add((topic, partition))
-        return Lease(group, topic, partition, member, generation, time.time() + ttl)
-
-    async def _fence_owner(self, fence: Lease) -> _Member:
-        """The member holding ``fence`` now, asked of the server.
-
-        :raises FencedError: when the server no longer assigns the fence's
-            partition to it (or another assignment replaced that one).
-        """
-        member = self._members.get((fence.group, fence.member))
-        joined = await self._sync(member, fence.topic) if member is not None else None
-        if (
-            member is None
-            or joined is None
-            or joined.partitions.get(fence.partition) != fence.generation
-        ):
-            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
-        return member
+        return await self._groups.acquire(group, topic, partition, member, ttl)
 
     async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
         """Who owns each partition of ``topic`` in ``group`` now, from the server
@@ -714,77 +519,24 @@ class IggyLog(Log):
         """
         check_group(group)
         await self._server.partitions(topic, fresh=True)
-        found = await self._server.call(
-            "describe group", lambda c: c.get_consumer_group(self.stream, topic, group)
-        )
-        if found is None:
-            return {}
-        local = [
-            (m.member, j)
-            for m in self._members.values()
-            if m.group == group and (j := m.topics.get(topic)) is not None
-        ]
-        now = time.time()
-        out: dict[int, Lease] = {}
-        for member in found.members:
-            partitions = {int(p) for p in member.partitions}
-            name, mine = f"iggy-member-{member.id}", None
-            for local_name, joined in local:
-                if partitions and set(joined.partitions) == partitions:
-                    name, mine = local_name, joined
-            for partition in sorted(partitions):
-                generation = mine.partitions[partition] if mine is not None else 0
-                out[partition] = Lease(group, topic, partition, name, generation, now)
-        return dict(sorted(out.items()))
+        return await self._groups.owners(group, topic)
 
     async def ownership_changed(self, group: str, member: str, within: float) -> None:
         """Return when ``member``'s assignment changed, or after ``within`` seconds
         (:class:`~wakuwaku.engine._ownership.AssignmentLog`)."""
-        found = self._members.get((group, member))
-        if found is None:
-            # Joining: the server's answer is real I/O, so a fake clock must
-            # not run ahead meanwhile.
-            with BLOCKING_CALLS.track():
-                await asyncio.sleep(min(within, 0.1))
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(found.changed.wait(), within)
+        await self._groups.changed(group, member, within)
 
     def ownership_state(self, lease: Lease) -> str:
         """``owned`` while the last answer of the server assigns the lease's partition
         to its member in its generation, else ``gone`` (Iggy moves a partition at
         once: there is no revoking state)."""
-        member = self._members.get((lease.group, lease.member))
-        joined = member.topics.get(lease.topic) if member is not None else None
-        if joined is None or joined.partitions.get(lease.partition) != lease.generation:
-            return "gone"
-        return "owned"
+        return self._groups.state(lease)
 
     async def release_partition(self, lease: Lease) -> None:
         """Let a partition go; the member leaves the topic's Iggy group once it
         holds none of its partitions, and closes its connection once it holds
         nothing."""
-        member = self._members.get((lease.group, lease.member))
-        if member is None:
-            return
-        joined = member.topics.get(lease.topic)
-        if joined is None or joined.partitions.get(lease.partition) != lease.generation:
-            return
-        member.held.discard((lease.topic, lease.partition))
-        if any(t == lease.topic for t, _ in member.held):
-            return
-        await self._leave(member, lease.topic)
-        if not member.topics:
-            await self._drop_member(member)
-
-    async def _drop_member(self, member: _Member) -> None:
-        self._members.pop((member.group, member.member), None)
-        if member.task is not None:
-            member.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await member.task
-        for topic in list(member.topics):
-            await self._leave(member, topic)
+        await self._groups.release(lease)
 
     # -- close ---------------------------------------------------------------------
 
@@ -792,11 +544,7 @@ class IggyLog(Log):
         """Leave every group and drop the connections; calling it again does nothing."""
         if self._server.closed:
             return
-        for member in list(self._members.values()):
-            try:
-                await self._drop_member(member)
-            except LogError as exc:  # the server is away: its session ends with the socket
-                logger.debug("Iggy group %s: leaving failed: %s", member.group, exc)
+        await self._groups.close()
         if self._server.close():
             # Dropping the client lets its Rust runtime end the connection
             # in the background, which calls back into Python. A process
