@@ -1,53 +1,33 @@
-"""The Apache Iggy log: topics are Iggy topics of one stream (URL ``iggy://user:password@host:port``).
+"""The :class:`IggyLog` facade: the log contract on Apache Iggy, put together from its parts.
 
-Mapping (``docs/logs.md``, "The Apache Iggy log"):
+Owns the log's construction (address, credentials, stream, timeout, URL),
+the checks of every contract call's arguments, the topics' creation
+(which topics take :data:`~._messages.HEADER_ROOM` more bytes) and
+deletion, the append tokens of this instance, the fence check every fenced
+write starts with (asked of the member's group, :mod:`._groups`), and
+closing; it hands each contract call to the part that does it:
 
-- one Iggy stream (default ``wakuwaku``, created on first use) holds the
-  log's topics; a topic is an Iggy topic with the same partition count,
-  partitions numbered from 0;
-- headers are Iggy user headers (string keys, raw byte values); what Iggy
-  cannot carry as a header (an empty value, a name or value over 255 bytes)
-  and an empty body travel in the payload, under the reserved header
-  ``wk-iggy-envelope``;
-- a key's partition is Iggy's own message-key partitioning (xxHash32 of the
-  key bytes, seed 0, modulo the partition count), so a record any Iggy
-  producer sends by message key lands where ours does;
-- offsets are Iggy offsets (dense from 0);
-- ownership is Iggy's consumer groups: a member joins the Iggy consumer
-  group ``<group>`` of each topic it reads, over a connection of its own, and
-  owns the partitions the server assigns it (see :class:`IggyLog`);
-- a group's committed offsets are stored on the server as the offsets of
-  the Iggy consumer named ``<group>``; a member's commit of a partition it
-  owns also passes the server's consumer-group offset fence first.
+- :mod:`._server`: the connection, bounded calls and their errors, the
+  stream, the topics and their cache, end offsets;
+- :mod:`._messages`: records as Iggy messages, sends, reads, start offsets;
+- :mod:`._offsets`: the groups' stored offsets, commits, their deletion;
+- :mod:`._groups`: the members, their Iggy consumer groups, who owns which
+  partition.
 
-Iggy has no transactions and no conditional append: what a member that lost
-a partition can still write is said in :class:`IggyLog` and the docs.
-
-apache-iggy (the Rust SDK behind an asyncio API) is imported here only
-(extra ``iggy``); every call is bounded by the log's ``timeout``.
+May call: all of them. Called by :mod:`wakuwaku.logs` (``open_log``) and
+users of ``wakuwaku.logs.iggy``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import struct
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from urllib.parse import unquote
 
-try:
-    import xxhash
-    from apache_iggy import IggyClient
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("the Iggy log needs apache-iggy: pip install 'wakuwaku[iggy]'") from exc
+import xxhash
 
-from ..._errors import (
-    ConfigError,
-    FencedError,
-    LogError,
-    LogUnavailableError,
-    PartitionCountMismatch,
-)
+from ..._errors import ConfigError, FencedError, PartitionCountMismatch
 from ..._records import Record
 from ..._topics import split_derived_topic
 from .._base import (
@@ -64,11 +44,10 @@ from .._base import (
 from .._url import check_servers, check_timeout, log_url, option_timeout, parse_log_url
 from ._groups import Groups, Member
 from ._messages import HEADER_ROOM, MAX_PAYLOAD, Messages
-from ._server import MAX_NAME, Server, check_group, check_name, ident
+from ._offsets import Offsets
+from ._server import MAX_NAME, Server, check_group, check_name
 
 __all__ = (
-    "HEADER_ROOM",
-    "MAX_PAYLOAD",
     "PASSWORD_ENV",
     "USERNAME_ENV",
     "IggyLog",
@@ -82,14 +61,6 @@ PASSWORD_ENV = "WAKUWAKU_IGGY_PASSWORD"
 
 _MAX_PARTITIONS = 1000
 _DROP_SETTLE = 0.1  # seconds close() gives a dropped client's runtime to end
-
-# Binary commands apache-iggy 0.9.0 does not wrap (codes of the server's protocol).
-_GET_OFFSET = 120
-_STORE_OFFSET = 121
-_DELETE_OFFSET = 122
-_KIND_CONSUMER = 1
-_KIND_GROUP = 2
-_ACK_QUORUM = 1
 
 
 def iggy_partition(key: str | bytes, partitions: int) -> int:
@@ -170,6 +141,7 @@ class IggyLog(Log):
         )
         self._messages = Messages(self._server)
         self._groups = Groups(self._server)
+        self._offsets = Offsets(self._server)
         self._members = self._groups.members  # a test reaches a member through it
         self._tokens = AppendTokens()
 
@@ -313,30 +285,6 @@ class IggyLog(Log):
 
     # -- offsets ----------------------------------------------------------------
 
-    def _offset_request(
-        self, kind: int, consumer: str, topic: str, partition: int, tail: bytes = b""
-    ) -> bytes:
-        return (
-            bytes((kind,))
-            + ident(consumer)
-            + ident(self.stream)
-            + ident(topic)
-            + b"\x01"
-            + struct.pack("<I", partition)
-            + tail
-        )
-
-    async def _stored(self, kind: int, group: str, topic: str, p: int) -> int:
-        """The stored offset (Iggy's: the last consumed record), -1 when none."""
-        request = self._offset_request(kind, group, topic, p)
-        answer = await self._server.call(
-            f"committed offset {topic}/{p}",
-            lambda c: c.send_binary_request(_GET_OFFSET, request),
-        )
-        if len(answer) < 20:
-            return -1
-        return int(struct.unpack_from("<Q", answer, 12)[0])
-
     async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
         """Committed offsets on ``topic`` of every group that has an Iggy consumer
         group on it: group -> partition -> next offset to read.
@@ -351,17 +299,7 @@ class IggyLog(Log):
         :raises UnknownTopicError: when the topic does not exist.
         :raises LogUnavailableError: when the server does not answer.
         """
-        count = await self._server.partitions(topic)
-        groups = await self._server.call(
-            f"list groups of {topic}", lambda c: c.get_consumer_groups(self.stream, topic)
-        )
-        out: dict[str, dict[int, int]] = {}
-        for name in sorted({g.name for g in groups}):
-            stored = {p: await self._stored(_KIND_CONSUMER, name, topic, p) for p in range(count)}
-            offsets = {p: o + 1 for p, o in stored.items() if o >= 0}
-            if offsets:
-                out[name] = offsets
-        return out
+        return await self._offsets.group_offsets(topic)
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         """The group's committed offset: the next offset to read (Iggy stores the
@@ -369,19 +307,7 @@ class IggyLog(Log):
         the topic is gone, or the group committed 0 (Iggy cannot store "before
         the first record")."""
         check_group(group)
-        count = await self._server.partitions_or_none(topic)
-        if count is None:
-            return None
-        check_partition(topic, partition, count)
-        try:
-            stored = await self._stored(_KIND_CONSUMER, group, topic, partition)
-        except LogUnavailableError:
-            raise
-        except LogError:
-            if await self._server.partitions_or_none(topic, fresh=True) is None:
-                return None
-            raise
-        return None if stored < 0 else stored + 1
+        return await self._offsets.committed(group, topic, partition)
 
     async def commit(
         self,
@@ -416,56 +342,14 @@ class IggyLog(Log):
             owner = await self._groups.fence_owner(fence)
             if (fence.topic, fence.partition) != (topic, partition):
                 owner = None  # a retry partition: not in the member's Iggy group
-        if offset == 0:
-            await self._delete_offset(_KIND_CONSUMER, group, topic, partition)
-            return
-        if owner is not None:
-            await self._store(owner, _KIND_GROUP, group, topic, partition, offset - 1)
-        await self._store(None, _KIND_CONSUMER, group, topic, partition, offset - 1)
+        await self._offsets.commit(group, topic, partition, offset, owner)
 
     async def _store(
         self, owner: Member | None, kind: int, group: str, topic: str, partition: int, stored: int
     ) -> None:
-        """Store ``stored`` as Iggy's offset: the group's (``_KIND_GROUP``, on
-        ``owner``'s connection, fenced by the server) or the consumer's named
-        ``group`` (``_KIND_CONSUMER``, on the log's connection)."""
-        request = self._offset_request(
-            kind, group, topic, partition, struct.pack("<Q", stored) + bytes((_ACK_QUORUM,))
-        )
-
-        def send(client: IggyClient) -> Awaitable[bytes]:
-            return client.send_binary_request(_STORE_OFFSET, request)
-
-        what = f"commit {topic}/{partition}"
-        try:
-            if owner is not None:
-                await owner.call(what, send)
-            else:
-                await self._server.call(what, send)
-        except LogUnavailableError:
-            raise
-        except LogError as exc:
-            await self._server.unknown_topic(topic)
-            if kind == _KIND_GROUP:
-                raise FencedError(group, topic, partition, -1) from exc
-            ends = await self.end_offsets(topic)
-            if stored + 1 > ends.get(partition, 0):
-                raise ConfigError(
-                    f"commit of group {group!r} on {topic}/{partition}: offset {stored + 1} is "
-                    f"past the end offset {ends.get(partition, 0)} (Iggy stores offsets of "
-                    "stored records only)"
-                ) from exc
-            raise
-
-    async def _delete_offset(self, kind: int, group: str, topic: str, partition: int) -> bool:
-        if await self._stored(kind, group, topic, partition) < 0:
-            return False
-        request = self._offset_request(kind, group, topic, partition, bytes((_ACK_QUORUM,)))
-        await self._server.call(
-            f"delete offset {topic}/{partition}",
-            lambda c: c.send_binary_request(_DELETE_OFFSET, request),
-        )
-        return True
+        """:meth:`Offsets.store <._offsets.Offsets.store>` (a test sends a stale
+        member's group offset through it)."""
+        await self._offsets.store(owner, kind, group, topic, partition, stored)
 
     async def delete_group(self, group: str, topic: str | None = None) -> int:
         """Delete the group's stored offsets and its Iggy consumer groups (on
@@ -483,9 +367,7 @@ class IggyLog(Log):
         await self._groups.leave(group, [t.name for t in topics])
         deleted = 0
         for info in topics:
-            for partition in range(info.partitions):
-                if await self._delete_offset(_KIND_CONSUMER, group, info.name, partition):
-                    deleted += 1
+            deleted += await self._offsets.delete(group, info)
             await self._groups.drop_group(group, info.name)
         return deleted
 
