@@ -5,7 +5,7 @@ name) and their memberships of Iggy consumer groups: a member joins the
 Iggy consumer group ``<group>`` of each topic it reads, over a connection
 of its own (Iggy's group members are sessions), creating the group when
 missing; it asks the server for its assignment (the binary command
-``SyncGroup``, which apache-iggy 0.9.0 does not wrap) every
+``SyncConsumerGroup``, code 606, which apache-iggy 0.9.0 does not wrap) every
 :data:`_SYNC_EVERY` seconds and before each fenced write
 (:meth:`Groups.fence_owner`), and gives each partition it is assigned a
 lease generation of this process. Each change wakes whoever waits in
