@@ -136,8 +136,18 @@ def log_commands() -> list[tuple[tuple[str, ...], click.Command]]:
 
 def test_the_log_commands_are_found() -> None:
     found = {" ".join(path) for path, _ in log_commands()}
-    assert {"topic create", "produce", "tail", "status", "dlq replay", "run", "dashboard"} <= found
-    assert len(found) == 12
+    assert {
+        "topic create",
+        "produce",
+        "tail",
+        "status",
+        "dlq replay",
+        "dlq purge",
+        "group reset-offsets",
+        "run",
+        "dashboard",
+    } <= found
+    assert len(found) == 14
 
 
 @pytest.mark.parametrize("url", ["memory://", "MEMORY://", "memory://?x=1"])

@@ -536,7 +536,7 @@ def test_open_log_parses_servers_credentials_and_options(monkeypatch: pytest.Mon
     assert (log.prefix, log.timeout) == ("abc", 2.5)
     assert (log._user, log._password, log._token) == ("alice", "s@cret", None)
     assert "s@cret" not in repr(log) and "cret" not in log.url and "alice" not in log.url
-    assert log.url == "nats://h1:4222,h2:4223?prefix=abc"
+    assert log.url == "nats://h1:4222,h2:4223?prefix=abc&timeout=2.5"
     tokened = open_log("nats://tok123@127.0.0.1:4222")
     assert isinstance(tokened, NatsLog) and tokened._token == "tok123"
     assert "tok123" not in tokened.url and "tok123" not in repr(tokened)

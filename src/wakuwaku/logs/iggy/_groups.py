@@ -1,0 +1,337 @@
+"""The Iggy log's group members: who owns which partition, as the server assigns it.
+
+Owns this instance's members (:class:`Member`, one per group and member
+name) and their memberships of Iggy consumer groups: a member joins the
+Iggy consumer group ``<group>`` of each topic it reads, over a connection
+of its own (Iggy's group members are sessions), creating the group when
+missing; it asks the server for its assignment (the binary command
+``SyncConsumerGroup``, code 606, which apache-iggy 0.9.0 does not wrap) every
+:data:`_SYNC_EVERY` seconds and before each fenced write
+(:meth:`Groups.fence_owner`), and gives each partition it is assigned a
+lease generation of this process. Each change wakes whoever waits in
+:meth:`Groups.changed`. A member's connection that fails is dropped with
+its memberships (a new session is no member of anything): the engine sees
+its partitions gone and acquires them again, joining anew.
+
+Also the answers about a group that need no member of it: who owns each
+partition, from the server (:meth:`Groups.owners`), and the deletion of an
+Iggy consumer group (:meth:`Groups.drop_group`).
+
+May call: :mod:`._server` (the log's connection, connections of its own,
+the bound on calls, identifiers). Called by the log (:mod:`._log`) and by
+the stored offsets (:mod:`._offsets`), which send a member's group offset
+on its connection (:meth:`Member.call`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from apache_iggy import IggyClient
+
+from ..._clock import BLOCKING_CALLS
+from ..._errors import FencedError, LogError, LogUnavailableError
+from .._base import Lease
+from ._server import Server, ident
+
+__all__ = ("Groups", "Joined", "Member")
+
+logger = logging.getLogger("wakuwaku.logs.iggy")
+
+_T = TypeVar("_T")
+
+_SYNC_EVERY = 0.5  # seconds between a member's assignment syncs
+_SYNC_GROUP = 606  # the server's binary command: a member's assignment in one group
+_generations = itertools.count(1)
+
+
+@dataclass
+class Joined:
+    """One Iggy consumer-group membership of a member (one topic)."""
+
+    partitions: dict[int, int] = field(default_factory=dict)  # partition -> lease generation
+    server_generation: int = -1
+
+
+class Member:
+    """One group member: a connection of its own (Iggy's group members are
+    sessions), the topics whose Iggy consumer group it joined, and a task
+    that asks the server for its assignment every :data:`_SYNC_EVERY` seconds."""
+
+    def __init__(self, server: Server, group: str, member: str) -> None:
+        self.group = group
+        self.member = member
+        self.client: IggyClient | None = None
+        self.topics: dict[str, Joined] = {}
+        self.held: set[tuple[str, int]] = set()
+        self.joining = asyncio.Lock()
+        self.changed = asyncio.Event()  # replaced at each change: waiters keep theirs
+        self.task: asyncio.Task[None] | None = None
+        self._server = server
+
+    def bump(self) -> None:
+        """Wake whoever waits for a change of this member's assignment."""
+        old, self.changed = self.changed, asyncio.Event()
+        old.set()
+
+    async def call(self, what: str, call: Callable[[IggyClient], Awaitable[_T]]) -> _T:
+        """``call`` on the member's own connection. A connection that fails is
+        dropped with its memberships (a new session is no member of anything):
+        the engine sees its partitions gone and acquires them again, joining anew.
+        """
+        if self.client is None:
+            self.client = await self._server.connect()
+        client = self.client
+        try:
+            return await self._server.bounded(what, lambda: call(client))
+        except LogUnavailableError:
+            if self.client is client:
+                self.client = None
+                if self.topics:
+                    self.topics.clear()
+                    self.held.clear()
+                    self.bump()
+            raise
+
+
+class Groups:
+    """This instance's group members and what the server says of their groups."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self.members: dict[tuple[str, str], Member] = {}
+        """This instance's members, by (group, member name)."""
+
+    async def _member(self, group: str, member: str) -> Member:
+        key = (group, member)
+        found = self.members.get(key)
+        if found is None:
+            found = self.members.setdefault(key, Member(self._server, group, member))
+        if found.task is None or found.task.done():
+            found.task = asyncio.create_task(
+                self._keep_synced(found), name=f"wakuwaku-iggy-member-{member}"
+            )
+        return found
+
+    async def _sync(self, member: Member, topic: str) -> Joined | None:
+        """Ask the server for ``member``'s partitions of ``topic`` (its Iggy group).
+
+        :returns: the membership, or None when the server no longer counts
+            the member in (it left, its session ended, the group is gone).
+        """
+        joined = member.topics.get(topic)
+        if joined is None:
+            return None
+        request = ident(self._server.stream) + ident(topic) + ident(member.group)
+        answer = await member.call(
+            f"sync group {member.group!r} on {topic}",
+            lambda c: c.send_binary_request(_SYNC_GROUP, request),
+        )
+        now: dict[int, int] = {}
+        if len(answer) >= 12:
+            server_generation, count = struct.unpack_from("<QI", answer, 0)
+            ids = struct.unpack_from(f"<{count}I", answer, 12)
+            now = {p: joined.partitions.get(p) or next(_generations) for p in ids}
+            joined.server_generation = server_generation
+        if now != joined.partitions:
+            joined.partitions = now
+            member.held &= {(topic, p) for p in now} | {h for h in member.held if h[0] != topic}
+            member.bump()
+        if len(answer) < 12:
+            member.topics.pop(topic, None)
+            member.bump()
+            return None
+        return joined
+
+    async def _keep_synced(self, member: Member) -> None:
+        """The member's assignment, asked every :data:`_SYNC_EVERY` seconds."""
+        while not self._server.closed:
+            for topic in list(member.topics):
+                try:
+                    await self._sync(member, topic)
+                except LogError as exc:
+                    logger.debug("Iggy group %s: sync failed: %s", member.group, exc)
+            # Not a blocking call: a fake clock may move meanwhile (each
+            # sync's request is one, through Server.bounded).
+            await asyncio.sleep(_SYNC_EVERY)
+
+    async def _join(self, member: Member, topic: str) -> None:
+        group, stream = member.group, self._server.stream
+        found = await self._server.call(
+            "describe group", lambda c: c.get_consumer_group(stream, topic, group)
+        )
+        if found is None:
+            try:
+                await self._server.call(
+                    "create group", lambda c: c.create_consumer_group(stream, topic, group)
+                )
+            except LogUnavailableError:
+                raise
+            except LogError:
+                pass  # made by another member meanwhile; the join says if not
+        await member.call(
+            f"join group {group!r} on {topic}",
+            lambda c: c.join_consumer_group(stream, topic, group),
+        )
+        member.topics[topic] = Joined()
+
+    async def _leave(self, member: Member, topic: str) -> None:
+        if member.topics.pop(topic, None) is None:
+            return
+        member.held = {h for h in member.held if h[0] != topic}
+        member.bump()
+        with contextlib.suppress(LogError):  # gone already: the group or the topic
+            if member.client is not None:
+                await member.call(
+                    f"leave group {member.group!r} on {topic}",
+                    lambda c: c.leave_consumer_group(self._server.stream, topic, member.group),
+                )
+
+    async def acquire(
+        self, group: str, topic: str, partition: int, member: str, ttl: float
+    ) -> Lease | None:
+        """A lease while the server assigns ``partition`` to ``member`` in the Iggy
+        consumer group ``group`` of ``topic``; the member's first call for a
+        topic creates the Iggy group when missing and joins it."""
+        owner = await self._member(group, member)
+        async with owner.joining:
+            if topic not in owner.topics:
+                await self._join(owner, topic)
+            joined = await self._sync(owner, topic)
+        if joined is None:
+            return None
+        generation = joined.partitions.get(partition)
+        if generation is None:
+            return None
+        owner.held.add((topic, partition))
+        return Lease(group, topic, partition, member, generation, time.time() + ttl)
+
+    async def fence_owner(self, fence: Lease) -> Member:
+        """The member holding ``fence`` now, asked of the server.
+
+        :raises FencedError: when the server no longer assigns the fence's
+            partition to it (or another assignment replaced that one).
+        """
+        member = self.members.get((fence.group, fence.member))
+        joined = await self._sync(member, fence.topic) if member is not None else None
+        if (
+            member is None
+            or joined is None
+            or joined.partitions.get(fence.partition) != fence.generation
+        ):
+            raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+        return member
+
+    async def owners(self, group: str, topic: str) -> dict[int, Lease]:
+        """Who owns each partition of ``topic`` in ``group`` now, from the server
+        (members of every process; see ``IggyLog.partition_owners``)."""
+        stream = self._server.stream
+        found = await self._server.call(
+            "describe group", lambda c: c.get_consumer_group(stream, topic, group)
+        )
+        if found is None:
+            return {}
+        local = [
+            (m.member, j)
+            for m in self.members.values()
+            if m.group == group and (j := m.topics.get(topic)) is not None
+        ]
+        now = time.time()
+        out: dict[int, Lease] = {}
+        for member in found.members:
+            partitions = {int(p) for p in member.partitions}
+            name, mine = f"iggy-member-{member.id}", None
+            for local_name, joined in local:
+                if partitions and set(joined.partitions) == partitions:
+                    name, mine = local_name, joined
+            for partition in sorted(partitions):
+                generation = mine.partitions[partition] if mine is not None else 0
+                out[partition] = Lease(group, topic, partition, name, generation, now)
+        return dict(sorted(out.items()))
+
+    async def changed(self, group: str, member: str, within: float) -> None:
+        """Return when ``member``'s assignment changed, or after ``within`` seconds."""
+        found = self.members.get((group, member))
+        if found is None:
+            # Joining: the server's answer is real I/O, so a fake clock must
+            # not run ahead meanwhile.
+            with BLOCKING_CALLS.track():
+                await asyncio.sleep(min(within, 0.1))
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(found.changed.wait(), within)
+
+    def state(self, lease: Lease) -> str:
+        """``owned`` while the last answer of the server assigns the lease's partition
+        to its member in its generation, else ``gone``."""
+        member = self.members.get((lease.group, lease.member))
+        joined = member.topics.get(lease.topic) if member is not None else None
+        if joined is None or joined.partitions.get(lease.partition) != lease.generation:
+            return "gone"
+        return "owned"
+
+    async def release(self, lease: Lease) -> None:
+        """Let a partition go; the member leaves the topic's Iggy group once it
+        holds none of its partitions, and is dropped once it holds nothing."""
+        member = self.members.get((lease.group, lease.member))
+        if member is None:
+            return
+        joined = member.topics.get(lease.topic)
+        if joined is None or joined.partitions.get(lease.partition) != lease.generation:
+            return
+        member.held.discard((lease.topic, lease.partition))
+        if any(t == lease.topic for t, _ in member.held):
+            return
+        await self._leave(member, lease.topic)
+        if not member.topics:
+            await self._drop_member(member)
+
+    async def _drop_member(self, member: Member) -> None:
+        self.members.pop((member.group, member.member), None)
+        if member.task is not None:
+            member.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await member.task
+        for topic in list(member.topics):
+            await self._leave(member, topic)
+
+    async def leave(self, group: str, topics: list[str]) -> None:
+        """This instance's members of ``group`` leave its Iggy groups on ``topics``."""
+        for key in [k for k in self.members if k[0] == group]:
+            member = self.members[key]
+            for name in [t for t in topics if t in member.topics]:
+                await self._leave(member, name)
+
+    async def drop_group(self, group: str, topic: str) -> None:
+        """Delete the Iggy consumer group ``group`` of ``topic`` when there is one."""
+        stream = self._server.stream
+        found = await self._server.call(
+            "describe group", lambda c: c.get_consumer_group(stream, topic, group)
+        )
+        if found is not None:
+            await self._server.call(
+                "delete group", lambda c: c.delete_consumer_group(stream, topic, group)
+            )
+
+    def forget_topic(self, topic: str) -> None:
+        """``topic`` was deleted: every membership of its groups went with it."""
+        for member in self.members.values():
+            if member.topics.pop(topic, None) is not None:
+                member.held = {h for h in member.held if h[0] != topic}
+                member.bump()
+
+    async def close(self) -> None:
+        """Every member leaves its groups and is dropped."""
+        for member in list(self.members.values()):
+            try:
+                await self._drop_member(member)
+            except LogError as exc:  # the server is away: its session ends with the socket
+                logger.debug("Iggy group %s: leaving failed: %s", member.group, exc)

@@ -1,0 +1,465 @@
+"""The :class:`IggyLog` facade: the log contract on Apache Iggy, put together from its parts.
+
+Owns the log's construction (address, credentials, stream, timeout, URL),
+the checks of every contract call's arguments, the topics' creation
+(which topics take :data:`~._messages.HEADER_ROOM` more bytes) and
+deletion, the append tokens of this instance, the fence check every fenced
+write starts with (asked of the member's group, :mod:`._groups`), and
+closing; it hands each contract call to the part that does it:
+
+- :mod:`._server`: the connection, bounded calls and their errors, the
+  stream, the topics and their cache, end offsets;
+- :mod:`._messages`: records as Iggy messages, sends, reads, start offsets;
+- :mod:`._offsets`: the groups' stored offsets, commits, their deletion;
+- :mod:`._groups`: the members, their Iggy consumer groups, who owns which
+  partition.
+
+May call: all of them. Called by :mod:`wakuwaku.logs` (``open_log``) and
+users of ``wakuwaku.logs.iggy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from urllib.parse import unquote
+
+import xxhash
+
+from ..._errors import ConfigError, FencedError, PartitionCountMismatch
+from ..._records import Record
+from ..._topics import split_derived_topic
+from .._base import (
+    AppendTokens,
+    Lease,
+    Log,
+    OutgoingRecord,
+    TopicInfo,
+    check_commit,
+    check_partition,
+    check_record,
+    check_token,
+)
+from .._url import check_servers, check_timeout, log_url, option_timeout, parse_log_url
+from ._groups import Groups, Member
+from ._messages import HEADER_ROOM, MAX_PAYLOAD, Messages
+from ._offsets import Offsets
+from ._server import MAX_NAME, Server, check_group, check_name
+
+__all__ = (
+    "PASSWORD_ENV",
+    "USERNAME_ENV",
+    "IggyLog",
+    "iggy_partition",
+)
+
+USERNAME_ENV = "WAKUWAKU_IGGY_USERNAME"
+"""The user name used when the URL names none."""
+PASSWORD_ENV = "WAKUWAKU_IGGY_PASSWORD"
+"""The password used when the URL names none (never printed)."""
+
+_MAX_PARTITIONS = 1000
+_DROP_SETTLE = 0.1  # seconds close() gives a dropped client's runtime to end
+
+
+def iggy_partition(key: str | bytes, partitions: int) -> int:
+    """Iggy's message-key partitioning: xxHash32 of the key bytes (seed 0) mod ``partitions``.
+
+    The server's ``Partitioning::messages_key`` (``core/common/src/utils/hash.rs``);
+    a str key is UTF-8 encoded.
+    """
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    return int(xxhash.xxh32_intdigest(raw, seed=0)) % partitions
+
+
+def _derived(topic: str) -> bool:
+    """True for an engine-made topic name (the one rule, :mod:`wakuwaku._topics`)."""
+    return split_derived_topic(topic) is not None
+
+
+class IggyLog(Log):
+    """A :class:`~wakuwaku.logs.Log` on Apache Iggy (``iggy://user:password@host:port``).
+
+    :param address: the server's TCP ``host:port``.
+    :param username: / :param password: the Iggy user (never printed).
+    :param stream: the Iggy stream holding the log's topics (created on first use).
+    :param timeout: the bound of every call to the server (seconds, finite,
+        > 0); past it the call raises :class:`~wakuwaku.LogUnavailableError`.
+
+    Ownership: :meth:`acquire_partition` joins the Iggy consumer group
+    ``<group>`` of the topic as ``member`` (one connection per member) and
+    answers from the assignment the server gives it; ``ttl`` decides
+    nothing. The server moves a partition at once when a member joins or
+    leaves, and when a member's connection closes (a member that stops
+    answering pings loses its partitions after the server's heartbeat
+    window, 36 s by default). Each member asks for its assignment every
+    0.5 s and before each fenced write.
+
+    What a member that lost a partition can still write (Iggy has no
+    transactions and no conditional append): an append or commit that began
+    its ownership check before the server moved the partition (one round
+    trip and the write itself); its commits of the partition it owned are
+    refused by the server (the consumer-group offset fence), its appends
+    to retry and dead-letter topics are not.
+
+    :raises ConfigError: for a bad address, stream name or timeout.
+    """
+
+    commits_zero = False
+    """Iggy stores the last record consumed: a committed 0 reads back as None."""
+    max_record_size = MAX_PAYLOAD - HEADER_ROOM
+    """The largest record (body and headers, bytes) on a main topic."""
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:8090",
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        stream: str = "wakuwaku",
+        timeout: float = 5.0,
+    ) -> None:
+        check_servers("Iggy", address, "iggy://user:password@host:port")
+        if "," in address:
+            raise ConfigError("an Iggy log names one server: iggy://user:password@host:port")
+        if not isinstance(stream, str) or not stream or len(stream.encode()) > MAX_NAME:
+            raise ConfigError(f"an Iggy stream name takes 1-255 bytes, got {stream!r}")
+        timeout = float(check_timeout(timeout))
+        self.address = address
+        self.stream = stream
+        self.url = log_url(
+            "iggy", address, [("stream", stream, "wakuwaku"), ("timeout", timeout, 5.0)]
+        )
+        self._server = Server(
+            address,
+            username or os.environ.get(USERNAME_ENV) or "iggy",
+            password if password is not None else os.environ.get(PASSWORD_ENV, ""),
+            stream,
+            timeout,
+            self.url,
+        )
+        self._messages = Messages(self._server)
+        self._groups = Groups(self._server)
+        self._offsets = Offsets(self._server)
+        self._members = self._groups.members  # a test reaches a member through it
+        self._tokens = AppendTokens()
+
+    def __repr__(self) -> str:
+        return f"IggyLog({self.url!r})"
+
+    @property
+    def timeout(self) -> float:
+        """The bound of every call to the server (seconds); set, it bounds the calls made after."""
+        return self._server.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._server.timeout = value
+
+    @property
+    def _password(self) -> str:
+        """The Iggy user's password (never printed)."""
+        return self._server.password
+
+    def partition_for(self, key: str | bytes, partitions: int) -> int:
+        """Iggy's message-key partitioning (:func:`iggy_partition`)."""
+        return iggy_partition(key, partitions)
+
+    # -- topics ---------------------------------------------------------------
+
+    async def create_topic(
+        self, topic: str, partitions: int, *, derived_from: str | None = None
+    ) -> TopicInfo:
+        """Create the Iggy topic ``topic`` in the log's stream; see :meth:`Log.create_topic`.
+
+        ``derived_from`` (or a derived name, ``wk-retry.`` / ``wk-dlq.`` /
+        ``wk-replayed.``) gives the topic :data:`HEADER_ROOM` more bytes per
+        record in this instance.
+
+        :raises ConfigError: for a bad name (over 255 bytes of UTF-8 too) or
+            a count outside 1..1000 (Iggy's limit).
+        :raises PartitionCountMismatch: when the topic exists with another count.
+        """
+        check_name(topic)
+        if (
+            isinstance(partitions, bool)
+            or not isinstance(partitions, int)
+            or not 1 <= partitions <= _MAX_PARTITIONS
+        ):
+            raise ConfigError(
+                f"topic {topic!r}: partition count must be >= 1 (at most 1000 on Iggy), "
+                f"got {partitions!r}"
+            )
+        if derived_from is not None or _derived(topic):
+            self._messages.mark_derived(topic)
+        existing = await self._server.create_topic(topic, partitions)
+        if existing != partitions:
+            raise PartitionCountMismatch(topic, existing, partitions)
+        return TopicInfo(topic, partitions)
+
+    async def describe_topic(self, topic: str) -> TopicInfo:
+        return TopicInfo(topic, await self._server.partitions(topic, fresh=True))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        """Every topic of the log's stream, by name (none while the stream does not exist)."""
+        return await self._server.list_topics()
+
+    async def delete_topic(self, topic: str) -> bool:
+        """Delete the Iggy topic with its records, consumer groups and stored offsets.
+
+        This instance's members leave nothing behind: their memberships of
+        the topic's consumer groups go with it.
+
+        :returns: False when there was no such topic.
+        """
+        if not await self._server.delete_topic(topic):
+            return False
+        self._messages.forget(topic)
+        self._groups.forget_topic(topic)
+        return True
+
+    # -- records --------------------------------------------------------------
+
+    async def append(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[OutgoingRecord],
+        *,
+        fence: Lease | None = None,
+        token: str | None = None,
+    ) -> list[int]:
+        """Send ``records`` to one partition as one Iggy batch; returns their offsets.
+
+        With ``fence``, the member must own the fence's partition now (asked
+        of the server right before the send). A ``token`` is remembered by
+        this instance once the server confirmed the batch; Iggy keeps no
+        token: a send whose answer was lost may have been stored, and
+        sending it again may store it twice.
+
+        :raises ConfigError: for a record over the topic's limit (naming it);
+            nothing is written.
+        :raises FencedError: when the fence's partition is no longer this
+            member's; nothing is written.
+        """
+        check_token(token)
+        checked = [(check_record(h, b), b) for h, b in records]
+        check_partition(topic, partition, await self._server.partitions(topic))
+        if not checked:
+            return []
+        done = self._tokens.get(topic, partition, token, len(checked))
+        if done is not None:
+            if fence is not None:
+                await self._groups.fence_owner(fence)
+            return done
+        messages = [self._messages.message(topic, partition, h, bytes(b)) for h, b in checked]
+        if fence is not None:
+            await self._groups.fence_owner(fence)
+        offsets = await self._messages.send(topic, partition, messages)
+        self._tokens.put(topic, partition, token, offsets)
+        return offsets
+
+    async def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 500,
+        wait: float = 0.0,
+    ) -> list[Record]:
+        """Poll up to ``max_records`` records from ``offset`` on (by offset, storing nothing).
+
+        With ``wait``, polls again every 20 ms until a record is there or
+        ``wait`` seconds have passed.
+        """
+        check_partition(topic, partition, await self._server.partitions(topic))
+        return await self._messages.read(topic, partition, offset, max_records, wait)
+
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        return await self._server.end_offsets(topic)
+
+    async def start_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition, the offset of the first stored record (the end when none)."""
+        return await self._messages.start_offsets(topic)
+
+    # -- offsets ----------------------------------------------------------------
+
+    async def group_offsets(self, topic: str) -> dict[str, dict[int, int]]:
+        """Committed offsets on ``topic`` of every group that has an Iggy consumer
+        group on it: group -> partition -> next offset to read.
+
+        Iggy lists consumer groups per topic, not the consumers that stored
+        offsets: a group that only ever committed without joining (a tool's
+        ``commit``, a consumer without ownership), and a group's offsets on
+        its retry topic (whose partitions belong to the main topic's members,
+        outside any Iggy group), are not listed. A group with nothing stored
+        is left out.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        :raises LogUnavailableError: when the server does not answer.
+        """
+        return await self._offsets.group_offsets(topic)
+
+    async def committed(self, group: str, topic: str, partition: int) -> int | None:
+        """The group's committed offset: the next offset to read (Iggy stores the
+        last record consumed; this is one past it). None when none was stored,
+        the topic is gone, or the group committed 0 (Iggy cannot store "before
+        the first record")."""
+        check_group(group)
+        return await self._offsets.committed(group, topic, partition)
+
+    async def commit(
+        self,
+        group: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store the group's position (the next offset to read) on the server.
+
+        Iggy stores the last record consumed, so ``offset`` N is stored as
+        N - 1, as the offset of the Iggy consumer ``<group>``; 0 deletes it.
+        With ``fence``, the member must own the partition
+        now (asked of the server); when the partition is the member's own
+        (not a retry partition of it), the offset also passes the server's
+        consumer-group offset fence, which refuses a member that no longer
+        owns it.
+
+        :raises ConfigError: as :meth:`Log.commit`, and for an offset past the
+            partition's end offset (Iggy stores offsets of records only).
+        :raises FencedError: as :meth:`Log.commit`.
+        """
+        offset = check_commit(group, topic, partition, offset)
+        check_group(group)
+        check_partition(topic, partition, await self._server.partitions(topic))
+        owner: Member | None = None
+        if fence is not None:
+            if fence.group != group:
+                raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
+            owner = await self._groups.fence_owner(fence)
+            if (fence.topic, fence.partition) != (topic, partition):
+                owner = None  # a retry partition: not in the member's Iggy group
+        await self._offsets.commit(group, topic, partition, offset, owner)
+
+    async def _store(
+        self, owner: Member | None, kind: int, group: str, topic: str, partition: int, stored: int
+    ) -> None:
+        """:meth:`Offsets.store <._offsets.Offsets.store>` (a test sends a stale
+        member's group offset through it)."""
+        await self._offsets.store(owner, kind, group, topic, partition, stored)
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        """Delete the group's stored offsets and its Iggy consumer groups (on
+        ``topic``, or on every topic of the stream); this instance's members
+        of it leave first.
+
+        :returns: how many stored offsets were deleted.
+        :raises UnknownTopicError: when ``topic`` does not exist.
+        """
+        check_group(group)
+        if topic is not None:
+            topics = [TopicInfo(topic, await self._server.partitions(topic, fresh=True))]
+        else:
+            topics = await self._server.list_topics()
+        await self._groups.leave(group, [t.name for t in topics])
+        deleted = 0
+        for info in topics:
+            deleted += await self._offsets.delete(group, info)
+            await self._groups.drop_group(group, info.name)
+        return deleted
+
+    # -- ownership ------------------------------------------------------------------
+
+    async def acquire_partition(
+        self, group: str, topic: str, partition: int, member: str, ttl: float
+    ) -> Lease | None:
+        """A lease while the server assigns ``partition`` to ``member`` in the Iggy
+        consumer group ``group`` of ``topic``.
+
+        The member's first call for a topic creates the Iggy group when
+        missing and joins it (the server rebalances at once). ``ttl`` only
+        sets ``expires_at``.
+        """
+        check_group(group)
+        check_partition(topic, partition, await self._server.partitions(topic))
+        return await self._groups.acquire(group, topic, partition, member, ttl)
+
+    async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
+        """Who owns each partition of ``topic`` in ``group`` now, from the server
+        (members of every process).
+
+        A member of this instance is named and has its lease generation; a
+        member the server lists that this instance does not know is named
+        ``iggy-member-<id>`` (Iggy's member id) with generation 0.
+        ``expires_at`` is now: Iggy keeps an assignment while the member's
+        session lives, with no expiry to show.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        check_group(group)
+        await self._server.partitions(topic, fresh=True)
+        return await self._groups.owners(group, topic)
+
+    async def ownership_changed(self, group: str, member: str, within: float) -> None:
+        """Return when ``member``'s assignment changed, or after ``within`` seconds
+        (:class:`~wakuwaku.engine._ownership.AssignmentLog`)."""
+        await self._groups.changed(group, member, within)
+
+    def ownership_state(self, lease: Lease) -> str:
+        """``owned`` while the last answer of the server assigns the lease's partition
+        to its member in its generation, else ``gone`` (Iggy moves a partition at
+        once: there is no revoking state)."""
+        return self._groups.state(lease)
+
+    async def release_partition(self, lease: Lease) -> None:
+        """Let a partition go; the member leaves the topic's Iggy group once it
+        holds none of its partitions, and closes its connection once it holds
+        nothing."""
+        await self._groups.release(lease)
+
+    # -- close ---------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Leave every group and drop the connections; calling it again does nothing."""
+        if self._server.closed:
+            return
+        await self._groups.close()
+        if self._server.close():
+            # Dropping the client lets its Rust runtime end the connection
+            # in the background, which calls back into Python. A process
+            # that exited at once aborted (SIGABRT, exit 134) about 1 run in
+            # 10, its tokio thread taking the GIL during interpreter
+            # shutdown; 0.1 s for that to end made it 0 of 200.
+            await asyncio.sleep(_DROP_SETTLE)
+
+    # -- URLs ----------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: str) -> IggyLog:
+        """``iggy://[user[:password]@]host:port[?stream=NAME&timeout=SECONDS]``.
+
+        Without credentials in the URL, ``WAKUWAKU_IGGY_USERNAME`` (default
+        ``iggy``) and ``WAKUWAKU_IGGY_PASSWORD`` give them; neither is part
+        of :attr:`url` or any message. TLS and personal access tokens are not
+        supported yet.
+
+        :raises ConfigError: for a URL without ``host:port`` or a bad option.
+        """
+        parsed = parse_log_url(url)
+        credentials, at, address = parsed.rest.rstrip("/").rpartition("@")
+        user = password = None
+        if at:
+            name, colon, secret = credentials.partition(":")
+            user = unquote(name) or None
+            password = unquote(secret) if colon else None
+        timeout = option_timeout(parsed, "timeout", 5.0)
+        return cls(
+            address,
+            username=user,
+            password=password,
+            stream=parsed.options.get("stream", "wakuwaku"),
+            timeout=timeout,
+        )

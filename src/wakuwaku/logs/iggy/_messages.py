@@ -1,0 +1,229 @@
+"""The Iggy log's records as Iggy messages: how one is written, sent, polled and read back.
+
+Owns the record format on Iggy: headers are Iggy user headers (string
+keys, raw byte values); what Iggy cannot carry as a header (an empty value,
+a name or value over 255 bytes, headers past its 100 000 bytes) and an
+empty body travel in the payload, ``msgpack([headers, body])``, under the
+reserved header :data:`ENVELOPE`. Also the size limit of each topic
+(:data:`MAX_PAYLOAD`, less :data:`HEADER_ROOM` on every topic but the
+engine's derived ones, which this part is told of), the sends of one batch
+and the offsets they got, and the log's polls: by offset as a plain
+consumer that stores nothing (:data:`_READER`), for reads and for the first
+offset of each partition.
+
+May call: :mod:`._server` (the log's connection, the topic cache).
+Called by the log (:mod:`._log`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from apache_iggy import Consumer, PollingStrategy, ReceiveMessage, SendMessage
+
+from ..._errors import ConfigError, LogError, LogUnavailableError
+from ..._records import H_KEY, Record, unreadable_record
+from ._server import Server, end_of
+
+__all__ = ("ENVELOPE", "HEADER_ROOM", "MAX_PAYLOAD", "Messages", "to_record")
+
+MAX_PAYLOAD = 64_000_000
+"""Iggy's largest message payload (bytes): ``MAX_PAYLOAD_SIZE`` of its server."""
+HEADER_ROOM = 1_000_000
+"""Bytes kept free below :data:`MAX_PAYLOAD` on every topic but the engine's
+retry, dead-letter and replay topics, so a record at its main topic's limit
+can still be retried and dead-lettered with the headers the engine adds."""
+ENVELOPE = "wk-iggy-envelope"
+"""Reserved header: the payload is ``msgpack([headers, body])`` (headers Iggy
+cannot carry, an empty body)."""
+_MAX_HEADER = 255  # bytes of one Iggy header name or value
+_MAX_HEADERS = 90_000  # of Iggy's 100 000 bytes of user headers, less framing
+_HEADER_FRAMING = 16  # per header: kinds and lengths, counted generously
+_READ_PAUSE = 0.02  # seconds between polls of a waiting read
+_READER = "wakuwaku-reader"
+
+
+def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
+    """A message's Iggy user headers as ``str -> bytes``.
+
+    The usual case (text names, raw values, as this log writes them) is one
+    comprehension and one type check per header: this runs once per record
+    read, and was the consumer's largest cost on Iggy. Other kinds (a
+    name in bytes, a value Iggy typed as text or a number) are turned into
+    the same shape; a name that is not UTF-8 keeps its bytes as ``\ufffd``.
+    """
+    found = message.user_headers()
+    if not found:
+        return {}
+    plain = {key.value: value.value for key, value in found.items()}
+    if all(type(k) is str and type(v) is bytes for k, v in plain.items()):
+        return plain
+    out: dict[str, bytes] = {}
+    for key, value in found.items():
+        name = key.value
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        raw = value.value
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8")
+        elif not isinstance(raw, bytes):
+            raw = str(raw).encode("utf-8")
+        out[str(name)] = raw
+    return out
+
+
+def to_record(message: ReceiveMessage) -> Record:
+    """The record an Iggy message holds (an unreadable record for a bad envelope or headers)."""
+    offset = int(message.offset())
+    stamp = message.timestamp() / 1_000_000
+    body = message.payload()
+    try:
+        headers = _headers_of(message)
+    except (ValueError, UnicodeError) as exc:
+        return unreadable_record(offset, f"Iggy user headers not decodable: {exc}", body)
+    if ENVELOPE not in headers:
+        return Record(offset, headers, body, stamp)
+    headers.pop(ENVELOPE)
+    try:
+        extra, inner = msgspec.msgpack.decode(body, type=tuple[dict[str, bytes], bytes])
+    except msgspec.DecodeError:
+        return unreadable_record(
+            offset, f"a record marked {ENVELOPE} whose payload is not one", body
+        )
+    headers.update(extra)
+    return Record(offset, headers, inner, stamp)
+
+
+class Messages:
+    """The records of the log's partitions, written and read as Iggy messages."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._derived: set[str] = set()
+        self._reader = Consumer.Single(_READER)
+
+    def mark_derived(self, topic: str) -> None:
+        """``topic`` is an engine-made one: it takes :data:`HEADER_ROOM` more bytes per record."""
+        self._derived.add(topic)
+
+    def forget(self, topic: str) -> None:
+        """``topic`` was deleted."""
+        self._derived.discard(topic)
+
+    def _limit(self, topic: str) -> int:
+        return MAX_PAYLOAD if topic in self._derived else MAX_PAYLOAD - HEADER_ROOM
+
+    def message(self, topic: str, partition: int, headers: Mapping[str, bytes], body: bytes) -> Any:
+        """The Iggy message of one record (:data:`ENVELOPE` for what headers cannot carry).
+
+        :raises ConfigError: for a record over the topic's limit, naming it.
+        """
+        size = len(body) + sum(len(k.encode()) + len(v) for k, v in headers.items())
+        limit = self._limit(topic)
+        if size > limit:
+            key = headers.get(H_KEY, b"")
+            raise ConfigError(
+                f"a record of key {bytes(key)[:80]!r} for {topic}/{partition} is {size} bytes "
+                f"(body and headers); Iggy topic {topic!r} takes at most {limit} (Iggy's "
+                f"message limit is {MAX_PAYLOAD} bytes"
+                + ("" if topic in self._derived else f", less {HEADER_ROOM} for retry headers")
+                + ")"
+            )
+        plain: dict[str, bytes] = {}
+        extra: dict[str, bytes] = {}
+        room = _MAX_HEADERS
+        for name, value in headers.items():
+            width = len(name.encode("utf-8"))
+            cost = width + len(value) + _HEADER_FRAMING
+            if 0 < len(value) <= _MAX_HEADER and width <= _MAX_HEADER and cost <= room:
+                plain[name] = value
+                room -= cost
+            else:
+                extra[name] = value
+        if not extra and body:
+            return SendMessage(body, plain or None)
+        payload = msgspec.msgpack.encode([extra, body])
+        if len(payload) > MAX_PAYLOAD:
+            raise ConfigError(
+                f"a record for {topic}/{partition} does not fit Iggy's message limit of "
+                f"{MAX_PAYLOAD} bytes once its long headers are moved into the payload"
+            )
+        plain[ENVELOPE] = b"1"
+        return SendMessage(payload, plain)
+
+    async def send(self, topic: str, partition: int, messages: list[Any]) -> list[int]:
+        """Send ``messages`` (made by :meth:`message`) to one partition as one Iggy batch.
+
+        :returns: their offsets.
+        :raises UnknownTopicError: when the send was refused and the topic is gone.
+        """
+        stream = self._server.stream
+        try:
+            answer = await self._server.call(
+                f"append to {topic}/{partition}",
+                lambda c: c.send_messages(stream, topic, partition, messages),
+            )
+        except LogUnavailableError:
+            raise
+        except LogError:
+            await self._server.unknown_topic(topic)
+            raise
+        if not answer.confirmations:
+            raise LogError(
+                f"Iggy log {self._server.url}: append to {topic}/{partition} got no offset"
+            )
+        base = int(answer.confirmations[0].base_offset)
+        return list(range(base, base + len(messages)))
+
+    async def read(
+        self, topic: str, partition: int, offset: int, max_records: int, wait: float
+    ) -> list[Record]:
+        """Poll up to ``max_records`` records from ``offset`` on, again every 20 ms
+        until a record is there or ``wait`` seconds have passed."""
+        deadline = time.monotonic() + max(wait, 0.0)
+        strategy = PollingStrategy.Offset(max(offset, 0))
+        while True:
+            try:
+                found = await self._poll(topic, partition, strategy, max(1, max_records))
+            except LogUnavailableError:
+                raise
+            except LogError:
+                await self._server.unknown_topic(topic)
+                raise
+            records = [to_record(m) for m in found if m.offset() >= offset]
+            if records or time.monotonic() >= deadline:
+                return records[:max_records]
+            await asyncio.sleep(min(_READ_PAUSE, max(0.0, deadline - time.monotonic())))
+
+    async def _poll(
+        self, topic: str, partition: int, strategy: PollingStrategy, count: int
+    ) -> list[ReceiveMessage]:
+        """One poll of ``partition`` as the log's reader (it stores no offset)."""
+        return await self._server.call(
+            f"read {topic}/{partition}",
+            lambda c: c.poll_messages(
+                self._server.stream,
+                topic,
+                consumer=self._reader,
+                polling_strategy=strategy,
+                count=count,
+                auto_commit=False,
+                partition_id=partition,
+            ),
+        )
+
+    async def start_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition, the offset of the first stored record (the end when none)."""
+        out: dict[int, int] = {}
+        for info in await self._server.partition_info(topic):
+            partition = int(info.id)
+            if int(info.messages_count) == 0:
+                out[partition] = end_of(info)
+                continue
+            first = await self._poll(topic, partition, PollingStrategy.First(), 1)
+            out[partition] = int(first[0].offset()) if first else end_of(info)
+        return out

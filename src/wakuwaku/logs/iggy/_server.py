@@ -1,0 +1,297 @@
+"""What every part of the Iggy log shares: its connection, its calls, the stream and its topics.
+
+Owns the log's own client (made by the first call, made again after a call
+found the server gone: :meth:`Server.call`), the connections of group
+members (:meth:`Server.connect`, their calls bounded the same way), the
+bound on every call (``timeout`` seconds) and the reading of the client's
+errors, once (:class:`~wakuwaku.LogUnavailableError` for a server that is not
+answering now, :class:`~wakuwaku.LogError` for a refusal). Also the Iggy
+stream the log's topics live in (created on first use), the topics of that
+stream (created, listed, deleted, described: partition counts, kept in a
+cache, and end offsets), and Iggy's identifiers: a name takes at most 255
+bytes (:func:`check_name`, :func:`check_group`) and is sent in binary
+requests as :func:`ident` writes it.
+
+May call: apache-iggy's client, :mod:`wakuwaku._clock`, the contract's
+checks (:mod:`.._base`). Called by every other module of the Iggy log;
+calls none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from apache_iggy import AutoLogin, IggyClient, TcpConfig, TcpReconnectionConfig
+
+from ..._clock import BLOCKING_CALLS
+from ..._errors import ConfigError, LogError, LogUnavailableError, UnknownTopicError
+from .._base import TopicInfo, check_topic_name
+
+__all__ = ("MAX_NAME", "Server", "check_group", "check_name", "end_of", "ident")
+
+_T = TypeVar("_T")
+
+MAX_NAME = 255
+"""Bytes of UTF-8 in an Iggy name: a stream, topic, consumer or group."""
+
+_UNAVAILABLE = (
+    "disconnected",
+    "not connected",
+    "connection",
+    "timed out",
+    "timeout",
+    "cannot connect",
+    "broken pipe",
+    "reset by peer",
+    "empty response",
+    "refused",
+    "unavailable",
+    "not primary",
+    "i/o",
+    "io error",
+)
+"""Words of the client's errors that mean the server is not answering now."""
+
+
+def ident(value: str | int) -> bytes:
+    """An Iggy identifier on the wire: kind, length, value."""
+    if isinstance(value, int):
+        return bytes((1, 4)) + struct.pack("<I", value)
+    raw = value.encode("utf-8")
+    return bytes((2, len(raw))) + raw
+
+
+def check_name(topic: str) -> None:
+    """:raises ConfigError: for a topic name the contract or Iggy (255 bytes) refuses."""
+    check_topic_name(topic)
+    if len(topic.encode("utf-8")) > MAX_NAME:
+        raise ConfigError(f"invalid Iggy topic name {topic!r}: at most 255 bytes of UTF-8")
+
+
+def check_group(group: str) -> None:
+    """:raises ConfigError: for a group name over Iggy's 255 bytes."""
+    if len(group.encode("utf-8")) > MAX_NAME:
+        raise ConfigError(f"an Iggy consumer or group name takes at most 255 bytes: {group!r}")
+
+
+def end_of(info: Any) -> int:
+    """A partition's end offset, from its description (``get_topic``)."""
+    # current_offset is the last record's offset (0 on an empty partition).
+    if int(info.messages_count) == 0 and int(info.current_offset) == 0:
+        return 0
+    return int(info.current_offset) + 1
+
+
+class Server:
+    """The Iggy server as the log's parts reach it.
+
+    :param address: the server's TCP ``host:port``.
+    :param username: / :param password: the Iggy user (never printed).
+    :param stream: the Iggy stream holding the log's topics.
+    :param timeout: the bound of every call (seconds).
+    :param url: the log's URL, in every message.
+    """
+
+    def __init__(
+        self, address: str, username: str, password: str, stream: str, timeout: float, url: str
+    ) -> None:
+        self.address = address
+        self.username = username
+        self.password = password
+        self.stream = stream
+        self.timeout = timeout
+        self.url = url
+        self.closed = False
+        self._client: IggyClient | None = None
+        self._connecting = asyncio.Lock()
+        self._stream_ready = False
+        self._topics: dict[str, int] = {}
+
+    # -- connections ----------------------------------------------------------
+
+    def _config(self) -> TcpConfig:
+        return TcpConfig(
+            server_address=self.address,
+            auto_login=AutoLogin.username_password(self.username, self.password),
+            # The log reconnects by itself, with a new client (call): the
+            # SDK's own loop, once a call waiting in it was cancelled by the
+            # timeout, answered "Disconnected" forever after a server restart.
+            reconnection=TcpReconnectionConfig(enabled=False),
+            nodelay=True,
+        )
+
+    async def connect(self) -> IggyClient:
+        """A new connection, logged in (the log's own, or a group member's)."""
+        client = IggyClient(self._config())
+        await self.bounded("connect", client.connect)
+        return client
+
+    async def _admin(self) -> IggyClient:
+        if self.closed:
+            raise LogError(f"the Iggy log {self.url} is closed")
+        if self._client is None:
+            async with self._connecting:
+                if self._client is None:
+                    self._client = await self.connect()
+        return self._client
+
+    async def bounded(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Await ``call()`` within ``timeout``, translating the client's errors."""
+        try:
+            with BLOCKING_CALLS.track():
+                return await asyncio.wait_for(_awaited(call()), self.timeout)
+        except TimeoutError as exc:
+            raise LogUnavailableError(
+                f"Iggy log {self.url} is unavailable ({what}): no answer within {self.timeout} s"
+            ) from exc
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise self._error(what, exc) from exc
+
+    async def call(self, what: str, call: Callable[[IggyClient], Awaitable[_T]]) -> _T:
+        """``call`` on the log's own connection, bounded; a connection that fails
+        is dropped, and the next call connects again."""
+        client = await self._admin()
+        try:
+            return await self.bounded(what, lambda: call(client))
+        except LogUnavailableError:
+            if self._client is client:
+                self._client = None
+            raise
+
+    def _error(self, what: str, exc: BaseException) -> LogError:
+        text = str(exc) or type(exc).__name__
+        if isinstance(exc, OSError) or any(w in text.lower() for w in _UNAVAILABLE):
+            return LogUnavailableError(f"Iggy log {self.url} is unavailable ({what}): {text}")
+        return LogError(f"Iggy log {self.url} failed ({what}): {text}")
+
+    def close(self) -> bool:
+        """Refuse every later call and drop the log's connection.
+
+        :returns: whether there was one (its runtime ends it in the background).
+        """
+        self.closed = True
+        dropped = self._client is not None
+        self._client = None
+        return dropped
+
+    # -- the stream and its topics -------------------------------------------
+
+    async def _ensure_stream(self) -> None:
+        if self._stream_ready:
+            return
+        found = await self.call("get stream", lambda c: c.get_stream(self.stream))
+        if found is None:
+            try:
+                await self.call("create stream", lambda c: c.create_stream(self.stream))
+            except LogUnavailableError:
+                raise
+            except LogError:
+                # Made by another process meanwhile: there now, or a real refusal.
+                if await self.call("get stream", lambda c: c.get_stream(self.stream)) is None:
+                    raise
+        self._stream_ready = True
+
+    async def partitions_or_none(self, topic: str, *, fresh: bool = False) -> int | None:
+        """The topic's partition count (asked of the server when ``fresh`` or not
+        known yet), None when there is no such topic."""
+        if not fresh and topic in self._topics:
+            return self._topics[topic]
+        check_name(topic)
+        await self._ensure_stream()
+        found = await self.call("describe topic", lambda c: c.get_topic(self.stream, topic))
+        if found is None:
+            self._topics.pop(topic, None)
+            return None
+        self._topics[topic] = int(found.partitions_count)
+        return self._topics[topic]
+
+    async def partitions(self, topic: str, *, fresh: bool = False) -> int:
+        """As :meth:`partitions_or_none`; :raises UnknownTopicError: for no such topic."""
+        count = await self.partitions_or_none(topic, fresh=fresh)
+        if count is None:
+            raise UnknownTopicError(topic)
+        return count
+
+    async def unknown_topic(self, topic: str) -> None:
+        """After a refused call: :class:`UnknownTopicError` when the topic is gone."""
+        count = await self.partitions_or_none(topic, fresh=True)
+        if count is None:
+            raise UnknownTopicError(topic)
+
+    async def partition_info(self, topic: str) -> list[Any]:
+        """The topic's partitions as the server describes them, by id.
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        await self._ensure_stream()
+        found = await self.call("describe topic", lambda c: c.get_topic(self.stream, topic))
+        if found is None:
+            self._topics.pop(topic, None)
+            raise UnknownTopicError(topic)
+        self._topics[topic] = int(found.partitions_count)
+        return sorted(found.partitions, key=lambda p: p.id)
+
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition, the offset one past its last record."""
+        return {int(p.id): end_of(p) for p in await self.partition_info(topic)}
+
+    async def create_topic(self, topic: str, partitions: int) -> int:
+        """Create the Iggy topic unless it exists.
+
+        :returns: its partition count (``partitions`` when this call made it).
+        """
+        existing = await self.partitions_or_none(topic, fresh=True)
+        if existing is None:
+            try:
+                # Each record is written out as it comes (not after 1 024 of
+                # them, the server's default): a server killed with SIGKILL
+                # kept nothing it had acknowledged on a default topic, records
+                # nor stored offsets.
+                await self.call(
+                    "create topic",
+                    lambda c: c.create_topic(
+                        self.stream, topic, partitions, messages_required_to_save=1
+                    ),
+                )
+            except LogUnavailableError:
+                raise
+            except LogError:
+                existing = await self.partitions_or_none(topic, fresh=True)
+                if existing is None:
+                    raise
+            else:
+                existing = partitions
+                self._topics[topic] = partitions
+        return existing
+
+    async def list_topics(self) -> list[TopicInfo]:
+        """Every topic of the stream, by name (none while the stream does not exist)."""
+        found = await self.call("get stream", lambda c: c.get_stream(self.stream))
+        if found is None:
+            return []
+        topics = await self.call("list topics", lambda c: c.get_topics(self.stream))
+        return sorted(
+            (TopicInfo(t.name, int(t.partitions_count)) for t in topics), key=lambda t: t.name
+        )
+
+    async def delete_topic(self, topic: str) -> bool:
+        """Delete the Iggy topic. :returns: False when there was no such topic."""
+        if await self.partitions_or_none(topic, fresh=True) is None:
+            return False
+        try:
+            await self.call("delete topic", lambda c: c.delete_topic(self.stream, topic))
+        except LogUnavailableError:
+            raise
+        except LogError:
+            if await self.partitions_or_none(topic, fresh=True) is None:
+                return False
+            raise
+        self._topics.pop(topic, None)
+        return True
+
+
+async def _awaited(awaitable: Awaitable[_T]) -> _T:
+    return await awaitable
