@@ -26,12 +26,12 @@ demo: $(STAMP)
 services:
 	bash ci/services.sh
 
-# One xdist worker by default: a test that hangs is stopped by its timeout
-# and the worker replaced, and the run goes on. WORKERS=4 runs the suite in
-# about 12 minutes instead of about 40 on a quiet 2-core machine, but with
-# coverage on 2 cores a few fake-clock and fault tests still miss their
-# marks there (see docs/services.md, "Running the tests"), so CI stays at one worker until they do.
-WORKERS ?= 1
+# Two xdist workers by default, one per core of the machines CI runs on; a
+# test that hangs is stopped by its timeout and its worker replaced, and the
+# run goes on. Without asyncio's debug mode (see tests/conftest.py) the whole
+# suite took 12.6 min at WORKERS=4 with coverage beside other work; figures
+# in docs/services.md, "Running the tests".
+WORKERS ?= 2
 
 test: $(STAMP)
 	@bash ci/services.sh || { [ "$${CI:-}" != true ] && echo "services: not all are up; their tests skip here (with CI=true they fail)"; }
