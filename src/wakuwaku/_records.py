@@ -62,12 +62,20 @@ H_AT = "wk-at"
 """Retry topic, on a marker: when it was written (ms since the epoch)."""
 H_DUE = "wk-due-at"
 """Retry topic, on a work record: when its key's next attempt is due (ms since the epoch)."""
+H_HELD = "wk-held"
+"""Retry topic, on a work record: ``1`` when it was routed there because an
+operator paused its key, not because it failed (a key quarantined only so
+starts at 0 failures)."""
+H_OPERATOR = "wk-operator"
+"""Dead-letter topic: who gave the key up (reason ``given_up_by_operator``)."""
 H_DLQ_OFFSET = "wk-dlq-offset"
 """Replay ledger: the dead letter's offset in its ``wk-dlq.<group>.<topic>`` partition."""
 H_REPLAYED_TO = "wk-replayed-to"
 """Replay ledger: ``<partition>@<offset>`` of the copy in the main topic."""
 
-RETRY_ONLY_HEADERS = frozenset({H_FAILED_AT, H_MARKER, H_THROUGH, H_RESET, H_FAILURES, H_AT})
+RETRY_ONLY_HEADERS = frozenset(
+    {H_FAILED_AT, H_MARKER, H_THROUGH, H_RESET, H_FAILURES, H_AT, H_HELD}
+)
 """Headers the engine writes on its retry topic only (design §8): on a main-topic
 record they make it ``malformed_header``, so that nobody can forge a marker or
 a failure time through the main topic."""
@@ -146,6 +154,9 @@ class ReasonCode(enum.StrEnum):
     """A newly failing key would exceed ``max_pending_retry``."""
     GAVE_UP_RETRY = "gave_up_retry"
     """The key's last retry attempt failed."""
+    GIVEN_UP_BY_OPERATOR = "given_up_by_operator"
+    """An operator gave the quarantined key up (``wakuwaku key give-up``);
+    ``wk-operator`` names who."""
     UNRECOVERABLE = "unrecoverable"
     """A handler raised Unrecoverable (or an unknown exception classified so)."""
 

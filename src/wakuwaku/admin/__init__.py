@@ -10,10 +10,22 @@ One module per task; every name is importable from ``wakuwaku.admin``:
 - :mod:`wakuwaku.admin.offsets`: :func:`reset_offsets` (``wakuwaku group
   reset-offsets``) and what it is built on (:func:`plan_offset_reset`,
   :func:`apply_offset_reset`, :func:`running_members`, :func:`offset_at_time`).
+- :mod:`wakuwaku.admin.control`: :func:`pause`, :func:`resume`,
+  :func:`pauses`, :func:`retry_key_now` and :func:`give_up_key` (``wakuwaku
+  pause``, ``resume``, ``key``): commands every consumer of the group reads.
 - :mod:`wakuwaku.admin.status`: :func:`consumer_status` (lag, quarantined
   keys, retry backlog, dead letters per reason).
 """
 
+from .control import ControlRecord as ControlRecord
+from .control import KeyNotQuarantinedError as KeyNotQuarantinedError
+from .control import give_up_key as give_up_key
+from .control import operator_name as operator_name
+from .control import pause as pause
+from .control import pauses as pauses
+from .control import read_commands as read_commands
+from .control import resume as resume
+from .control import retry_key_now as retry_key_now
 from .dead_letters import MISSING_REASON as MISSING_REASON
 from .dead_letters import DeadLetter as DeadLetter
 from .dead_letters import DeadLetterOrder as DeadLetterOrder
@@ -48,8 +60,10 @@ from .status import consumer_status as consumer_status
 
 __all__ = (
     "MISSING_REASON",
+    "ControlRecord",
     "DeadLetter",
     "DeadLetterOrder",
+    "KeyNotQuarantinedError",
     "OffsetResetPlan",
     "PartitionReset",
     "PartitionStatus",
@@ -67,15 +81,22 @@ __all__ = (
     "consumer_status",
     "dead_letter_groups",
     "derived_topic_owner",
+    "give_up_key",
     "list_dead_letters",
     "main_topic_problem",
     "offset_at_time",
+    "operator_name",
     "parse_dead_letter",
+    "pause",
+    "pauses",
     "plan_offset_reset",
     "purge_dead_letters",
+    "read_commands",
     "replay_dead_letters",
     "replay_ledger_topic_name",
     "reset_offsets",
     "resolve_group_topics",
+    "resume",
+    "retry_key_now",
     "running_members",
 )

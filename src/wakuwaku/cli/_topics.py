@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
+from .._control import CONTROL_PREFIX
 from .._errors import ConfigError, UnknownTopicError
 from .._events import Algebra
 from .._records import Record
@@ -77,6 +78,8 @@ def refuse_engine_topic(name: str, why: str, instead: str) -> None:
         )
     if name == TOPIC_NAMES_TOPIC or name.endswith("." + TOPIC_NAMES_TOPIC):
         raise ConfigError(f"{name!r} is where consumers note their configured topic names: {why}")
+    if name.startswith(CONTROL_PREFIX) or f".{CONTROL_PREFIX}" in name:
+        raise ConfigError(f"{name!r} is a consumer group's control topic: {why}")
 
 
 async def refuse_configured_topic(log: Log, name: str, why: str, instead: str) -> None:

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._control import CONTROL_PREFIX
 from .._errors import ConfigError, ErrorClass
 from .._records import MAX_GROUP_LENGTH, valid_group_name
 from .._topics import DEAD_LETTER_PREFIX, REPLAY_LEDGER_PREFIX, RETRY_PREFIX, split_derived_topic
@@ -55,7 +56,7 @@ def default_error_class(exc: BaseException) -> ErrorClass:
     return ErrorClass.UNRECOVERABLE
 
 
-RESERVED_PREFIXES = (RETRY_PREFIX, DEAD_LETTER_PREFIX, REPLAY_LEDGER_PREFIX)
+RESERVED_PREFIXES = (RETRY_PREFIX, DEAD_LETTER_PREFIX, REPLAY_LEDGER_PREFIX, CONTROL_PREFIX)
 """The prefixes of derived names: a configured name may not start with one."""
 
 TOPIC_NAMES_TOPIC = "wk-topic-names"
@@ -353,6 +354,11 @@ class ConsumerConfig:
                 raise ConfigError(
                     f"topic {topic!r} is where consumers note their configured topic "
                     "names, not a main topic"
+                )
+            if self._unqualified(topic).startswith(CONTROL_PREFIX):
+                raise ConfigError(
+                    f"topic {topic!r} is a consumer group's control topic (operator "
+                    "commands), not a main topic"
                 )
         self._check_configured_names()
         if self.partitions is not None:
