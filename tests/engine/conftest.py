@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 import wakuwaku as wk
+from wakuwaku import Clock
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs import Log
 from wakuwaku.testing import FakeClock
@@ -77,7 +78,7 @@ class Script:
     holding event number ``n`` (events without ``n`` are keyed by value).
     """
 
-    def __init__(self, clock: FakeClock) -> None:
+    def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.calls: list[tuple[float, str, list[Any]]] = []
         self.handled: list[Any] = []
@@ -122,7 +123,7 @@ def memory_log() -> Log:
     return wk.MemoryLog()
 
 
-def config(clock: FakeClock, **overrides: Any) -> ConsumerConfig:
+def config(clock: Clock, **overrides: Any) -> ConsumerConfig:
     options: dict[str, Any] = {"topic": "t", "group": "g", "clock": clock, "lease_ttl": 3600.0}
     options.update(overrides)
     return ConsumerConfig(**options)
@@ -163,8 +164,8 @@ def reason(record: wk.Record) -> str:
     return record.headers["wk-reason"].decode()
 
 
-async def wait_until(clock: FakeClock, condition: Callable[[], bool], limit: float = 600.0) -> None:
-    """Wait on the fake clock (so time can move) until ``condition()`` holds."""
+async def wait_until(clock: Clock, condition: Callable[[], bool], limit: float = 600.0) -> None:
+    """Wait on ``clock`` (a fake one: so time can move) until ``condition()`` holds."""
     start = clock.now()
     while not condition():
         if clock.now() - start > limit:

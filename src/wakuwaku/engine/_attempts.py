@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from .._errors import ErrorClass
-from .._records import H_KEY, ReasonCode, Record, header_text
+from .._records import H_KEY, H_OPERATOR, ReasonCode, Record, header_text
 from .._sanitize import sanitize
 from ._executor import ChunkExecutor, SegmentOutcome
 from ._outbox import Outbox
@@ -386,6 +386,50 @@ class Attempts:
         return [
             (resolved_marker(key, offset, now, group=group), at) for key, offset in through.items()
         ]
+
+    async def give_up_now(self, key: str, through: int, by: str, reason: str) -> list[Marker]:
+        """An operator's give-up (design §13): dead-letter ``key``'s pending
+        work below retry offset ``through`` with reason
+        ``given_up_by_operator`` (``wk-operator``: ``by``) and resolve it with
+        a reset, so its later work is due at once with its counter reset, as
+        after any give-up. Nothing when the key has no work below ``through``
+        (the command was applied before: reading it again changes nothing).
+
+        :returns: the resolved marker to store, or nothing.
+        """
+        services = self.services
+        state = services.retry.keys.get(key)
+        if state is None:
+            return []
+        offsets = [o for o in state.offsets if o < through]
+        if not offsets:
+            return []
+        skip = state.skip
+        wanted = {o: key for o in offsets if o not in skip}
+        read = await self._read_unread(wanted)
+        text = f"given up by an operator ({by})" + (f": {reason}" if reason else "")
+        error = sanitize(text, services.config.error_text_limit)
+        self.outbox.dead_letter_retry_records(
+            [read[o] for o in offsets if o in read],
+            ReasonCode.GIVEN_UP_BY_OPERATOR,
+            error,
+            {H_OPERATOR: by.encode()},
+        )
+        services.written.drop(offsets)
+        services.stats.gave_up_keys += 1
+        logger.warning(
+            "key given up by an operator",
+            extra={
+                **services.fields,
+                "key": key,
+                "records": len(offsets),
+                "by": by,
+                "reason": reason,
+            },
+        )
+        at = services.times()
+        group = services.config.group
+        return [(resolved_marker(key, offsets[-1], at[0], group=group, reset=True), at)]
 
     def _finish_attempt(
         self, key: str, pending: array[int], outcome: SegmentOutcome

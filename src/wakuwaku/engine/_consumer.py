@@ -35,6 +35,7 @@ from .._errors import (
 )
 from ..logs import Lease, Log
 from ._config import ConsumerConfig
+from ._control import ControlReader
 from ._handler import Handler
 from ._ownership import ownership_for
 from ._partition import PartitionWorker
@@ -105,6 +106,8 @@ class Consumer:
         # One for all partitions: the first to reach the log after an outage
         # wakes the others' retries (design §7).
         self._health = LogHealth()
+        # The group's operator commands (pauses, a key's retry-now or give-up).
+        self._control = ControlReader(log, config)
 
     # ------------------------------------------------------------------ setup
 
@@ -135,6 +138,8 @@ class Consumer:
             info = await self._start_call("describe topic", partial(self.log.describe_topic, topic))
             counts[topic] = info.partitions
         await self._start_call("note topic names", partial(check_and_note, self.log, self.config))
+        # Before any partition starts: a pause outlives a restart (design §13).
+        await self._start_call("read control topic", self._control.load)
         assignment: list[tuple[str, int]] = []
         for topic, partitions in counts.items():
             names = self.config.group_topics(topic)
@@ -254,6 +259,7 @@ class Consumer:
             for topic, p in self._assignment
         }
         supervisors = list(self._supervisors)
+        follower = asyncio.create_task(self._follow_control(), name="wakuwaku:control")
         try:
             # Supervisors end only at a stop; one that ends first failed loudly
             # (a partition must never die without a word).
@@ -278,9 +284,10 @@ class Consumer:
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
         finally:
+            follower.cancel()
             for task in supervisors:
                 task.cancel()
-            await asyncio.gather(*supervisors, return_exceptions=True)
+            await asyncio.gather(follower, *supervisors, return_exceptions=True)
             self._supervisors = {}
             loop = asyncio.get_running_loop()
             for sig in installed:
@@ -492,6 +499,7 @@ class Consumer:
                 on_caught_up=self._caught_up.set,
                 health=self._health,
                 thread_pool=self._thread_pool,
+                control=self._control,
             )
             self.workers[(topic, partition)] = worker
             if self._stop.is_set():
@@ -642,6 +650,24 @@ class Consumer:
             worker.stalled = True
             running.cancel()
             return
+
+    async def _follow_control(self) -> None:
+        """Read new operator commands every ``poll_interval`` until stopped (design §13)."""
+        task = asyncio.current_task()
+        while not self._stop.is_set():
+            try:
+                await self._wait_or_stop(self.config.poll_interval)
+                if not self._stop.is_set():
+                    await self._control.refresh()
+            except asyncio.CancelledError:
+                if task is None or task.cancelling():
+                    raise
+                # A driver leaked a CancelledError nobody asked for: commands
+                # must keep coming, so the loop goes on (logged).
+                logger.warning(
+                    "stray CancelledError while reading the control topic; going on",
+                    extra={"group": self.config.group},
+                )
 
     async def _wait_or_stop(self, seconds: float) -> None:
         await self._until_stop(self.config.clock.sleep(seconds))

@@ -26,6 +26,7 @@ from .._records import (
     H_ERROR,
     H_FAILED_AT,
     H_GROUP,
+    H_HELD,
     H_MARKER,
     H_REASON,
     H_SRC,
@@ -149,21 +150,7 @@ class Outbox:
         group = self.services.config.group
         meta = self._dead_meta
         if from_retry:
-            added = {
-                H_GROUP: group.encode(),
-                H_REASON: reason.value.encode(),
-                H_ERROR: error.encode(),
-            }
-            out = self._dead_out
-            for item in items:
-                for record in item.sources:
-                    headers = record.headers
-                    # A pending retry record is a work record: never a marker.
-                    if H_MARKER in headers:
-                        out.append(dead_letter_record(record, reason, error, None, group=group))
-                    else:
-                        out.append(({**headers, **added}, record.body))
-                    meta.append((reason.value, None))
+            self._dead_retry([r for item in items for r in item.sources], reason, error)
         else:
             for item in items:
                 for record, origin in zip(item.sources, item.origins, strict=True):
@@ -173,6 +160,44 @@ class Outbox:
                     meta.append((reason.value, record.offset))
         self._dead_counts[reason.value] += sum(map(_count, items))
         self.mark(items)
+
+    def dead_letter_retry_records(
+        self,
+        records: list[Record],
+        reason: ReasonCode,
+        error: str,
+        extra: dict[str, bytes] | None = None,
+    ) -> None:
+        """Buffer the dead-letter copies of pending retry work records as
+        they are (each keeps its own ``wk-src``), with ``extra`` headers
+        added (an operator's give-up names the operator)."""
+        self._dead_retry(records, reason, error, extra)
+        self._dead_counts[reason.value] += len(records)
+
+    def _dead_retry(
+        self,
+        records: list[Record],
+        reason: ReasonCode,
+        error: str,
+        extra: dict[str, bytes] | None = None,
+    ) -> None:
+        group = self.services.config.group
+        added = {
+            H_GROUP: group.encode(),
+            H_REASON: reason.value.encode(),
+            H_ERROR: error.encode(),
+            **(extra or {}),
+        }
+        out, meta = self._dead_out, self._dead_meta
+        for record in records:
+            headers = record.headers
+            # A pending retry record is a work record: never a marker.
+            if H_MARKER in headers:
+                letter, body = dead_letter_record(record, reason, error, None, group=group)
+                out.append(({**letter, **(extra or {})}, body))
+            else:
+                out.append(({**headers, **added}, record.body))
+            meta.append((reason.value, None))
 
     def dead_letter_rejects(self, rejects: list[Reject], *, from_retry: bool = False) -> None:
         """Buffer the dead-letter copies of records that cannot reach a handler (design §8).
@@ -274,11 +299,13 @@ class Outbox:
             for record, origin in zip(item.sources, item.origins, strict=True):
                 work(record, item.key, item.event_type, origin, item.props, None)
 
-    def write_retry_run(self, run: Run, failed_at: float | None, error: str) -> None:
+    def write_retry_run(
+        self, run: Run, failed_at: float | None, error: str, *, held: bool = False
+    ) -> None:
         """:meth:`write_retry` of a main batch's run, without building an item
         for a record the run holds bare (see :class:`~._plan.Run`): routing a
         quarantined key's records costs a few dict operations each."""
-        work = self._work(failed_at, error)
+        work = self._work(failed_at, error, held=held)
         key, etype, where = run.key, run.event_type, run.where
         topic, partition = where.topic, where.partition
         src = _bare_source(topic, partition)
@@ -292,7 +319,7 @@ class Outbox:
                 for record, source in zip(entry.sources, entry.origins, strict=True):
                     work(record, key, etype, source, entry.props, None)
 
-    def _work(self, failed_at: float | None, error: str) -> _AddWork:
+    def _work(self, failed_at: float | None, error: str, *, held: bool = False) -> _AddWork:
         """The function that buffers one work record of this write: its common
         headers and times are taken once for all of them.
 
@@ -302,17 +329,24 @@ class Outbox:
         combined event is never encoded again, so a dead letter is
         byte-identical to what was consumed, keeps every record's own props
         and custom headers, and the next attempt plans the reduction again.
+
+        ``held``: the records of a key an operator paused (``wk-held: 1``):
+        due at once, attempted when the key is resumed.
         """
         config = self.services.config
         at = self.services.times()
         now = at[0]
-        if failed_at is None:
+        if held:
+            failed_at = due = now
+        elif failed_at is None:
             failed_at = now
             due = now + config.retry_delay(1)
         else:
             # The key's state already holds its due time; this one is not read.
             due = failed_at + config.delay(1)
         common = work_common(failed_at, error, due, group=config.group)
+        if held:
+            common[H_HELD] = b"1"
         failed = parse_ms(common[H_FAILED_AT]) or 0.0  # as a reader finds it
         out, times, meta, done = self._retry_out, self._retry_at, self._retry_meta, self.done
         common_size = sum(map(len, common.values()))

@@ -39,12 +39,14 @@ from concurrent.futures import Executor as ThreadPool
 from functools import partial
 from typing import Any
 
+from .._control import Action
 from .._errors import ErrorClass
 from .._records import H_GROUP, ReasonCode, Record, key_or_none
 from .._sanitize import sanitize
 from ..logs import Lease, Log
 from ._attempts import Attempts
 from ._config import ConsumerConfig, DeliveryMode
+from ._control import NO_CONTROL, ControlReader
 from ._executor import ChunkExecutor, SegmentOutcome
 from ._handler import Handler
 from ._outbox import Outbox
@@ -55,6 +57,7 @@ from ._stats import ConsumerStats
 from ._view import PartitionView, quarantined_keys
 
 ROUTED_ERROR = "routed to the retry topic: the key is quarantined"
+HELD_ERROR = "held in the retry topic: an operator paused the key"
 
 
 class PartitionWorker:
@@ -78,6 +81,8 @@ class PartitionWorker:
     :param thread_pool: the thread pool sync handlers run on (None: asyncio's
         default one); not to be confused with :attr:`chunk_executor`, the
         :class:`ChunkExecutor` that calls the handlers.
+    :param control: the consumer's reader of operator commands (pauses,
+        a quarantined key's retry-now and give-up); default: none ever.
 
     :ivar position: the main partition's offset as stored (next to read).
     :ivar started: true once the retry state and position are restored.
@@ -98,6 +103,7 @@ class PartitionWorker:
         on_caught_up: Callable[[], None] | None = None,
         thread_pool: ThreadPool | None = None,
         health: LogHealth | None = None,
+        control: ControlReader = NO_CONTROL,
     ) -> None:
         self.services = services = PartitionServices(
             log=log,
@@ -121,6 +127,12 @@ class PartitionWorker:
         self.outbox = Outbox(services)
         self.chunk_executor = ChunkExecutor(services, self.outbox, handlers, thread_pool)
         self.attempts = Attempts(services, self.chunk_executor, self.outbox)
+        self.control = control
+        # What the worker last saw of the pauses (their version) and how far
+        # it applied the one-shot commands.
+        self._pauses_seen = -1
+        self._commands_seen = 0
+        self.paused_by: str | None = None
         self.types = self.attempts.types
         self.position = 0
         self.caught_up = False
@@ -187,6 +199,13 @@ class PartitionWorker:
             await self._restore()
             self.started = True
             while not services.stop_requested():
+                if self.control.pauses.version != self._pauses_seen:
+                    self._follow_pauses()
+                if self.paused_by is not None:
+                    await services.sleep(self.config.poll_interval)
+                    continue
+                if len(self.control.commands) > self._commands_seen:
+                    await self._follow_commands()
                 await self._run_due_attempts()
                 if prefetch is not None:
                     records = await prefetch
@@ -212,6 +231,74 @@ class PartitionWorker:
             if prefetch is not None:
                 prefetch.cancel()
                 await asyncio.gather(prefetch, return_exceptions=True)
+
+    def _follow_pauses(self) -> None:
+        """Take in the operator's pauses (design §13): is the partition paused,
+        which of its keys are; each change is logged once."""
+        pauses = self.control.pauses
+        self._pauses_seen = pauses.version
+        pause = pauses.partition_pause(self.topic, self.partition)
+        was = self.paused_by
+        self.paused_by = None if pause is None else pause.scope()
+        if pause is not None and was is None:
+            logger.warning(
+                "partition paused by an operator",
+                extra={
+                    **self._fields,
+                    "scope": pause.scope(),
+                    "by": pause.by,
+                    "reason": pause.reason,
+                },
+            )
+        elif pause is None and was is not None:
+            logger.warning("partition resumed by an operator", extra=self._fields)
+        retry = self.retry
+        keys = pauses.paused_keys(self.topic, self.partition)
+        if keys.keys() == retry.held:
+            return
+        for key in keys.keys() - retry.held:
+            logger.warning(
+                "key paused by an operator; its records wait in the retry topic",
+                extra={**self._fields, "key": key, "by": keys[key].by, "reason": keys[key].reason},
+            )
+        for key in retry.held - keys.keys():
+            logger.warning("key resumed by an operator", extra={**self._fields, "key": key})
+        retry.held = set(keys)
+
+    async def _follow_commands(self) -> None:
+        """Apply the operator's new ``retry-now`` and ``give-up`` commands of
+        this partition's keys (design §13); each is bounded by its
+        ``through`` offset, so one applied before (by this worker or an
+        earlier owner) changes nothing."""
+        commands = self.control.commands
+        new = commands[self._commands_seen :]
+        self._commands_seen = len(commands)
+        markers = []
+        for _, command in new:
+            key, through = command.key, command.through
+            if (
+                command.topic != self.topic
+                or command.partition != self.partition
+                or key is None
+                or through is None
+            ):
+                continue
+            state = self.retry.keys.get(key)
+            if state is None:
+                continue
+            if command.action is Action.GIVE_UP:
+                markers += await self.attempts.give_up_now(key, through, command.by, command.reason)
+            elif state.due_from < through and state.due > self.clock.monotonic():
+                state.due = self.clock.monotonic()
+                state.due_wall = self.clock.now()
+                logger.warning(
+                    "retry attempt moved to now by an operator",
+                    extra={**self._fields, "key": key, "by": command.by},
+                )
+        if markers:
+            self.outbox.add_markers(markers)
+            await self.outbox.flush()
+            await self._store_retry_offset()
 
     async def _skip_undelivered(self, page: list[Record]) -> None:
         """Store a position past offsets the log holds but never delivers.
@@ -503,7 +590,7 @@ class PartitionWorker:
             self.outbox.dead_letter_rejects(rejects)
         if chunk_executor.has_inbox:
             groups = runs_by_key(await chunk_executor.inbox_filter(items))
-        if self.retry.keys or self.retry.routed:
+        if self.retry.keys or self.retry.routed or self.retry.held:
             self._route_quarantined(groups)
         segments = plan_groups(groups, reduces=chunk_executor.reduces)
         if chunk_executor.reduces:
@@ -514,7 +601,8 @@ class PartitionWorker:
 
     def _route_quarantined(self, groups: Groups) -> None:
         """Take the items of quarantined keys out of ``groups`` and send them
-        to the retry topic, unreduced and in order (design §6).
+        to the retry topic, unreduced and in order (design §6); the same for
+        keys an operator paused, as held work (design §13).
 
         Items already in the retry topic (redelivered after a crash, at or
         below the key's routed main offset) are done: routed once, they are
@@ -524,8 +612,18 @@ class PartitionWorker:
         """
         quarantined = self.retry.keys
         routed_through = self.retry.routed
-        for key in [key for key in groups if key in quarantined or key in routed_through]:
+        held = self.retry.held
+        for key in [
+            key for key in groups if key in quarantined or key in routed_through or key in held
+        ]:
             state = quarantined.get(key)
+            if state is None and key in held:
+                # Paused by an operator: its records wait in the retry topic, in order.
+                runs = self._drop_routed(groups.pop(key), routed_through.get(key, -1))
+                self.stats.routed += sum(len(run.entries) for run in runs)
+                for run in runs:
+                    self.outbox.write_retry_run(run, None, HELD_ERROR, held=True)
+                continue
             if state is None:
                 kept = self._drop_routed(groups[key], routed_through[key])
                 if kept:

@@ -76,6 +76,7 @@ from .._records import (
     H_FAILED_AT,
     H_FAILURES,
     H_GROUP,
+    H_HELD,
     H_KEY,
     H_MARKER,
     H_REASON,
@@ -239,6 +240,9 @@ class KeyState:
     :param skip: pending offsets at or below ``checked_through`` that an
         attempt must not run: dead-lettered as unusable, or already in the
         handler's inbox (usually empty).
+    :param due_from: the retry offset of the record that set :attr:`due`
+        (an operator's ``retry-now`` applies only to a due time set before
+        it was asked).
     """
 
     offsets: array[int] = field(default_factory=_offsets)
@@ -249,6 +253,7 @@ class KeyState:
     max_main_offset: int = -1
     checked_through: int = -1
     skip: set[int] = field(default_factory=set)
+    due_from: int = -1
 
 
 class RetryState:
@@ -296,6 +301,8 @@ class RetryState:
         # between the two calls) must not dead-letter them again. Small: one
         # store's worth of dead letters.
         self.dead_lettered: set[str] = set()
+        # Keys an operator paused: their attempts wait (design §13).
+        self.held: set[str] = set()
 
     def quarantined(self, key: str) -> bool:
         return key in self.keys
@@ -303,12 +310,19 @@ class RetryState:
     def due_keys(self, now: float) -> list[str]:
         """Keys whose next attempt is due at ``now`` (the clock's monotonic
         time, seconds), earliest first."""
-        due = [(state.due, key) for key, state in self.keys.items() if state.due <= now]
+        held = self.held
+        due = [
+            (state.due, key)
+            for key, state in self.keys.items()
+            if state.due <= now and key not in held
+        ]
         return [key for _, key in sorted(due)]
 
     def next_due(self) -> float | None:
         """When the earliest attempt is due (monotonic seconds), or None
-        without quarantined keys."""
+        without quarantined keys (paused keys do not count)."""
+        if self.held:
+            return min((s.due for k, s in self.keys.items() if k not in self.held), default=None)
         return min((s.due for s in self.keys.values()), default=None)
 
     def next_due_wall(self) -> float | None:
@@ -364,7 +378,9 @@ class RetryState:
                     return
                 state.failures = failures
                 self._set_due(
-                    state, due if due is not None else (failed or 0.0) + self._delay(failures)
+                    state,
+                    due if due is not None else (failed or 0.0) + self._delay(failures),
+                    record.offset,
                 )
         else:
             self._broken(record, key, f"unknown marker {bytes(marker)[:40]!r}")
@@ -406,8 +422,12 @@ class RetryState:
                 else:
                     failed_at = record.timestamp
             due = _seconds(record.headers.get(H_DUE))
-            state = KeyState(failures=1, first_failed_at=failed_at)
-            self._set_due(state, due if due is not None else failed_at + self._delay(1))
+            # Held by an operator's pause, not failed: no failure counted yet.
+            failures = 0 if record.headers.get(H_HELD) == b"1" else 1
+            state = KeyState(failures=failures, first_failed_at=failed_at)
+            self._set_due(
+                state, due if due is not None else failed_at + self._delay(1), record.offset
+            )
             self.keys[key] = state
         state.offsets.append(record.offset)
         self.pending_count += 1
@@ -446,10 +466,12 @@ class RetryState:
         elif record.headers.get(H_RESET) == b"1":
             state.failures = 0
             at = _seconds(record.headers.get(H_AT))
-            self._set_due(state, at if at is not None else self._at[0])
+            self._set_due(state, at if at is not None else self._at[0], record.offset)
 
-    def _set_due(self, state: KeyState, wall: float) -> None:
-        """Store a due time read from a record: as stored, and as a monotonic deadline."""
+    def _set_due(self, state: KeyState, wall: float, offset: int) -> None:
+        """Store a due time read from the record at ``offset``: as stored, and
+        as a monotonic deadline."""
+        state.due_from = offset
         state.due_wall = wall
         # To the microsecond: a wall time of today is a float with ~0.2 us
         # of noise, which must not turn a due time of 6.0 into 6.00000001.
