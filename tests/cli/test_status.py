@@ -12,11 +12,12 @@ import pytest
 
 import wakuwaku as wk
 from wakuwaku._records import H_AT, H_DUE, H_MARKER
-from wakuwaku.admin import Status, consumer_status
+from wakuwaku.admin import Status, consumer_status, pause
 from wakuwaku.cli import ExitCode, main
 from wakuwaku.cli._status import when
 from wakuwaku.engine._retry import MARKER_ATTEMPT_FAILED
 from wakuwaku.logs.sqlite import SQLiteLog
+from wakuwaku.testing import FakeClock
 
 from .ops_kit import (
     DELAYS,
@@ -339,3 +340,45 @@ def test_every_retry_delays_option_is_checked_as_the_consumer_checks_it(
     err = capsys.readouterr().err
     assert "--retry-delays" in err and problem in err
     assert not (tmp_path / "log.db").exists()
+
+
+def test_status_shows_the_pauses_of_its_topic(
+    quarantined_log: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", TOPIC, "-g", GROUP, "--log", quarantined_log]) == ExitCode.OK
+    assert "paused: nothing" in capsys.readouterr().out.splitlines()
+
+    # A pause of another topic of the group is not this topic's.
+    async def write() -> None:
+        async with SQLiteLog(quarantined_log.removeprefix("sqlite:///")) as log:
+            clock = FakeClock(T0)
+            await log.create_topic("payments", 1)
+            await pause(log, GROUP, "payments", clock=clock)
+            await pause(log, GROUP, TOPIC, key="k2", by="ana", reason="poison", clock=clock)
+            await pause(log, GROUP, TOPIC, partition=0, by="bo", clock=clock)
+            status = await consumer_status(log, TOPIC, GROUP)
+            assert [(p.topic, p.partition, p.key) for p in status.pauses] == [
+                (TOPIC, wk.partition_for("k2", 2), "k2"),
+                (TOPIC, 0, None),
+            ]
+
+    asyncio.run(write())
+    assert main(["status", TOPIC, "-g", GROUP, "--log", quarantined_log]) == ExitCode.OK
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("paused: 2 pauses in force")
+    assert lines[at + 1 : at + 3] == [
+        f"  key 'k2' of orders (partition {wk.partition_for('k2', 2)})  by ana  "
+        "since 2023-11-14T22:13:20Z  reason: poison",
+        "  partition 0 of orders  by bo  since 2023-11-14T22:13:20Z  reason: -",
+    ]
+    assert main(["status", TOPIC, "-g", GROUP, "--json", "--log", quarantined_log]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["pauses"][1] == {
+        "topic": TOPIC,
+        "partition": 0,
+        "key": None,
+        "by": "bo",
+        "at": T0,
+        "reason": "",
+        "offset": 2,
+    }
