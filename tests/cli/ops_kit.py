@@ -1,9 +1,10 @@
-"""A SQLite log with dead letters of every kind, built by a real consumer, for the
-operations CLI tests (``dlq``, ``status``)."""
+"""A SQLite log with dead letters of every kind, and a quarantined key, built by a
+real consumer, for the operations CLI tests (``dlq``, ``status``, ``key``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,3 +104,53 @@ async def build_dead_log(path: Path) -> DeadLog:
     finally:
         await log.close()
     return DeadLog(path, f"sqlite:///{path}", offset)
+
+
+DELAYS = (10.0, 20.0, 40.0)
+
+
+async def until(condition: Callable[[], bool], clock: FakeClock | None = None) -> None:
+    """Let the consumer's tasks (and the SQLite worker thread) run until ``condition``.
+
+    With ``clock``, fake time also moves by 0.05 s per round, so an idle
+    partition polls again (never close to a retry's due time here).
+    """
+    for _ in range(2000):
+        if condition():
+            return
+        if clock is not None:
+            clock.advance(0.05)
+        await asyncio.sleep(0.002)
+    raise AssertionError("condition not met")
+
+
+async def quarantine(log: Log, *, attempts: int = 0) -> Consumer:
+    """Publish, consume with a clock that only moves by hand, stop with ``STUCK`` quarantined.
+
+    ``attempts`` retry attempts are made (each one fails) before stopping.
+    """
+    await log.create_topic(TOPIC, 2)
+    producer = wk.Producer(log, TOPIC)
+    await producer.publish_many([Order("k1", 1), Order(STUCK, 2), Order(STUCK, 3), Order("k2", 4)])
+    clock = FakeClock(T0, autojump=False)
+    consumer = make_consumer(log, Recorder(), clock, retry_delays=DELAYS)
+    task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+    await until(
+        lambda: (
+            consumer.stats.quarantined_keys == 1
+            and all(v.caught_up for v in consumer.partitions())
+            and len(consumer.assignment()) == 2
+        )
+    )
+    p = wk.partition_for(STUCK, 2)
+    for n in range(attempts):
+        # Exactly to the due time: the attempt runs then, and its marker says so.
+        view = consumer.partition(TOPIC, p)
+        assert view is not None and view.next_attempt_at is not None
+        clock.advance(view.next_attempt_at - clock.now())
+        await until(lambda n=n: consumer.stats.attempts_failed == n + 1)  # type: ignore[misc]
+    await producer.publish(Order(STUCK, 5))  # routed behind the pending ones
+    await until(lambda: consumer.stats.routed == 1, clock)
+    consumer.stop()
+    await task
+    return consumer

@@ -144,10 +144,15 @@ def test_the_log_commands_are_found() -> None:
         "dlq replay",
         "dlq purge",
         "group reset-offsets",
+        "pause",
+        "resume",
+        "pauses",
+        "key retry-now",
+        "key give-up",
         "run",
         "dashboard",
     } <= found
-    assert len(found) == 14
+    assert len(found) == 19
 
 
 @pytest.mark.parametrize("url", ["memory://", "MEMORY://", "memory://?x=1"])

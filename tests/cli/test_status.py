@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -13,65 +12,23 @@ import pytest
 
 import wakuwaku as wk
 from wakuwaku._records import H_AT, H_DUE, H_MARKER
-from wakuwaku.admin import Status, consumer_status
+from wakuwaku.admin import Status, consumer_status, pause
 from wakuwaku.cli import ExitCode, main
 from wakuwaku.cli._status import when
-from wakuwaku.engine import Consumer
 from wakuwaku.engine._retry import MARKER_ATTEMPT_FAILED
-from wakuwaku.logs import Log
 from wakuwaku.logs.sqlite import SQLiteLog
 from wakuwaku.testing import FakeClock
 
-from .ops_kit import GROUP, STUCK, T0, TOPIC, Order, Recorder, build_dead_log, make_consumer
-
-DELAYS = (10.0, 20.0, 40.0)
-
-
-async def until(condition: Callable[[], bool], clock: FakeClock | None = None) -> None:
-    """Let the consumer's tasks (and the SQLite worker thread) run until ``condition``.
-
-    With ``clock``, fake time also moves by 0.05 s per round, so an idle
-    partition polls again (never close to a retry's due time here).
-    """
-    for _ in range(2000):
-        if condition():
-            return
-        if clock is not None:
-            clock.advance(0.05)
-        await asyncio.sleep(0.002)
-    raise AssertionError("condition not met")
-
-
-async def quarantine(log: Log, *, attempts: int = 0) -> Consumer:
-    """Publish, consume with a clock that only moves by hand, stop with ``STUCK`` quarantined.
-
-    ``attempts`` retry attempts are made (each one fails) before stopping.
-    """
-    await log.create_topic(TOPIC, 2)
-    producer = wk.Producer(log, TOPIC)
-    await producer.publish_many([Order("k1", 1), Order(STUCK, 2), Order(STUCK, 3), Order("k2", 4)])
-    clock = FakeClock(T0, autojump=False)
-    consumer = make_consumer(log, Recorder(), clock, retry_delays=DELAYS)
-    task = asyncio.create_task(consumer.run(install_signal_handlers=False))
-    await until(
-        lambda: (
-            consumer.stats.quarantined_keys == 1
-            and all(v.caught_up for v in consumer.partitions())
-            and len(consumer.assignment()) == 2
-        )
-    )
-    p = wk.partition_for(STUCK, 2)
-    for n in range(attempts):
-        # Exactly to the due time: the attempt runs then, and its marker says so.
-        view = consumer.partition(TOPIC, p)
-        assert view is not None and view.next_attempt_at is not None
-        clock.advance(view.next_attempt_at - clock.now())
-        await until(lambda n=n: consumer.stats.attempts_failed == n + 1)  # type: ignore[misc]
-    await producer.publish(Order(STUCK, 5))  # routed behind the pending ones
-    await until(lambda: consumer.stats.routed == 1, clock)
-    consumer.stop()
-    await task
-    return consumer
+from .ops_kit import (
+    DELAYS,
+    GROUP,
+    STUCK,
+    T0,
+    TOPIC,
+    Order,
+    build_dead_log,
+    quarantine,
+)
 
 
 async def test_status_reports_the_quarantined_key_exactly_as_the_consumer_holds_it() -> None:
@@ -383,3 +340,45 @@ def test_every_retry_delays_option_is_checked_as_the_consumer_checks_it(
     err = capsys.readouterr().err
     assert "--retry-delays" in err and problem in err
     assert not (tmp_path / "log.db").exists()
+
+
+def test_status_shows_the_pauses_of_its_topic(
+    quarantined_log: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", TOPIC, "-g", GROUP, "--log", quarantined_log]) == ExitCode.OK
+    assert "paused: nothing" in capsys.readouterr().out.splitlines()
+
+    # A pause of another topic of the group is not this topic's.
+    async def write() -> None:
+        async with SQLiteLog(quarantined_log.removeprefix("sqlite:///")) as log:
+            clock = FakeClock(T0)
+            await log.create_topic("payments", 1)
+            await pause(log, GROUP, "payments", clock=clock)
+            await pause(log, GROUP, TOPIC, key="k2", by="ana", reason="poison", clock=clock)
+            await pause(log, GROUP, TOPIC, partition=0, by="bo", clock=clock)
+            status = await consumer_status(log, TOPIC, GROUP)
+            assert [(p.topic, p.partition, p.key) for p in status.pauses] == [
+                (TOPIC, wk.partition_for("k2", 2), "k2"),
+                (TOPIC, 0, None),
+            ]
+
+    asyncio.run(write())
+    assert main(["status", TOPIC, "-g", GROUP, "--log", quarantined_log]) == ExitCode.OK
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("paused: 2 pauses in force")
+    assert lines[at + 1 : at + 3] == [
+        f"  key 'k2' of orders (partition {wk.partition_for('k2', 2)})  by ana  "
+        "since 2023-11-14T22:13:20Z  reason: poison",
+        "  partition 0 of orders  by bo  since 2023-11-14T22:13:20Z  reason: -",
+    ]
+    assert main(["status", TOPIC, "-g", GROUP, "--json", "--log", quarantined_log]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["pauses"][1] == {
+        "topic": TOPIC,
+        "partition": 0,
+        "key": None,
+        "by": "bo",
+        "at": T0,
+        "reason": "",
+        "offset": 2,
+    }

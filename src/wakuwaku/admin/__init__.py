@@ -12,9 +12,10 @@ One module per task; every name is importable from ``wakuwaku.admin``:
   :func:`apply_offset_reset`, :func:`running_members`, :func:`offset_at_time`).
 - :mod:`wakuwaku.admin.control`: :func:`pause`, :func:`resume`,
   :func:`pauses`, :func:`retry_key_now` and :func:`give_up_key` (``wakuwaku
-  pause``, ``resume``, ``key``): commands every consumer of the group reads.
+  pause``, ``resume``, ``pauses``, ``key retry-now``, ``key give-up``):
+  commands every consumer of the group reads.
 - :mod:`wakuwaku.admin.status`: :func:`consumer_status` (lag, quarantined
-  keys, retry backlog, dead letters per reason).
+  keys, retry backlog, dead letters per reason, pauses in force).
 """
 
 from .control import ControlRecord as ControlRecord

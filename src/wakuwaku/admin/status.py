@@ -2,20 +2,23 @@
 
 :func:`consumer_status` reports a group's lag per partition, its quarantined
 keys with their next attempt time, the retry backlog and the dead letters
-per reason. The retry state is read with the consumer's own loader
+per reason, and the operators' pauses in force on the topic. The retry state
+is read with the consumer's own loader
 (:func:`wakuwaku.engine.read_retry_partition`), so status and a restarting
-consumer never disagree about a retry record.
+consumer never disagree about a retry record; the pauses are folded from
+the group's control topic as its consumers fold them (:mod:`.control`).
 
 May call: the log, the engine's public names, :mod:`.dead_letters` (the
-dead-letter counts).
+dead-letter counts), :mod:`.control` (the pauses).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._control import Pause
 from .._text import counted, shown_key
 from ..engine import (
     DEFAULT_RETRY_DELAYS,
@@ -24,6 +27,7 @@ from ..engine import (
     read_retry_partition,
 )
 from ..logs import Log
+from .control import pauses as read_pauses
 from .dead_letters import _dead_letter_counts, _partitions_or_none, resolve_group_topics
 
 __all__ = (
@@ -82,6 +86,8 @@ class Status:
         dead-letter topics that were read (derived or configured, design §6).
     :param purged: dead letters per reason that ``dlq purge`` purged (not
         in :attr:`dead_letters`).
+    :param pauses: the pauses in force for the group on this topic (the
+        topic's, its partitions' and its keys'), oldest command first.
     """
 
     topic: str
@@ -95,6 +101,7 @@ class Status:
     retry_topic: str = ""
     dead_letter_topic: str = ""
     purged: Mapping[str, int] = field(default_factory=dict)
+    pauses: tuple[Pause, ...] = ()
 
     @property
     def never_committed(self) -> bool:
@@ -167,6 +174,7 @@ class Status:
             "never_committed": self.never_committed,
             "groups": None if self.groups is None else list(self.groups),
             "problems": list(self.problems),
+            "pauses": [asdict(pause) for pause in self.pauses],
         }
 
 
@@ -178,7 +186,7 @@ async def consumer_status(
     retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
     namespace: str = "",
 ) -> Status:
-    """Lag, quarantined keys, retry backlog and dead letters of ``group`` on ``topic``.
+    """Lag, quarantined keys, retry backlog, dead letters and pauses of ``group`` on ``topic``.
 
     The retry state is rebuilt by reading the group's retry topic
     (``wk-retry.<group>.<topic>``, or the configured name its consumer noted:
@@ -188,7 +196,8 @@ async def consumer_status(
     exactly as a restarting consumer does (design §6); the next attempt times
     are the ones the consumer stored with each failure (``wk-due-at``), so
     they do not depend on ``retry_delays``, which only serves records
-    written before the due time was stored.
+    written before the due time was stored. The pauses are those of the
+    group's control topic (:func:`wakuwaku.admin.pauses`) on this topic.
 
     :param log: the log.
     :param topic: the main topic.
@@ -237,6 +246,7 @@ async def consumer_status(
         rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))
     quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
     dead, replayed, purged = await _dead_letter_counts(log, names)
+    paused = [p for p in await read_pauses(log, group, namespace) if p.topic == main]
     return Status(
         main,
         group,
@@ -249,6 +259,7 @@ async def consumer_status(
         retry,
         names.dead_letter,
         purged,
+        tuple(paused),
     )
 
 

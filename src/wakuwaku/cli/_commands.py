@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from . import (
+    _control,
     _dashboard,
     _demo,
     _dlq,
@@ -32,6 +33,7 @@ _FAMILIES = (
     _dlq_purge,
     _run,
     _status,
+    _control,
     _inbox,
     _demo,
     _dashboard,

@@ -1,9 +1,10 @@
-"""``wakuwaku status TOPIC --group G``: lag, quarantined keys, retry backlog and
-dead letters of one consumer group (design §14).
+"""``wakuwaku status TOPIC --group G``: lag, quarantined keys, retry backlog,
+dead letters and pauses of one consumer group (design §14).
 
 Also home of what the operations commands share (``dlq``, ``status``,
-``run``): the ``--log`` option (env ``WAKUWAKU_LOG``, default
-``sqlite:///wakuwaku.db``) and opening a log that must already exist.
+``run``, ``pause``): the ``--log`` option (env ``WAKUWAKU_LOG``, default
+``sqlite:///wakuwaku.db``), opening a log that must already exist, and how
+a time, a text and a pause are printed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from .._control import Pause
 from .._errors import ConfigError, UnknownGroupError
 from .._text import counted, shown_key
 from ..admin import Status, consumer_status
@@ -155,6 +157,30 @@ def printable(text: str, limit: int | None = None) -> str:
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
 
 
+KEY_LIMIT = 200
+"""The most characters of a key a text line shows (``--json`` shows it whole)."""
+
+
+def scope_text(topic: str, partition: int | None, key: str | None) -> str:
+    """A pause's or a command's scope in words, as every command prints it:
+    ``topic orders``, ``partition 3 of orders``, ``key 'k1' of orders (partition 1)``."""
+    where = printable(topic)
+    if key is not None:
+        return f"key {shown_key(key, KEY_LIMIT)} of {where} (partition {partition})"
+    if partition is not None:
+        return f"partition {partition} of {where}"
+    return f"topic {where}"
+
+
+def pause_line(pause: Pause) -> str:
+    """One pause in force, on one line: scope, who, since when (UTC), why."""
+    return (
+        f"{scope_text(pause.topic, pause.partition, pause.key)}  "
+        f"by {printable(pause.by or '-', 100)}  since {when(pause.at)}  "
+        f"reason: {printable(pause.reason or '-', 200)}"
+    )
+
+
 def _relative(at: float, now: float) -> str:
     delta = at - now
     if delta <= 0:
@@ -190,10 +216,15 @@ def render_status(status: Status, now: float) -> list[str]:
         )
     lines.append(f"lag: {counted(status.lag, 'record')}")
     lines.append(f"retry backlog: {counted(status.backlog, 'record')} pending")
+    if status.pauses:
+        lines.append(f"paused: {counted(len(status.pauses), 'pause')} in force")
+        lines.extend(f"  {pause_line(pause)}" for pause in status.pauses)
+    else:
+        lines.append("paused: nothing")
     if status.quarantined:
         lines.append(f"quarantined keys: {len(status.quarantined)}")
         lines.extend(
-            f"  partition {q.partition}  key {shown_key(q.key, 200)}  pending {q.pending}  "
+            f"  partition {q.partition}  key {shown_key(q.key, KEY_LIMIT)}  pending {q.pending}  "
             f"failures {q.failures}  next attempt (stored) {when(q.next_attempt_at)} "
             f"({_relative(q.next_attempt_at, now)})"
             for q in status.quarantined
@@ -234,7 +265,7 @@ def render_status(status: Status, now: float) -> list[str]:
 def status_command(
     topic: str, group: str, retry_delays: str, as_json: bool, namespace: str, log_url: str
 ) -> int:
-    """Show a group's lag, quarantined keys (next attempt time), backlog and dead letters.
+    """Show a group's lag, quarantined keys (next attempt time), backlog, dead letters, pauses.
 
     Next attempt times are the ones the consumer stored. Dead letters are
     counted apart: not replayed yet, and replayed by `dlq replay`. Exit
