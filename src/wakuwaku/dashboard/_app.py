@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import json
 import math
@@ -152,16 +153,20 @@ def _templates() -> Jinja2Templates:
 
 @dataclass(frozen=True, slots=True)
 class LetterFilter:
-    """The dead-letter list's search: key (exact), reason, time range (UTC)."""
+    """The dead-letter list's search: key (exact), reason, time range (UTC),
+    and whether purged dead letters are shown (marked) or left out, as
+    ``wakuwaku dlq list`` and its ``--include-purged`` do."""
 
     key: str | None = None
     reason: str | None = None
     since: float | None = None
     until: float | None = None
+    purged: bool = False
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> LetterFilter:
-        """Read ``key``, ``reason``, ``since``, ``until`` (``YYYY-MM-DDTHH:MM[:SS]``, UTC).
+        """Read ``key``, ``reason``, ``since``, ``until`` (``YYYY-MM-DDTHH:MM[:SS]``,
+        UTC) and ``purged`` (``yes``: show purged dead letters too).
 
         :raises ValueError: for a time that does not parse (the message names it).
         """
@@ -170,11 +175,14 @@ class LetterFilter:
             query.get("reason") or None,
             _time(query.get("since"), "since"),
             _time(query.get("until"), "until"),
+            query.get("purged") == "yes",
         )
 
-    def matches(self, entry: LetterEntry) -> bool:
+    def matches(self, entry: LetterEntry, purged: bool = False) -> bool:
+        """True when ``entry`` (``purged`` or not) is shown."""
         return (
-            (self.key is None or (entry.key == self.key and not entry.key_cut))
+            (self.purged or not purged)
+            and (self.key is None or (entry.key == self.key and not entry.key_cut))
             and (self.reason is None or entry.reason == self.reason)
             and (self.since is None or entry.timestamp >= self.since)
             and (self.until is None or entry.timestamp < self.until)
@@ -292,7 +300,11 @@ class Dashboard:
             search = LetterFilter.from_query(request.query_params)
         except ValueError as exc:
             return self.error(request, 400, str(exc))
-        found = [e for e in view.letters if search.matches(e)]
+        found = [e for e in view.letters if search.matches(e, view.is_purged(e))]
+        with_purged = dataclasses.replace(search, purged=True)
+        purged_count = sum(
+            1 for e in view.letters if view.is_purged(e) and with_purged.matches(e, True)
+        )
         pages = max(1, -(-len(found) // PAGE_SIZE))
         page = min(max(1, path_number(request.query_params.get("page", "1")) or 1), pages)
         shown = found[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
@@ -303,6 +315,7 @@ class Dashboard:
             view=view,
             search=search,
             found=len(found),
+            purged_count=0 if search.purged else purged_count,
             shown=shown,
             page=page,
             pages=pages,
@@ -343,6 +356,7 @@ class Dashboard:
             "dead_letter.html",
             view=view,
             letter=letter,
+            purged=offset in view.purged.get(partition, ()),
             dlq=dlq,
             headers=headers,
             body_kind=kind,

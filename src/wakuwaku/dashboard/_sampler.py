@@ -3,12 +3,13 @@
 Each round, for every (topic, group) shown, the :class:`Sampler` takes the
 group's :func:`~wakuwaku.admin.consumer_status` (lag, quarantined keys, dead
 letters per reason), the partitions' owners (``partition_owners``, where the
-log has it) and reads the dead-letter topic from where the last round
-stopped into a small index (partition, offset, time, reason, key, type) that
-the dead-letter list filters without reading the topic again. Committed and
-end offsets are kept for the last ``history`` seconds: events/s is the
-growth of the committed offsets between two rounds (what the group
-consumed), per partition and in total.
+log has it) and the purged dead letters (the ledger), and reads the
+dead-letter topic from where the last round stopped into a small index
+(partition, offset, time, reason, key, type) that the dead-letter list
+filters without reading the topic again. Committed and end offsets are
+kept for the last ``history`` seconds: events/s is the growth of the
+committed offsets between two rounds (what the group consumed), per
+partition and in total.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..admin import (
     dead_letter_groups,
     derived_topic_owner,
     parse_dead_letter,
+    purged_offsets,
 )
 from ..engine import ConsumerConfig, GroupTopics, read_topic_names, topic_names_topic
 from ..logs import Lease, Log
@@ -95,6 +97,8 @@ class View:
     :param owners: partition -> lease; None when the log cannot show owners.
     :param error: why the last round failed (sanitized), None when it worked.
     :param samples: the rounds of the last ``history`` seconds, oldest first.
+    :param purged: per dead-letter partition, the offsets of purged dead
+        letters (the index keeps them; the pages leave them out or mark them).
     """
 
     target: Target
@@ -105,6 +109,11 @@ class View:
     samples: deque[Sample] = field(default_factory=deque)
     index: _Index = field(default_factory=_Index)
     errors: dict[tuple[int, int], str] = field(default_factory=dict)
+    purged: dict[int, frozenset[int]] = field(default_factory=dict)
+
+    def is_purged(self, entry: LetterEntry) -> bool:
+        """True when ``dlq purge`` (or the dashboard) purged this dead letter."""
+        return entry.offset in self.purged.get(entry.partition, ())
 
     def first_error(self, partition: int, retry_offset: int | None) -> str | None:
         """The sanitized error of a quarantined key's first pending work record
@@ -259,6 +268,9 @@ class Sampler:
             owners = await self._owners(status.topic, target.group)
             await self._read_letters(view)
             view.errors = await self._first_errors(view.target, status, view.errors)
+            purged = await purged_offsets(
+                self.log, target.topic, group=target.group, namespace=self.namespace
+            )
         except (WakuwakuError, OSError) as exc:
             view.error = sanitize(f"{type(exc).__name__}: {exc}", 500)
             logger.warning(
@@ -268,6 +280,7 @@ class Sampler:
             return
         now = time.time()
         view.status, view.owners, view.error, view.updated_at = status, owners, None, now
+        view.purged = purged
         view.samples.append(
             Sample(now, {p.partition: (p.committed, p.end_offset) for p in status.partitions})
         )
