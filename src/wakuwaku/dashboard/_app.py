@@ -4,11 +4,14 @@ Security model (docs/dashboard.md; the layers are in :mod:`._security`):
 
 - only the host names it was started for are answered (DNS rebinding), and
   a POST from another origin is refused;
-- read-only unless started with ``allow_replay``; the only write is
-  ``POST /replay`` and it is refused with 403 otherwise;
+- read-only unless started with ``allow_replay``; the writes are ``POST
+  /replay`` and the operator controls' ``POST /control/...``
+  (:mod:`._controls`: pause, resume, retry-now, give-up, offset reset,
+  purge), each after a confirmation page, and all are refused with 403
+  otherwise (their confirmation pages too);
 - every POST carries a CSRF token (asgi-csrf's signed double-submit cookie:
   the form field must match the cookie, both signed with a secret of this
-  process); ``/replay`` is checked even when the request has no cookie;
+  process); every POST route is checked even when the request has no cookie;
 - with a token (``WAKUWAKU_DASHBOARD_TOKEN``) every request needs it, as
   HTTP Basic password (any user name) or ``Authorization: Bearer``;
   :func:`check_exposure` refuses a non-loopback address without one;
@@ -50,8 +53,9 @@ from ..admin import parse_dead_letter, replay_dead_letters
 from ..logs import Log, open_log
 from ..reliability import redact_url
 from ._charts import bar_chart, clock, line_chart
+from ._controls import Controls
 from ._format import path_number, printable, relative, when
-from ._sampler import LetterEntry, Sampler, Target, View
+from ._sampler import KEY_LIMIT, LetterEntry, Sampler, Target, View
 from ._security import (
     HostGuard,
     SecurityHeaders,
@@ -82,7 +86,9 @@ class DashboardSettings:
     :param allowed_hosts: host names answered besides the loopback names and
         ``host`` (the ``Host`` header a browser sends: the name in its
         address bar); others get 400 (:class:`~._security.HostGuard`).
-    :param allow_replay: allow replaying dead letters (the only write).
+    :param allow_replay: allow the writes: replaying dead letters and the
+        operator controls (pause, resume, retry-now, give-up, offset reset,
+        purge); read-only otherwise.
     :param token: the access token every request must carry (None: none).
     :param interval: seconds between two reads of the log (and page updates).
     :param metrics_url: a consumer's Prometheus endpoint to link and show
@@ -253,6 +259,7 @@ class Dashboard:
             sampler_error=sampler.error,
             relative=relative,
             stall_shown=STALL_SHOWN,
+            link_limit=KEY_LIMIT,
         )
         return self.templates.TemplateResponse(request, name, context, status_code=status_code)
 
@@ -422,9 +429,9 @@ class Dashboard:
                 problem = sanitize(f"{type(exc).__name__}: {exc}", 300)
         return self.render(request, "metrics.html", samples=samples, problem=problem)
 
-    def app(self) -> Starlette:
-        """The ASGI application (CSRF, token and security headers wrapped around it)."""
-        routes = [
+    def routes(self) -> list[Route]:
+        """Every page, the replay and the operator controls (:mod:`._controls`)."""
+        return [
             Route("/", self.index),
             Route("/topic/{topic}/group/{group}", self.topic),
             Route("/topic/{topic}/group/{group}/dead-letters", self.dead_letters),
@@ -437,10 +444,20 @@ class Dashboard:
             Route("/replay", self.replay, methods=["POST"]),
             Route("/consumer-metrics", self.metrics),
             Route("/favicon.ico", lambda request: Response(status_code=204)),
+            *Controls(self).routes(),
         ]
+
+    def app(self, routes: list[Route]) -> Starlette:
+        """The ASGI application of ``routes``, with its security headers."""
         return Starlette(
             routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=self.lifespan
         )
+
+
+def posted_paths(routes: list[Route]) -> set[str]:
+    """The paths of the routes that take a POST: the writes (``/replay``,
+    ``/control/...``)."""
+    return {r.path for r in routes if r.methods is not None and "POST" in r.methods}
 
 
 def _fetch(url: str) -> str:
@@ -461,11 +478,12 @@ def create_app(
     """
     check_exposure(settings.host, settings.token)
     dashboard = Dashboard(settings, opener or (lambda: open_log(settings.log_url)))
-    inner = dashboard.app()
+    routes = dashboard.routes()
     protected: ASGIApp = asgi_csrf(
-        inner,
+        dashboard.app(routes),
         signing_secret=secrets.token_hex(32),
-        always_protect={"/replay"},
+        # Every write is checked even when the request has no cookie.
+        always_protect=posted_paths(routes),
         cookie_samesite="Strict",
     )
     if settings.token:
