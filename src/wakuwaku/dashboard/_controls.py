@@ -1,4 +1,4 @@
-"""The dashboard's operator controls (docs/dashboard.md, design §13).
+"""The dashboard's operator controls (docs/dashboard.md).
 
 Pause and resume a topic, one partition or one key; run a quarantined key's
 next attempt now or give the key up; reset the group's offsets; purge dead
