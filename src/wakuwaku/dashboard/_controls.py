@@ -269,6 +269,9 @@ class Controls:
                 return self.dashboard.error(request, exc.status, exc.message)
             except WakuwakuError as exc:
                 return self.dashboard.error(request, error_status(exc), sanitize(exc, 500))
+            except OSError as exc:  # the log's connection: try again
+                text = sanitize(f"{type(exc).__name__}: {exc}", 300)
+                return self.dashboard.error(request, 503, f"cannot reach the log: {text}")
 
         return route
 
