@@ -153,3 +153,46 @@ def test_the_open_page_follows_the_log_by_polling(test_log: str, browser: Browse
         expect(page.locator("#lag")).to_have_text("1", timeout=30_000)
         assert not [m for m in console if "Content Security Policy" in m]
         page.close()
+
+
+def test_an_operator_pauses_a_key_then_resumes_it_after_confirming_each(
+    test_log: str, browser: Browser
+) -> None:
+    """The topic page's pause form, its confirmation page, the pause listed in
+    force, its resume link and confirmation; the control topic says the same."""
+    from playwright.sync_api import expect
+
+    from wakuwaku.admin import pauses
+
+    from .test_controls import on_log
+
+    app = create_app(DashboardSettings(test_log, allow_replay=True, interval=3600.0))
+    with served(app) as base:
+        page = browser.new_page()
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto(f"{base}/topic/{TOPIC}/group/{GROUP}")
+        expect(page.locator("#no-pauses")).to_be_visible()
+        page.fill("#pause-key", SCRIPT_KEY)
+        page.click("#pause-key-form button")
+        expect(page.locator("#what-happens")).to_contain_text(SCRIPT_KEY)
+        assert on_log(test_log, lambda log: pauses(log, GROUP)) == []  # asked, not done
+        page.fill("#reason", "investigating")
+        page.click("#confirm")
+        expect(page.locator("#outcome")).to_contain_text("Paused")
+        in_force = on_log(test_log, lambda log: pauses(log, GROUP))
+        assert [(p.key, p.reason) for p in in_force] == [(SCRIPT_KEY, "investigating")]
+
+        page.click("#back")
+        row = page.locator("#pauses tr", has_text="investigating")
+        expect(row).to_contain_text(SCRIPT_KEY)
+        expect(row).to_contain_text("UTC")
+        row.locator("a.resume").click()
+        expect(page.locator("#ending")).to_contain_text(SCRIPT_KEY)
+        page.click("#confirm")
+        expect(page.locator("#outcome")).to_contain_text("Resumed")
+        assert on_log(test_log, lambda log: pauses(log, GROUP)) == []
+        page.click("#back")
+        expect(page.locator("#no-pauses")).to_be_visible()
+        assert dialogs == []  # the key was text on every page
+        page.close()

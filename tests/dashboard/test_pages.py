@@ -15,6 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from wakuwaku import ConfigError
+from wakuwaku.admin import list_dead_letters, purge_dead_letters, replay_dead_letters
 from wakuwaku.cli import ExitCode, main
 from wakuwaku.dashboard import DashboardSettings, Target, View, create_app
 from wakuwaku.dashboard._app import shown_url
@@ -521,3 +522,37 @@ def test_every_time_shown_carries_its_zone(built: str) -> None:
         shown = re.sub(r"<[^>]*>", " ", text)  # not the attributes: the text shown
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown)
         assert not stamp.search(shown), stamp.search(shown)
+
+
+async def _replay_and_purge_the_replayed(url: str, key: str) -> int:
+    """Replay ``key``'s dead letters, then purge the replayed ones (``dlq purge
+    --replayed``); the count of dead letters ``dlq list`` still lists."""
+    log = open_log(url)
+    try:
+        await replay_dead_letters(log, TOPIC, group=GROUP, key=key)
+        report = await purge_dead_letters(log, TOPIC, group=GROUP, replayed=True)
+        assert len(report.purged) == 2
+        return len(await list_dead_letters(log, TOPIC, group=GROUP))
+    finally:
+        await log.close()
+
+
+def test_purged_dead_letters_are_left_out_as_dlq_list_does(built: str) -> None:
+    listed = asyncio.run(_replay_and_purge_the_replayed(built, "k-poison"))
+    assert listed == DEAD - 2
+    with client(built) as http:
+        assert re.search(rf'id="dead-count">{listed}<', http.get(PAGE).text)
+        letters = http.get(f"{PAGE}/dead-letters")
+        assert re.search(rf'id="found-count">{listed}<', letters.text)
+        assert "2 purged dead letters are left out" in letters.text
+        assert "k-poison" not in letters.text.split('id="letters"', 1)[1]
+        every = http.get(f"{PAGE}/dead-letters", params={"purged": "yes"})
+        assert re.search(rf'id="found-count">{DEAD}<', every.text)
+        assert every.text.count('class="bad purged">purged<') == 2
+        poison = http.get(f"{PAGE}/dead-letters", params={"key": "k-poison", "purged": "yes"})
+        link = re.search(r'href="(/topic/[^"]+/dead-letters/\d+/\d+)"', poison.text)
+        assert link is not None
+        assert 'id="purged">purged<' in http.get(link.group(1)).text
+        none = http.get(f"{PAGE}/dead-letters", params={"key": "k-poison"})
+        assert re.search(r'id="found-count">0<', none.text)
+        assert "2 purged dead letters are left out" in none.text

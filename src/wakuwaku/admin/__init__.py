@@ -6,7 +6,7 @@ One module per task; every name is importable from ``wakuwaku.admin``:
 - :mod:`wakuwaku.admin.dead_letters`: :func:`list_dead_letters`,
   :func:`replay_dead_letters` and the replay ledger.
 - :mod:`wakuwaku.admin.purge`: :func:`purge_dead_letters` (``wakuwaku dlq
-  purge``), recorded in the same ledger.
+  purge``), recorded in the same ledger, and :func:`purged_offsets`.
 - :mod:`wakuwaku.admin.offsets`: :func:`reset_offsets` (``wakuwaku group
   reset-offsets``) and what it is built on (:func:`plan_offset_reset`,
   :func:`apply_offset_reset`, :func:`running_members`, :func:`offset_at_time`).
@@ -53,6 +53,7 @@ from .offsets import reset_offsets as reset_offsets
 from .offsets import running_members as running_members
 from .purge import PurgeReport as PurgeReport
 from .purge import purge_dead_letters as purge_dead_letters
+from .purge import purged_offsets as purged_offsets
 from .status import PartitionStatus as PartitionStatus
 from .status import QuarantinedKey as QuarantinedKey
 from .status import Status as Status
@@ -92,6 +93,7 @@ __all__ = (
     "pauses",
     "plan_offset_reset",
     "purge_dead_letters",
+    "purged_offsets",
     "read_commands",
     "replay_dead_letters",
     "replay_ledger_topic_name",

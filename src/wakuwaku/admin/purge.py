@@ -53,7 +53,7 @@ from .dead_letters import (
     resolve_group_topics,
 )
 
-__all__ = ("PurgeReport", "purge_dead_letters")
+__all__ = ("PurgeReport", "purge_dead_letters", "purged_offsets")
 
 
 @dataclass
@@ -177,6 +177,25 @@ async def purge_dead_letters(
                 await log.append(names.replay_ledger, p, [_purge_record(x) for x in chosen])
             report.purged.extend(chosen)
     return report
+
+
+async def purged_offsets(
+    log: Log, topic: str, *, group: str, namespace: str = ""
+) -> dict[int, frozenset[int]]:
+    """Where ``group``'s purged dead letters of ``topic`` are: per
+    dead-letter partition, their offsets, as the ledger records them.
+
+    For a reader that keeps its own index of the dead-letter topic (the
+    dashboard) and must leave purged dead letters out as
+    :func:`~wakuwaku.admin.list_dead_letters` does.
+
+    :returns: an empty mapping when nothing was ever purged.
+    :raises ConfigError: when ``topic`` is a dead-letter, retry or ledger topic.
+    :raises LogError: what the log raises.
+    """
+    names = await resolve_group_topics(log, topic, group, namespace)
+    ledger = await _read_ledger(log, names.replay_ledger)
+    return {p: frozenset(offsets) for p, offsets in ledger.purged.items() if offsets}
 
 
 async def _create_ledger(log: Log, ledger: str, partitions: int, main: str) -> None:

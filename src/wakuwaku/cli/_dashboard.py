@@ -26,7 +26,9 @@ from ._status import log_option, namespace_option, open_existing_log
 @click.option(
     "--allow-replay",
     is_flag=True,
-    help="Allow replaying dead letters from the page (otherwise read-only).",
+    help="Allow the operator controls, each after a confirmation page: replay and purge "
+    "dead letters, pause and resume a topic, partition or key, retry or give up a "
+    "quarantined key, reset the group's offsets (otherwise read-only).",
 )
 @click.option(
     "--interval",
@@ -55,9 +57,10 @@ def dashboard_command(
     namespace: str,
     log_url: str,
 ) -> None:
-    """Serve a web page with each topic's partitions, lag, quarantined keys and dead letters.
+    """Serve a web page of each topic's partitions, lag, quarantined keys, pauses, dead letters.
 
-    Read-only unless --allow-replay. Only the host names it was started for
+    Read-only unless --allow-replay (replay, purge, pause, resume, retry-now,
+    give-up, reset offsets). Only the host names it was started for
     are answered (loopback names, --host, --allowed-host). Listening beyond
     loopback needs a token in WAKUWAKU_DASHBOARD_TOKEN (the HTTP Basic
     password; any user name).

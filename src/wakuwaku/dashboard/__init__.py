@@ -4,10 +4,12 @@ Install with ``pip install 'wakuwaku[dashboard]'`` (Starlette, uvicorn,
 Jinja2); nothing else in wakuwaku imports this package. It reads the log
 only through :mod:`wakuwaku.admin` and the log's read calls, so it works on
 every log: per (topic, group) the partitions (owner, committed and end
-offsets, lag, events/s), the quarantined keys, the dead letters (by reason,
-over time, searchable, each record's headers and body) and, when started
-with ``allow_replay``, a replay with a dry run first. docs/dashboard.md has
-the pages and the security model.
+offsets, lag, events/s), the quarantined keys, the pauses in force, the
+dead letters (by reason, over time, searchable, each record's headers and
+body) and, when started with ``allow_replay``, the operator controls, each
+behind a confirmation page: replay and purge dead letters, pause and resume
+a topic, partition or key, retry or give up a quarantined key now, reset
+the group's offsets. docs/dashboard.md has the pages and the security model.
 
 ::
 

@@ -4,11 +4,14 @@ Security model (docs/dashboard.md; the layers are in :mod:`._security`):
 
 - only the host names it was started for are answered (DNS rebinding), and
   a POST from another origin is refused;
-- read-only unless started with ``allow_replay``; the only write is
-  ``POST /replay`` and it is refused with 403 otherwise;
+- read-only unless started with ``allow_replay``; the writes are ``POST
+  /replay`` and the operator controls' ``POST /control/...``
+  (:mod:`._controls`: pause, resume, retry-now, give-up, offset reset,
+  purge), each after a confirmation page, and all are refused with 403
+  otherwise (their confirmation pages too);
 - every POST carries a CSRF token (asgi-csrf's signed double-submit cookie:
   the form field must match the cookie, both signed with a secret of this
-  process); ``/replay`` is checked even when the request has no cookie;
+  process); every POST route is checked even when the request has no cookie;
 - with a token (``WAKUWAKU_DASHBOARD_TOKEN``) every request needs it, as
   HTTP Basic password (any user name) or ``Authorization: Bearer``;
   :func:`check_exposure` refuses a non-loopback address without one;
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import json
 import math
@@ -49,7 +53,9 @@ from ..admin import parse_dead_letter, replay_dead_letters
 from ..logs import Log, open_log
 from ..reliability import redact_url
 from ._charts import bar_chart, clock, line_chart
-from ._sampler import LetterEntry, Sampler, Target, View
+from ._controls import Controls
+from ._format import path_number, printable, relative, when
+from ._sampler import KEY_LIMIT, LetterEntry, Sampler, Target, View
 from ._security import (
     HostGuard,
     SecurityHeaders,
@@ -80,7 +86,9 @@ class DashboardSettings:
     :param allowed_hosts: host names answered besides the loopback names and
         ``host`` (the ``Host`` header a browser sends: the name in its
         address bar); others get 400 (:class:`~._security.HostGuard`).
-    :param allow_replay: allow replaying dead letters (the only write).
+    :param allow_replay: allow the writes: replaying dead letters and the
+        operator controls (pause, resume, retry-now, give-up, offset reset,
+        purge); read-only otherwise.
     :param token: the access token every request must carry (None: none).
     :param interval: seconds between two reads of the log (and page updates).
     :param metrics_url: a consumer's Prometheus endpoint to link and show
@@ -120,54 +128,6 @@ def shown_url(url: str) -> str:
     return redact_url(url)
 
 
-def when(seconds: float | None) -> str:
-    """A time to the second with its zone, ``2026-05-01 10:15:04 UTC`` (``-``
-    for None; ``<n> s since the epoch`` for a time no date can show)."""
-    if seconds is None:
-        return "-"
-    try:
-        moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
-    except (ValueError, OverflowError, OSError):
-        return f"{seconds:.0f} s since the epoch"
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def relative(seconds: float, now: float) -> str:
-    """``in 3.2 s`` / ``due now`` / ``12 s ago`` style distance to ``seconds``."""
-    delta = seconds - now
-    if abs(delta) < 0.05:
-        return "now"
-    if delta > 0:
-        return f"in {delta:.1f} s"
-    return f"{-delta:.1f} s ago"
-
-
-def printable(text: str | None, limit: int | None = 200) -> str:
-    """``text`` with non-printable characters as ``\\uXXXX`` (the template still
-    escapes it), cut after ``limit`` characters with the count cut."""
-    if text is None:
-        return "-"
-    cut = ""
-    if limit is not None and len(text) > limit:
-        cut = f"...({len(text) - limit} more characters)"
-        text = text[:limit]
-    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text) + cut
-
-
-MAX_NUMBER = 2**63 - 1
-"""The largest partition or offset a URL may name (offsets are int64 in every log)."""
-
-
-def path_number(raw: str) -> int | None:
-    """A partition, offset or page number from a URL: an int from 0 to
-    :data:`MAX_NUMBER` written in ASCII digits, None for anything else (a sign,
-    a fraction, other digits, more than 19 digits)."""
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_NUMBER)):
-        return None
-    value = int(raw)
-    return value if value <= MAX_NUMBER else None
-
-
 def decoded_body(body: bytes) -> tuple[str, str]:
     """``(kind, text)`` of a record body: pretty JSON, UTF-8 text or hex."""
     try:
@@ -199,16 +159,20 @@ def _templates() -> Jinja2Templates:
 
 @dataclass(frozen=True, slots=True)
 class LetterFilter:
-    """The dead-letter list's search: key (exact), reason, time range (UTC)."""
+    """The dead-letter list's search: key (exact), reason, time range (UTC),
+    and whether purged dead letters are shown (marked) or left out, as
+    ``wakuwaku dlq list`` and its ``--include-purged`` do."""
 
     key: str | None = None
     reason: str | None = None
     since: float | None = None
     until: float | None = None
+    purged: bool = False
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> LetterFilter:
-        """Read ``key``, ``reason``, ``since``, ``until`` (``YYYY-MM-DDTHH:MM[:SS]``, UTC).
+        """Read ``key``, ``reason``, ``since``, ``until`` (``YYYY-MM-DDTHH:MM[:SS]``,
+        UTC) and ``purged`` (``yes``: show purged dead letters too).
 
         :raises ValueError: for a time that does not parse (the message names it).
         """
@@ -217,11 +181,14 @@ class LetterFilter:
             query.get("reason") or None,
             _time(query.get("since"), "since"),
             _time(query.get("until"), "until"),
+            query.get("purged") == "yes",
         )
 
-    def matches(self, entry: LetterEntry) -> bool:
+    def matches(self, entry: LetterEntry, purged: bool = False) -> bool:
+        """True when ``entry`` (``purged`` or not) is shown."""
         return (
-            (self.key is None or (entry.key == self.key and not entry.key_cut))
+            (self.purged or not purged)
+            and (self.key is None or (entry.key == self.key and not entry.key_cut))
             and (self.reason is None or entry.reason == self.reason)
             and (self.since is None or entry.timestamp >= self.since)
             and (self.until is None or entry.timestamp < self.until)
@@ -292,6 +259,7 @@ class Dashboard:
             sampler_error=sampler.error,
             relative=relative,
             stall_shown=STALL_SHOWN,
+            link_limit=KEY_LIMIT,
         )
         return self.templates.TemplateResponse(request, name, context, status_code=status_code)
 
@@ -339,7 +307,11 @@ class Dashboard:
             search = LetterFilter.from_query(request.query_params)
         except ValueError as exc:
             return self.error(request, 400, str(exc))
-        found = [e for e in view.letters if search.matches(e)]
+        found = [e for e in view.letters if search.matches(e, view.is_purged(e))]
+        with_purged = dataclasses.replace(search, purged=True)
+        purged_count = sum(
+            1 for e in view.letters if view.is_purged(e) and with_purged.matches(e, True)
+        )
         pages = max(1, -(-len(found) // PAGE_SIZE))
         page = min(max(1, path_number(request.query_params.get("page", "1")) or 1), pages)
         shown = found[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
@@ -350,6 +322,7 @@ class Dashboard:
             view=view,
             search=search,
             found=len(found),
+            purged_count=0 if search.purged else purged_count,
             shown=shown,
             page=page,
             pages=pages,
@@ -390,6 +363,7 @@ class Dashboard:
             "dead_letter.html",
             view=view,
             letter=letter,
+            purged=offset in view.purged.get(partition, ()),
             dlq=dlq,
             headers=headers,
             body_kind=kind,
@@ -455,9 +429,9 @@ class Dashboard:
                 problem = sanitize(f"{type(exc).__name__}: {exc}", 300)
         return self.render(request, "metrics.html", samples=samples, problem=problem)
 
-    def app(self) -> Starlette:
-        """The ASGI application (CSRF, token and security headers wrapped around it)."""
-        routes = [
+    def routes(self) -> list[Route]:
+        """Every page, the replay and the operator controls (:mod:`._controls`)."""
+        return [
             Route("/", self.index),
             Route("/topic/{topic}/group/{group}", self.topic),
             Route("/topic/{topic}/group/{group}/dead-letters", self.dead_letters),
@@ -470,10 +444,20 @@ class Dashboard:
             Route("/replay", self.replay, methods=["POST"]),
             Route("/consumer-metrics", self.metrics),
             Route("/favicon.ico", lambda request: Response(status_code=204)),
+            *Controls(self).routes(),
         ]
+
+    def app(self, routes: list[Route]) -> Starlette:
+        """The ASGI application of ``routes``, with its security headers."""
         return Starlette(
             routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=self.lifespan
         )
+
+
+def posted_paths(routes: list[Route]) -> set[str]:
+    """The paths of the routes that take a POST: the writes (``/replay``,
+    ``/control/...``)."""
+    return {r.path for r in routes if r.methods is not None and "POST" in r.methods}
 
 
 def _fetch(url: str) -> str:
@@ -494,11 +478,12 @@ def create_app(
     """
     check_exposure(settings.host, settings.token)
     dashboard = Dashboard(settings, opener or (lambda: open_log(settings.log_url)))
-    inner = dashboard.app()
+    routes = dashboard.routes()
     protected: ASGIApp = asgi_csrf(
-        inner,
+        dashboard.app(routes),
         signing_secret=secrets.token_hex(32),
-        always_protect={"/replay"},
+        # Every write is checked even when the request has no cookie.
+        always_protect=posted_paths(routes),
         cookie_samesite="Strict",
     )
     if settings.token:

@@ -3,12 +3,14 @@
 Each round, for every (topic, group) shown, the :class:`Sampler` takes the
 group's :func:`~wakuwaku.admin.consumer_status` (lag, quarantined keys, dead
 letters per reason), the partitions' owners (``partition_owners``, where the
-log has it) and reads the dead-letter topic from where the last round
-stopped into a small index (partition, offset, time, reason, key, type) that
-the dead-letter list filters without reading the topic again. Committed and
-end offsets are kept for the last ``history`` seconds: events/s is the
-growth of the committed offsets between two rounds (what the group
-consumed), per partition and in total.
+log has it), the pauses in force (:func:`~wakuwaku.admin.pauses`, read from
+the group's control topic) and the purged dead letters (the ledger), and
+reads the dead-letter topic from where the last round stopped into a small
+index (partition, offset, time, reason, key, type) that the dead-letter list
+filters without reading the topic again. Committed and end offsets are kept
+for the last ``history`` seconds: events/s is the growth of the committed
+offsets between two rounds (what the group consumed), per partition and in
+total.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .. import WakuwakuError, sanitize
+from .._control import CONTROL_PREFIX, Pause
 from .._records import H_ERROR
 from ..admin import (
     MISSING_REASON,
@@ -31,6 +34,8 @@ from ..admin import (
     dead_letter_groups,
     derived_topic_owner,
     parse_dead_letter,
+    pauses,
+    purged_offsets,
 )
 from ..engine import ConsumerConfig, GroupTopics, read_topic_names, topic_names_topic
 from ..logs import Lease, Log
@@ -95,6 +100,9 @@ class View:
     :param owners: partition -> lease; None when the log cannot show owners.
     :param error: why the last round failed (sanitized), None when it worked.
     :param samples: the rounds of the last ``history`` seconds, oldest first.
+    :param pauses: the pauses in force on the topic for the group, oldest first.
+    :param purged: per dead-letter partition, the offsets of purged dead
+        letters (the index keeps them; the pages leave them out or mark them).
     """
 
     target: Target
@@ -105,6 +113,26 @@ class View:
     samples: deque[Sample] = field(default_factory=deque)
     index: _Index = field(default_factory=_Index)
     errors: dict[tuple[int, int], str] = field(default_factory=dict)
+    pauses: list[Pause] = field(default_factory=list)
+    purged: dict[int, frozenset[int]] = field(default_factory=dict)
+
+    def is_purged(self, entry: LetterEntry) -> bool:
+        """True when ``dlq purge`` (or the dashboard) purged this dead letter."""
+        return entry.offset in self.purged.get(entry.partition, ())
+
+    def partition_pause(self, partition: int) -> Pause | None:
+        """The pause that stops ``partition`` (its topic's or its own), or None."""
+        for pause in self.pauses:
+            if pause.key is None and pause.partition in (None, partition):
+                return pause
+        return None
+
+    def key_pause(self, key: str) -> Pause | None:
+        """The pause of ``key``, or None."""
+        for pause in self.pauses:
+            if pause.key == key:
+                return pause
+        return None
 
     def first_error(self, partition: int, retry_offset: int | None) -> str | None:
         """The sanitized error of a quarantined key's first pending work record
@@ -210,8 +238,9 @@ class Sampler:
     async def targets(self) -> list[Target]:
         """The (topic, group) pairs to show: every main topic (not a retry,
         dead-letter or ledger topic, derived or configured, nor the
-        topic-names topic) with every group that has a dead-letter topic for
-        it or a committed offset on it, or only ``group``."""
+        topic-names topic or a group's control topic) with every group that
+        has a dead-letter topic for it or a committed offset on it, or only
+        ``group``."""
         prefix = f"{self.namespace}." if self.namespace else ""
         self._noted = noted = await read_topic_names(self.log, self.namespace)
         engine_made = {topic_names_topic(self.namespace)}
@@ -222,7 +251,11 @@ class Sampler:
             if prefix and not info.name.startswith(prefix):
                 continue
             topic = info.name[len(prefix) :]
-            if derived_topic_owner(topic) is not None or info.name in engine_made:
+            if (
+                derived_topic_owner(topic) is not None
+                or info.name in engine_made
+                or topic.startswith(CONTROL_PREFIX)
+            ):
                 continue
             if self.group is not None:
                 groups = {self.group}
@@ -259,6 +292,10 @@ class Sampler:
             owners = await self._owners(status.topic, target.group)
             await self._read_letters(view)
             view.errors = await self._first_errors(view.target, status, view.errors)
+            in_force = await pauses(self.log, target.group, self.namespace)
+            purged = await purged_offsets(
+                self.log, target.topic, group=target.group, namespace=self.namespace
+            )
         except (WakuwakuError, OSError) as exc:
             view.error = sanitize(f"{type(exc).__name__}: {exc}", 500)
             logger.warning(
@@ -268,6 +305,8 @@ class Sampler:
             return
         now = time.time()
         view.status, view.owners, view.error, view.updated_at = status, owners, None, now
+        view.pauses = [p for p in in_force if p.topic == status.topic]
+        view.purged = purged
         view.samples.append(
             Sample(now, {p.partition: (p.committed, p.end_offset) for p in status.partitions})
         )
