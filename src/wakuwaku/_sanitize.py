@@ -1,4 +1,4 @@
-"""Sanitizing error text before it is stored or shown (design §13).
+"""Sanitizing error text before it is stored or shown (design §14).
 
 Error text written into retry and dead-letter headers, the inbox and logs
 often comes from somewhere we do not control: a producer's result payload, a
@@ -208,7 +208,7 @@ def _redact_values(pattern: re.Pattern[str], marker: str, text: str) -> str:
 
 
 def _redact_secrets(marker: str, text: str) -> str:
-    """Every credential form of design §13 (Authorization values, key=value
+    """Every credential form of design §14 (Authorization values, key=value
     pairs, bearer tokens, token shapes), replaced by ``marker``."""
     for pattern in (_TOKENS, _AUTH_KNOWN, _AUTH_OTHER, _BEARER, _KEY_VALUE):
         text = _redact_values(pattern, marker, text)
@@ -316,7 +316,7 @@ def _truncate(text: str, limit: int, cut: bool = False) -> str:
 
 
 def sanitize(text: str | bytes | BaseException, limit: int = DEFAULT_LIMIT) -> str:
-    """Make untrusted error text safe to store and show (design §13, seed 000).
+    """Make untrusted error text safe to store and show (design §14, seed 000).
 
     :param text: the raw text; ``bytes`` are decoded as UTF-8 with
         replacement; an exception becomes ``"TypeName: message"`` (just the

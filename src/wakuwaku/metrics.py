@@ -43,6 +43,8 @@ metric                                                 type     labels
 ``wakuwaku_handler_seconds`` (count: every call)       summary  group
 ``wakuwaku_retry_backlog_records``                     gauge    group, topic, partition
 ``wakuwaku_quarantined_keys``                          gauge    group, topic, partition
+``wakuwaku_partition_paused`` (1: an operator paused)  gauge    group, topic, partition
+``wakuwaku_paused_keys``                               gauge    group, topic, partition
 ``wakuwaku_next_retry_attempt_timestamp_seconds``      gauge    group, topic, partition
 ``wakuwaku_lag_records``                               gauge    group, topic, partition
 =====================================================  =======  ==========================
@@ -277,6 +279,16 @@ class ConsumerCollector(Collector):
             "(seconds since the epoch).",
             labels=labels,
         )
+        paused = GaugeMetricFamily(
+            self._name("partition_paused"),
+            "1 while an operator's pause (of the topic or the partition) stops the partition.",
+            labels=labels,
+        )
+        held = GaugeMetricFamily(
+            self._name("paused_keys"),
+            "Keys of the partition an operator paused (their records wait in the retry topic).",
+            labels=labels,
+        )
         lag = GaugeMetricFamily(
             self._name("lag_records"),
             "Records after the worker's position (end offset - position).",
@@ -289,6 +301,8 @@ class ConsumerCollector(Collector):
                 values = [group, topic, str(partition)]
                 backlog.add_metric(values, float(view.retry_pending))
                 keys.add_metric(values, float(len(view.quarantined)))
+                paused.add_metric(values, 0.0 if view.paused_by is None else 1.0)
+                held.add_metric(values, float(view.paused_keys))
                 next_due = view.next_attempt_at
                 if next_due is not None:
                     due.add_metric(values, next_due)
@@ -297,6 +311,8 @@ class ConsumerCollector(Collector):
                     lag.add_metric(values, float(view.lag(end)))
         yield backlog
         yield keys
+        yield paused
+        yield held
         yield due
         yield lag
 

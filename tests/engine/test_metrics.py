@@ -255,3 +255,37 @@ async def test_one_collector_for_two_groups_and_no_duplicate_registration() -> N
         registry.register(ConsumerCollector(consumers[0]))
     with pytest.raises(wk.ConfigError, match="one group"):
         ConsumerCollector(consumers[0], consumers[0])
+
+
+async def test_operator_pauses_are_gauges_per_partition() -> None:
+    from wakuwaku import admin
+
+    log = wk.MemoryLog()
+    await log.create_topic("jobs", 2)
+    held = wk.partition_for("held", 2)
+    await admin.pause(log, GROUP, "jobs", partition=1 - held)
+    await admin.pause(log, GROUP, "jobs", key="held")
+    await wk.Producer(log, "jobs").publish(Job("held", 0))
+    clock = FakeClock(T0)
+    consumer = Consumer(
+        ConsumerConfig(topic="jobs", group=GROUP, clock=clock), [Handler(Job, Scripted())], log
+    )
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(ConsumerCollector(consumer))
+    runner = asyncio.create_task(consumer.run(install_signal_handlers=False))
+    try:
+        await until(
+            clock,
+            lambda: (
+                any(v.retry_pending for v in consumer.partitions())
+                and all(v.started for v in consumer.partitions())
+            ),
+        )
+        paused, running = str(1 - held), str(held)
+        assert sample(registry, "wakuwaku_partition_paused", topic="jobs", partition=paused) == 1
+        assert sample(registry, "wakuwaku_partition_paused", topic="jobs", partition=running) == 0
+        assert sample(registry, "wakuwaku_paused_keys", topic="jobs", partition=running) == 1
+        assert sample(registry, "wakuwaku_paused_keys", topic="jobs", partition=paused) == 0
+    finally:
+        consumer.stop()
+        await runner

@@ -66,6 +66,7 @@ async def test_a_paused_key_waits_in_the_retry_topic_in_order_while_others_go_on
             )
             assert script.handled_ns("a") == []
             assert view(c).position == 8  # the partition went on past the held key
+            assert (view(c).paused_keys, view(c).paused_by) == (1, None)
             held = await read_all(log, "wk-retry.g.t")
             assert [event_n(r) for r in held] == [0, 1, 2, 3, 4]
             assert all(r.headers["wk-held"] == b"1" for r in held)
@@ -101,6 +102,7 @@ async def test_a_paused_partition_is_not_polled_and_the_pause_outlives_a_restart
         await wait_until(clock, lambda: clock.now() - waited_from > 5 * c.config.poll_interval)
         assert script.handled_ns() == [2]
         assert view(c, p0).position == 0
+        assert view(c, p0).paused_by == f"partition {p0} of t"
     # Restarted, the pause holds: the record is still not handled.
     again = Script(clock)
     c = consumer(log, clock, [Handler(Item, again)])

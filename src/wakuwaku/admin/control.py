@@ -1,4 +1,4 @@
-"""Operator controls of a running consumer group: pause, resume, a quarantined key now (design §13).
+"""Operator controls of a running consumer group: pause, resume, a quarantined key now (design §14).
 
 Every control is a command record in the group's control topic
 (:mod:`wakuwaku._control`), which every consumer of the group reads once

@@ -1,5 +1,5 @@
 """``wakuwaku pause``, ``resume``, ``pauses`` and ``key retry-now|give-up``:
-an operator steering a running consumer group (design §13).
+an operator steering a running consumer group (design §14).
 
 Built on :mod:`wakuwaku.admin.control`: each command writes one command
 record to the group's control topic ``[ns.]wk-control.<group>``, which

@@ -388,7 +388,7 @@ class Attempts:
         ]
 
     async def give_up_now(self, key: str, through: int, by: str, reason: str) -> list[Marker]:
-        """An operator's give-up (design §13): dead-letter ``key``'s pending
+        """An operator's give-up (design §14): dead-letter ``key``'s pending
         work below retry offset ``through`` with reason
         ``given_up_by_operator`` (``wk-operator``: ``by``) and resolve it with
         a reset, so its later work is due at once with its counter reset, as

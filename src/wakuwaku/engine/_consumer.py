@@ -138,7 +138,7 @@ class Consumer:
             info = await self._start_call("describe topic", partial(self.log.describe_topic, topic))
             counts[topic] = info.partitions
         await self._start_call("note topic names", partial(check_and_note, self.log, self.config))
-        # Before any partition starts: a pause outlives a restart (design §13).
+        # Before any partition starts: a pause outlives a restart (design §14).
         await self._start_call("read control topic", self._control.load)
         assignment: list[tuple[str, int]] = []
         for topic, partitions in counts.items():
@@ -652,7 +652,7 @@ class Consumer:
             return
 
     async def _follow_control(self) -> None:
-        """Read new operator commands every ``poll_interval`` until stopped (design §13)."""
+        """Read new operator commands every ``poll_interval`` until stopped (design §14)."""
         task = asyncio.current_task()
         while not self._stop.is_set():
             try:

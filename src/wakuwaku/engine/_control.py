@@ -1,4 +1,4 @@
-"""The consumer's reader of its group's control topic: operator commands (design §13).
+"""The consumer's reader of its group's control topic: operator commands (design §14).
 
 Operators write commands to ``[ns.]wk-control.<group>`` through
 :mod:`wakuwaku.admin.control` (the ``pause``, ``resume`` and ``key``

@@ -187,6 +187,8 @@ class PartitionWorker:
             self.caught_up,
             retry.pending_count,
             tuple(keys),
+            self.paused_by,
+            len(retry.held),
         )
 
     # --------------------------------------------------------------------- loop
@@ -233,7 +235,7 @@ class PartitionWorker:
                 await asyncio.gather(prefetch, return_exceptions=True)
 
     def _follow_pauses(self) -> None:
-        """Take in the operator's pauses (design §13): is the partition paused,
+        """Take in the operator's pauses (design §14): is the partition paused,
         which of its keys are; each change is logged once."""
         pauses = self.control.pauses
         self._pauses_seen = pauses.version
@@ -267,7 +269,7 @@ class PartitionWorker:
 
     async def _follow_commands(self) -> None:
         """Apply the operator's new ``retry-now`` and ``give-up`` commands of
-        this partition's keys (design §13); each is bounded by its
+        this partition's keys (design §14); each is bounded by its
         ``through`` offset, so one applied before (by this worker or an
         earlier owner) changes nothing."""
         commands = self.control.commands
@@ -602,7 +604,7 @@ class PartitionWorker:
     def _route_quarantined(self, groups: Groups) -> None:
         """Take the items of quarantined keys out of ``groups`` and send them
         to the retry topic, unreduced and in order (design §6); the same for
-        keys an operator paused, as held work (design §13).
+        keys an operator paused, as held work (design §14).
 
         Items already in the retry topic (redelivered after a crash, at or
         below the key's routed main offset) are done: routed once, they are

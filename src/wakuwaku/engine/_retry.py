@@ -301,7 +301,7 @@ class RetryState:
         # between the two calls) must not dead-letter them again. Small: one
         # store's worth of dead letters.
         self.dead_lettered: set[str] = set()
-        # Keys an operator paused: their attempts wait (design §13).
+        # Keys an operator paused: their attempts wait (design §14).
         self.held: set[str] = set()
 
     def quarantined(self, key: str) -> bool:

@@ -78,7 +78,11 @@ class PartitionView:
     :param caught_up: the last poll found nothing new.
     :param retry_pending: work records pending in the retry partition.
     :param quarantined: the partition's quarantined keys, earliest next
-        attempt first.
+        attempt first (a paused key's held work included).
+    :param paused_by: the operator's pause that stops the partition (its
+        scope in words: ``topic shop``, ``partition 3 of shop``), None
+        while it runs.
+    :param paused_keys: how many of its keys an operator paused.
     """
 
     topic: str
@@ -88,6 +92,8 @@ class PartitionView:
     caught_up: bool
     retry_pending: int
     quarantined: tuple[QuarantinedKey, ...]
+    paused_by: str | None = None
+    paused_keys: int = 0
 
     @property
     def next_attempt_at(self) -> float | None:

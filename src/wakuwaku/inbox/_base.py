@@ -57,7 +57,7 @@ DEFAULT_MAX_ATTEMPTS = 5
 """How many failures a message may have before it is dead-lettered."""
 
 DEFAULT_ERROR_LIMIT = 1024
-"""The longest stored error text, in characters (after sanitizing, design §13)."""
+"""The longest stored error text, in characters (after sanitizing, design §14)."""
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
 
@@ -250,7 +250,7 @@ class DeadMessage:
 
     :param failed_at: its last failure (seconds since the epoch).
     :param dead_at: when it was dead-lettered (seconds since the epoch).
-    :param last_error: the sanitized error text (design §13).
+    :param last_error: the sanitized error text (design §14).
     """
 
     message_key: str
@@ -338,7 +338,7 @@ class Inbox(abc.ABC):
         of the claim and of the primary key (seed 004: the failure path's
         lookup never matched, so attempts never advanced and nothing was ever
         dead-lettered). It advances ``attempts``, stores ``error`` sanitized
-        (design §13) and cut to ``error_limit`` characters, and at
+        (design §14) and cut to ``error_limit`` characters, and at
         ``max_attempts`` moves the row to the dead-letter table. A key that
         was dead-lettered before and fails again goes straight back there with
         its count continued, never restarted.
@@ -400,7 +400,7 @@ def check_identifier(name: str) -> str:
 
 
 def sanitized(error: BaseException | str | bytes, limit: int) -> str:
-    """Error text made safe to store (design §13), via :func:`wakuwaku._sanitize.sanitize`."""
+    """Error text made safe to store (design §14), via :func:`wakuwaku._sanitize.sanitize`."""
     from .._sanitize import sanitize
 
     return sanitize(error, limit)
