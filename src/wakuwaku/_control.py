@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ._records import H_MARKER, H_VERSION, WIRE_VERSION, Record
+from ._topics import CONTROL_PREFIX
 
 __all__ = (
     "CONTROL_PREFIX",
@@ -62,8 +63,6 @@ __all__ = (
     "encode_command",
 )
 
-CONTROL_PREFIX = "wk-control."
-"""Control topics are named ``[ns.]wk-control.<group>``."""
 
 MARKER_CONTROL = b"control"
 

@@ -12,16 +12,24 @@ the rule cannot drift between layers. Calls nothing of the package.
 from __future__ import annotations
 
 __all__ = (
+    "CONTROL_PREFIX",
     "DEAD_LETTER_PREFIX",
     "DERIVED_PREFIXES",
     "REPLAY_LEDGER_PREFIX",
     "RETRY_PREFIX",
+    "TOPIC_NAMES",
+    "kept_forever",
     "split_derived_topic",
 )
 
 RETRY_PREFIX = "wk-retry."
 DEAD_LETTER_PREFIX = "wk-dlq."
 REPLAY_LEDGER_PREFIX = "wk-replayed."
+CONTROL_PREFIX = "wk-control."
+"""A consumer group's control topic is ``[ns.]wk-control.<group>`` (operator
+commands: :mod:`wakuwaku._control`)."""
+TOPIC_NAMES = "wk-topic-names"
+"""Where consumers note their configured topic names (``[ns.]wk-topic-names``)."""
 DERIVED_PREFIXES: tuple[tuple[str, str], ...] = (
     ("retry", RETRY_PREFIX),
     ("dlq", DEAD_LETTER_PREFIX),
@@ -52,3 +60,13 @@ def split_derived_topic(name: str) -> tuple[str, str, str, str] | None:
                     break
             at = name.find(prefix, at + 1)
     return found
+
+
+def kept_forever(name: str) -> bool:
+    """True for the engine's state topics, whose records must outlive any
+    time- or size-based retention of the log: a group's control topic (a
+    pause must hold until resumed) and the topic-names topic. ``name`` may
+    carry a namespace (``ns.wk-control.g``)."""
+    if name == TOPIC_NAMES or name.endswith("." + TOPIC_NAMES):
+        return True
+    return name.startswith(CONTROL_PREFIX) or f".{CONTROL_PREFIX}" in name

@@ -292,3 +292,22 @@ async def test_a_group_is_deleted_only_once_its_members_are_gone(log: KafkaLog) 
     finally:
         await impatient.close()
         await other.close()
+
+
+async def test_the_engines_state_topics_are_kept_forever_by_the_broker(log: KafkaLog) -> None:
+    """A pause in the control topic holds until resumed: the broker's default
+    retention (7 days) must not forget it. Main topics keep the broker's default."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    for topic in ("wk-control.g", "wk-topic-names", "orders"):
+        await log.create_topic(topic, 1)
+    admin = AdminClient({"bootstrap.servers": KAFKA_BOOTSTRAP})
+
+    def retention(topic: str) -> tuple[str, str]:
+        resource = ConfigResource(ResourceType.TOPIC, log.prefix + topic)
+        configs = admin.describe_configs([resource])[resource].result(timeout=30)
+        return configs["retention.ms"].value, configs["retention.bytes"].value
+
+    assert await asyncio.to_thread(retention, "wk-control.g") == ("-1", "-1")
+    assert await asyncio.to_thread(retention, "wk-topic-names") == ("-1", "-1")
+    assert (await asyncio.to_thread(retention, "orders"))[0] != "-1"

@@ -23,11 +23,11 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from .._control import CONTROL_PREFIX
 from .._errors import ConfigError, UnknownTopicError
 from .._events import Algebra
 from .._records import Record
 from .._text import counted
+from .._topics import CONTROL_PREFIX
 from ..engine import (
     TOPIC_NAMES_TOPIC,
     GroupTopics,

@@ -19,10 +19,16 @@ from types import MappingProxyType
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._control import CONTROL_PREFIX
 from .._errors import ConfigError, ErrorClass
 from .._records import MAX_GROUP_LENGTH, valid_group_name
-from .._topics import DEAD_LETTER_PREFIX, REPLAY_LEDGER_PREFIX, RETRY_PREFIX, split_derived_topic
+from .._topics import (
+    CONTROL_PREFIX,
+    DEAD_LETTER_PREFIX,
+    REPLAY_LEDGER_PREFIX,
+    RETRY_PREFIX,
+    TOPIC_NAMES,
+    split_derived_topic,
+)
 
 logger = logging.getLogger("wakuwaku.consumer")
 
@@ -59,7 +65,7 @@ def default_error_class(exc: BaseException) -> ErrorClass:
 RESERVED_PREFIXES = (RETRY_PREFIX, DEAD_LETTER_PREFIX, REPLAY_LEDGER_PREFIX, CONTROL_PREFIX)
 """The prefixes of derived names: a configured name may not start with one."""
 
-TOPIC_NAMES_TOPIC = "wk-topic-names"
+TOPIC_NAMES_TOPIC = TOPIC_NAMES
 """The topic (``[ns.]wk-topic-names``, one partition) where consumers note the
 retry and dead-letter topics they were configured with, so that ``wakuwaku
 status``, ``dlq``, ``topic`` and the dashboard find them (see

@@ -371,9 +371,12 @@ class Cluster:
         ]
         return sorted(out)
 
-    async def create_topic(self, topic: str, partitions: int, max_message_bytes: int) -> None:
+    async def create_topic(
+        self, topic: str, partitions: int, max_message_bytes: int, *, forever: bool = False
+    ) -> None:
         """Create ``topic`` (the broker's replication factor), or find it with
         that many partitions; return once every partition has a leader.
+        ``forever``: no retention by time or size.
 
         A topic of that name still being deleted is waited for (bounded by
         ``timeout``) while the broker finishes the deletion; it is never taken
@@ -383,11 +386,11 @@ class Cluster:
         :raises LogUnavailableError: when a topic of that name is still being
             deleted after ``timeout`` seconds, or the cluster does not answer.
         """
+        config = {"max.message.bytes": str(max_message_bytes)}
+        if forever:  # no time or size retention by the broker
+            config |= {"retention.ms": "-1", "retention.bytes": "-1"}
         new = NewTopic(
-            self.name(topic),
-            num_partitions=partitions,
-            replication_factor=-1,
-            config={"max.message.bytes": str(max_message_bytes)},
+            self.name(topic), num_partitions=partitions, replication_factor=-1, config=config
         )
         deadline = time.monotonic() + self.timeout
 

@@ -30,7 +30,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from ..._clock import BLOCKING_CALLS
 from ..._errors import ConfigError, FencedError
-from ..._topics import split_derived_topic
+from ..._topics import kept_forever, split_derived_topic
 from .._base import (
     AppendTokens,
     BatchWrite,
@@ -208,7 +208,10 @@ class KafkaLog(Log):
         :data:`HEADER_ROOM` for the engine's retry, dead-letter and replay
         topics: those created with ``derived_from`` (configured names
         included) and those with a derived name (``wk-retry.``, ``wk-dlq.``,
-        ``wk-replayed.``: a replay ledger made by ``wakuwaku dlq replay``). A
+        ``wk-replayed.``: a replay ledger made by ``wakuwaku dlq replay``).
+        ``retention.ms`` and ``retention.bytes`` -1 (kept forever) for the
+        engine's state topics (a group's control topic, the topic-names
+        topic): the broker's default of 7 days would forget a pause. A
         topic deleted just before is waited for (bounded) while the broker
         finishes the deletion; it is never taken for an existing topic.
 
@@ -222,7 +225,7 @@ class KafkaLog(Log):
             raise ConfigError(f"topic {topic!r}: partition count must be >= 1, got {partitions!r}")
         derived = derived_from is not None or derived_main_topic(topic) is not None
         limit = self.max_message_bytes + (HEADER_ROOM if derived else 0)
-        await cluster.create_topic(topic, partitions, limit)
+        await cluster.create_topic(topic, partitions, limit, forever=kept_forever(topic))
         return TopicInfo(topic, partitions)
 
     async def describe_topic(self, topic: str) -> TopicInfo:
