@@ -110,6 +110,10 @@ async def test_a_bad_scope_is_refused_and_writes_nothing(log: Log) -> None:
         await pause(log, GROUP, RETRY)
     with pytest.raises(wk.ConfigError, match="invalid consumer group name"):
         await pause(log, "no such group!", TOPIC)
+    with pytest.raises(wk.ConfigError, match="the reason is 501 characters long; at most 500"):
+        await pause(log, GROUP, TOPIC, reason="r" * 501)
+    with pytest.raises(wk.ConfigError, match="the by is 501 characters"):
+        await resume(log, GROUP, TOPIC, by="b" * 501)
     assert await read_commands(log, GROUP) == []
 
 
@@ -314,6 +318,11 @@ def test_cli_pause_pauses_and_resume(url: str, capsys: pytest.CaptureFixture[str
             "give --partition or --key, not both",
         ),
         (["pause", "--topic", TOPIC, "--key", ""], ExitCode.USAGE, "the key is empty"),
+        (
+            ["pause", "--topic", TOPIC, "--reason", "r" * 501],
+            ExitCode.ERROR,
+            "the reason is 501 characters long; at most 500 are kept (nothing written)",
+        ),
         (["key", "retry-now", "--topic", TOPIC, "--key", ""], ExitCode.USAGE, "key is empty"),
         (["key", "give-up", "--topic", "nope", "--key", "k"], ExitCode.ERROR, "'nope' does not"),
         (

@@ -177,6 +177,17 @@ def test_cli_status_prints_lag_quarantined_keys_backlog_and_dead_letters(
     data = json.loads(capsys.readouterr().out)
     assert data["quarantined"][0]["next_attempt_at"] == T0 + DELAYS[0]  # not the default 2 s
     assert data["backlog"] == 3 and data["lag"] == 0
+    # Paused, the key's attempts wait for a resume: never shown as due.
+    assert (
+        main(["pause", "--topic", TOPIC, "--key", STUCK, "-g", GROUP, "--log", quarantined_log])
+        == 0
+    )
+    capsys.readouterr()
+    main(["status", TOPIC, "--group", GROUP, "--log", quarantined_log])
+    assert (
+        f"  partition {p}  key 'stuck'  pending 3  failures 1  "
+        "next attempt: paused by an operator (after resume)"
+    ) in capsys.readouterr().out.splitlines()
 
 
 def test_cli_status_prints_a_stored_time_beyond_year_9999(
@@ -382,3 +393,21 @@ def test_status_shows_the_pauses_of_its_topic(
         "reason": "",
         "offset": 2,
     }
+
+
+async def test_status_never_shows_a_committed_offset_above_the_end() -> None:
+    """A consumer that appends and commits while ``status`` reads: the end
+    offsets are read after the committed ones, so the end is never below."""
+
+    class Busy(wk.MemoryLog):
+        async def committed(self, group: str, topic: str, partition: int) -> int | None:
+            if topic == TOPIC:  # a producer and its consumer went on meanwhile
+                [offset] = await self.append(TOPIC, partition, [({}, b"x")])
+                await super().commit(group, TOPIC, partition, offset + 1)
+            return await super().committed(group, topic, partition)
+
+    log = Busy()
+    await log.create_topic(TOPIC, 2)
+    status = await consumer_status(log, TOPIC, GROUP)
+    for row in status.partitions:
+        assert row.committed is not None and row.committed <= row.end_offset, row

@@ -222,6 +222,10 @@ def test_bad_numbers_and_scopes_are_refused_with_a_page(sqlite_log: str) -> None
             assert beyond.status_code == 404 and "has 2 partitions" in beyond.text
         both = http.get(f"{PAGE}/pause", params={"partition": "0", "key": "k"})
         assert both.status_code == 400 and "not both" in both.text
+        # An emptied key field never widens a key's pause to the whole topic.
+        for path in (f"{PAGE}/pause", f"{PAGE}/resume", f"{PAGE}/retry-now"):
+            empty = http.get(path, params={"key": ""})
+            assert empty.status_code == 400 and "the key is empty" in empty.text, path
         assert http.get(f"{PAGE}/retry-now").status_code == 400  # no key
         for to in ("yesterday", "-1", "1.5", "99999999999999999999999"):
             answer = http.get(f"{PAGE}/reset-offsets", params={"to": to})
@@ -244,6 +248,9 @@ def test_bad_numbers_and_scopes_are_refused_with_a_page(sqlite_log: str) -> None
                 answer = http.post(path, data=fields)
                 assert answer.status_code == status, (path, extra, answer.status_code)
                 assert 'id="message"' in answer.text
+        for path in ("/control/pause", "/control/resume", "/control/give-up"):
+            empty = http.post(path, data={**sent, "key": ""})
+            assert empty.status_code == 400 and "the key is empty" in empty.text, path
         purge_nothing = http.post("/control/purge", data=sent)
         assert purge_nothing.status_code == 400 and "say which" in purge_nothing.text
         bad_reason = http.get(f"{PAGE}/purge", params={"reason": "no-such-reason"})

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._control import (
+    MAX_TEXT,
     Action,
     Command,
     Pause,
@@ -95,6 +96,12 @@ async def _main_partitions(log: Log, topic: str) -> int:
 
 
 async def _write(log: Log, group: str, command: Command, namespace: str) -> Command:
+    for what, text in (("reason", command.reason), ("by", command.by)):
+        if len(text) > MAX_TEXT:
+            raise ConfigError(
+                f"the {what} is {len(text):,} characters long; at most {MAX_TEXT} are kept "
+                "(nothing written)"
+            )
     name = control_topic_name(group, namespace)
     await log.create_topic(name, 1)
     headers, body = encode_command(command)
@@ -141,7 +148,8 @@ async def pause(
     :raises UnknownTopicError: when ``topic`` does not exist.
     :raises UnknownPartitionError: for a partition outside the topic.
     :raises ConfigError: for a bad group name, a derived topic, an empty key,
-        or both a partition and a key.
+        both a partition and a key, or a ``reason`` or ``by`` over 500
+        characters.
     :raises LogError: what the log raises.
     """
     main, part = await _scope(log, group, topic, partition, key, namespace)

@@ -216,6 +216,10 @@ async def consumer_status(
     main = names.topic
     partitions = (await log.describe_topic(main)).partitions
     starts = await log.start_offsets(main)
+    # The committed offsets first, the end offsets after them: a consumer
+    # running meanwhile moves both, and a committed offset read after the end
+    # could stand above it (end 642, committed 643).
+    commits = {p: await log.committed(group, main, p) for p in range(partitions)}
     ends = await log.end_offsets(main)
     retry = names.retry
     has_retry = await _partitions_or_none(log, retry) is not None
@@ -223,7 +227,7 @@ async def consumer_status(
     rows: list[PartitionStatus] = []
     quarantined: list[QuarantinedKey] = []
     for p in range(partitions):
-        committed = await log.committed(group, main, p)
+        committed = commits[p]
         start, end = starts.get(p, 0), ends.get(p, 0)
         lag = max(0, end - (committed if committed is not None else start))
         pending = keys = 0

@@ -223,12 +223,21 @@ def render_status(status: Status, now: float) -> list[str]:
         lines.append("paused: nothing")
     if status.quarantined:
         lines.append(f"quarantined keys: {len(status.quarantined)}")
-        lines.extend(
-            f"  partition {q.partition}  key {shown_key(q.key, KEY_LIMIT)}  pending {q.pending}  "
-            f"failures {q.failures}  next attempt (stored) {when(q.next_attempt_at)} "
-            f"({_relative(q.next_attempt_at, now)})"
-            for q in status.quarantined
-        )
+        held = {p.key for p in status.pauses if p.key is not None}
+        stopped = {p.partition for p in status.pauses if p.key is None}
+        for q in status.quarantined:
+            if q.key in held or None in stopped or q.partition in stopped:
+                # Its attempts wait for a resume, whatever the stored time says.
+                nxt = "next attempt: paused by an operator (after resume)"
+            else:
+                nxt = (
+                    f"next attempt (stored) {when(q.next_attempt_at)} "
+                    f"({_relative(q.next_attempt_at, now)})"
+                )
+            lines.append(
+                f"  partition {q.partition}  key {shown_key(q.key, KEY_LIMIT)}  "
+                f"pending {q.pending}  failures {q.failures}  {nxt}"
+            )
     else:
         lines.append("quarantined keys: none")
     if status.dead_letters:

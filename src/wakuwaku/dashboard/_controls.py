@@ -168,7 +168,11 @@ def _partition(raw: str | None, view: View) -> int | None:
 
 def _scope(fields: Mapping[str, str], view: View, *, key_needed: bool = False) -> Scope:
     partition = _partition(fields.get("partition"), view)
-    key = fields.get("key") or None
+    key = fields.get("key")
+    if key == "":
+        # Never read as "no key": an emptied key field would widen a key's
+        # pause to the whole topic.
+        raise Refused(400, "the key is empty: give a key, or leave the key field out")
     if key is not None and partition is not None:
         raise Refused(400, "a command acts on a partition or on a key, not both")
     if key_needed and key is None:
@@ -249,9 +253,14 @@ class Controls:
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
         _, sampler = self.dashboard._ready()
         await sampler.ready()
-        view = sampler.views.get(Target(fields.get("topic", ""), fields.get("group", "")))
+        topic, group = fields.get("topic", ""), fields.get("group", "")
+        view = sampler.views.get(Target(topic, group))
         if view is None:
-            raise Refused(404, "unknown topic or group")
+            raise Refused(
+                404,
+                f"no topic {printable(topic)!r} with group {printable(group)!r} in this log "
+                "(or the dashboard was started with another --group)",
+            )
         return fields, view
 
     def _handled(
