@@ -14,14 +14,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from wakuwaku._control import Action
+from wakuwaku.admin import list_dead_letters, read_commands, replay_dead_letters
 from wakuwaku.dashboard import DashboardSettings, create_app
+from wakuwaku.logs import Log
 
 from ..conftest import chromium_path
 from .kit import DEAD, GROUP, SCRIPT_KEY, STUCK, TOPIC, build, served
+from .test_controls import committed, on_log
 from .test_pages import ends
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Dialog
+    from playwright.sync_api import Browser, Dialog, Page
 
 pytestmark = pytest.mark.browser
 
@@ -164,13 +168,16 @@ def test_an_operator_pauses_a_key_then_resumes_it_after_confirming_each(
 
     from wakuwaku.admin import pauses
 
-    from .test_controls import on_log
-
     app = create_app(DashboardSettings(test_log, allow_replay=True, interval=3600.0))
     with served(app) as base:
         page = browser.new_page()
         dialogs: list[str] = []
-        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+        def on_dialog(dialog: Dialog) -> None:  # an alert() that ran would land here
+            dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
         page.goto(f"{base}/topic/{TOPIC}/group/{GROUP}")
         expect(page.locator("#no-pauses")).to_be_visible()
         page.fill("#pause-key", SCRIPT_KEY)
@@ -196,3 +203,177 @@ def test_an_operator_pauses_a_key_then_resumes_it_after_confirming_each(
         expect(page.locator("#no-pauses")).to_be_visible()
         assert dialogs == []  # the key was text on every page
         page.close()
+
+
+KEY_CONTROLS = {
+    "retry-now": (Action.RETRY_NOW, "runs at once", "Asked for the next attempt now"),
+    "give-up": (Action.GIVE_UP, "given_up_by_operator", "Gave up"),
+}
+"""A quarantined key's controls: the command, what the confirmation says, the outcome."""
+
+
+@pytest.mark.parametrize("control", list(KEY_CONTROLS))
+def test_an_operator_retries_or_gives_up_a_quarantined_key_after_confirming(
+    test_log: str, browser: Browser, control: str
+) -> None:
+    """The quarantined key's link on the topic page, its confirmation page
+    (nothing written yet), the confirm: one command in the control topic,
+    naming the dashboard."""
+    from playwright.sync_api import expect
+
+    app = create_app(DashboardSettings(test_log, allow_replay=True, interval=3600.0))
+    with served(app) as base:
+        page = browser.new_page()
+        page.goto(f"{base}/topic/{TOPIC}/group/{GROUP}")
+        row = page.locator("#quarantined tr", has_text=STUCK)
+        action, asks, done = KEY_CONTROLS[control]
+        row.locator(f"a.{control}").click()
+        expect(page.locator("#what-happens")).to_contain_text(asks)
+        expect(page.locator("#what-happens")).to_contain_text(STUCK)
+        assert on_log(test_log, lambda log: read_commands(log, GROUP)) == []  # asked, not done
+        page.fill("#reason", "row lock held by a migration")
+        page.click("#confirm")
+        expect(page.locator("#outcome")).to_contain_text(done)
+        expect(page.locator("#scope")).to_contain_text(STUCK)
+        written = [r.command for r in on_log(test_log, lambda log: read_commands(log, GROUP))]
+        assert [(c.action, c.topic, c.key) for c in written if c] == [(action, TOPIC, STUCK)]
+        command = written[0]
+        assert command is not None
+        assert command.reason == "row lock held by a migration"
+        assert command.by.endswith("via dashboard from 127.0.0.1")
+        page.close()
+
+
+def test_an_operator_resets_the_offsets_after_seeing_the_plan(
+    test_log: str, browser: Browser
+) -> None:
+    """The topic page's reset form, the plan per partition (from, to) with
+    nothing stored, the confirm: the committed offsets are the plan's."""
+    from playwright.sync_api import expect
+
+    before = committed(test_log)
+    assert sum(c or 0 for c in before.values()) == 7
+    app = create_app(DashboardSettings(test_log, allow_replay=True, interval=3600.0))
+    with served(app) as base:
+        page = browser.new_page()
+        page.goto(f"{base}/topic/{TOPIC}/group/{GROUP}")
+        page.fill("#reset-form input[name=to]", "earliest")
+        page.click("#reset-form button")
+        expect(page.locator("#what-happens")).to_contain_text("nothing is stored yet")
+        assert _plan(page) == {p: (c or 0, 0) for p, c in before.items()}
+        assert page.inner_text("#replayed") == "7"
+        assert committed(test_log) == before  # the plan wrote nothing
+        page.click("#confirm")
+        expect(page.locator("#outcome")).to_contain_text("Stored the offsets")
+        assert page.locator("#changed").count() == 0  # as planned
+        assert committed(test_log) == {0: 0, 1: 0}
+        page.close()
+
+
+def test_an_offset_reset_is_refused_while_a_member_holds_a_partition(
+    test_log: str, browser: Browser
+) -> None:
+    from playwright.sync_api import expect
+
+    async def hold(log: Log) -> None:
+        assert await log.acquire_partition(GROUP, TOPIC, 1, "worker-a", ttl=600.0)
+
+    before = committed(test_log)
+    on_log(test_log, hold)
+    app = create_app(DashboardSettings(test_log, allow_replay=True, interval=3600.0))
+    with served(app) as base:
+        page = browser.new_page()
+        page.goto(f"{base}/topic/{TOPIC}/group/{GROUP}/reset-offsets?to=earliest")
+        expect(page.locator("#running")).to_contain_text("worker-a")
+        with page.expect_response("**/control/reset-offsets") as answer:
+            page.click("#confirm")
+        assert answer.value.status == 409
+        expect(page.locator("#message")).to_contain_text("worker-a")
+        expect(page.locator("#message")).to_contain_text("stop them first")
+        assert committed(test_log) == before
+        page.close()
+
+
+def test_an_operator_purges_dead_letters_from_the_list_after_the_counts(
+    test_log: str, browser: Browser
+) -> None:
+    """From the dead-letter list: the replayed ones first (2 of 3), then the
+    rest of their reason; each after a dry run's counts, each read back."""
+    from playwright.sync_api import expect
+
+    def listed() -> list[str | None]:
+        letters = on_log(test_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP))
+        return [letter.key for letter in letters]
+
+    on_log(test_log, lambda log: replay_dead_letters(log, TOPIC, group=GROUP, key="k-poison"))
+    app = create_app(DashboardSettings(test_log, allow_replay=True, interval=3600.0))
+    with served(app) as base:
+        page = browser.new_page()
+        page.goto(f"{base}/topic/{TOPIC}/group/{GROUP}/dead-letters")
+        page.click("#purge-link")
+        page.check("#purge-choose input[name=replayed]")
+        page.click("#purge-choose button")
+        expect(page.locator("#would-count")).to_have_text("2")
+        expect(page.locator("#by-reason")).to_contain_text("unrecoverable")
+        assert listed() == ["k-poison", "k-poison", SCRIPT_KEY]  # a dry run wrote nothing
+        page.click("#confirm")
+        expect(page.locator("#purged-count")).to_have_text("2")
+        assert page.locator("#changed").count() == 0  # as counted
+        assert listed() == [SCRIPT_KEY]
+
+        page.goto(f"{base}/topic/{TOPIC}/group/{GROUP}/dead-letters?reason=unrecoverable")
+        expect(page.locator("#found-count")).to_have_text("1")
+        page.click("#purge-link")  # carries the reason
+        expect(page.locator("#would-count")).to_have_text("1")
+        expect(page.locator("#already")).to_contain_text("2 matching dead letters were purged")
+        page.click("#confirm")
+        expect(page.locator("#purged-count")).to_have_text("1")
+        assert listed() == []
+        page.click("text=the dead letters")
+        expect(page.locator("#found-count")).to_have_text("0")
+        page.close()
+
+
+def test_a_read_only_dashboard_shows_no_control_and_refuses_their_pages(
+    test_log: str, browser: Browser
+) -> None:
+    from playwright.sync_api import expect
+
+    before = committed(test_log)
+    app = create_app(DashboardSettings(test_log, interval=3600.0))
+    with served(app) as base:
+        page = browser.new_page()
+        topic_page = f"{base}/topic/{TOPIC}/group/{GROUP}"
+        page.goto(topic_page)
+        expect(page.locator("#read-only")).to_contain_text("--allow-replay")
+        expect(page.locator("#quarantined")).to_contain_text(STUCK)  # the key is listed...
+        controls = "#controls, form[id$='-form'], a.retry-now, a.give-up, a.pause, a.resume"
+        assert page.locator(controls).count() == 0  # ...with no control beside it
+        assert page.locator("#purge-link").count() == 0
+        page.goto(f"{topic_page}/dead-letters")
+        expect(page.locator("#found-count")).to_have_text(str(DEAD))
+        assert page.locator("#replay-form, #purge-link, button#dry-run").count() == 0
+        for path in (
+            f"pause?key={STUCK}",
+            "resume",
+            f"retry-now?key={STUCK}",
+            f"give-up?key={STUCK}",
+            "reset-offsets?to=earliest",
+            "purge?everything=yes",
+        ):
+            answer = page.goto(f"{topic_page}/{path}")
+            assert answer is not None and answer.status == 403, path
+            expect(page.locator("#message")).to_contain_text("read-only")
+            expect(page.locator("#message")).to_contain_text("--allow-replay")
+            assert page.locator("#confirm, #confirm-form").count() == 0, path
+        page.close()
+    assert on_log(test_log, lambda log: read_commands(log, GROUP)) == []
+    assert committed(test_log) == before
+    assert len(on_log(test_log, lambda log: list_dead_letters(log, TOPIC, group=GROUP))) == DEAD
+
+
+def _plan(page: Page) -> dict[int, tuple[int, int]]:
+    """The reset plan's table: partition -> (from, to)."""
+    rows = page.locator("#plan tr").all()[1:]
+    cells = [[int(c) for c in row.locator("td").all_inner_texts()[:3]] for row in rows]
+    return {p: (f, t) for p, f, t in cells}
