@@ -366,14 +366,14 @@ def test_cli_key_commands_on_a_quarantined_key(
 
     args = ["key", "give-up", *on, "--key", STUCK, "--by", "bo", "--reason", "bad data"]
     assert main(args) == ExitCode.OK
-    out = capsys.readouterr().out
-    assert "wrote: give-up key 'stuck' of orders" in out and "(by bo, reason: bad data)" in out
-    assert "with reason given_up_by_operator" in out
+    given = capsys.readouterr().out
+    assert "wrote: give-up key 'stuck' of orders" in given and "(by bo, reason: bad data)" in given
+    assert "with reason given_up_by_operator" in given
 
     # A key the group never quarantined: named, nothing written.
     assert main(["key", "retry-now", *on, "--key", "k1"]) == ExitCode.ERROR
-    out, err = capsys.readouterr()
-    assert out == ""
+    printed, err = capsys.readouterr()
+    assert printed == ""
     assert err == (
         f"error: key 'k1' of topic 'orders' (partition {wk.partition_for('k1', 2)}) is not "
         "quarantined in consumer group 'billing': it has no pending retry work; nothing "

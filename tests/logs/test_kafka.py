@@ -297,14 +297,15 @@ async def test_a_group_is_deleted_only_once_its_members_are_gone(log: KafkaLog) 
 async def test_the_engines_state_topics_are_kept_forever_by_the_broker(log: KafkaLog) -> None:
     """A pause in the control topic holds until resumed: the broker's default
     retention (7 days) must not forget it. Main topics keep the broker's default."""
-    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+    from confluent_kafka import admin as kafka_admin
 
     for topic in ("wk-control.g", "wk-topic-names", "orders"):
         await log.create_topic(topic, 1)
-    admin = AdminClient({"bootstrap.servers": KAFKA_BOOTSTRAP})
+    admin = kafka_admin.AdminClient({"bootstrap.servers": KAFKA_BOOTSTRAP})
+    resource_type, config_resource = kafka_admin.ResourceType, kafka_admin.ConfigResource  # type: ignore[attr-defined]
 
     def retention(topic: str) -> tuple[str, str]:
-        resource = ConfigResource(ResourceType.TOPIC, log.prefix + topic)
+        resource = config_resource(resource_type.TOPIC, log.prefix + topic)
         configs = admin.describe_configs([resource])[resource].result(timeout=30)
         return configs["retention.ms"].value, configs["retention.bytes"].value
 
