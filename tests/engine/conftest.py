@@ -124,7 +124,15 @@ def memory_log() -> Log:
 
 
 def config(clock: Clock, **overrides: Any) -> ConsumerConfig:
-    options: dict[str, Any] = {"topic": "t", "group": "g", "clock": clock, "lease_ttl": 3600.0}
+    # A poll interval of 0.5 fake seconds: a test that waits out a long fake
+    # retry delay on a server log polls (a real read) once per interval.
+    options: dict[str, Any] = {
+        "topic": "t",
+        "group": "g",
+        "clock": clock,
+        "lease_ttl": 3600.0,
+        "poll_interval": 0.5,
+    }
     options.update(overrides)
     return ConsumerConfig(**options)
 
