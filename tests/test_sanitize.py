@@ -616,9 +616,14 @@ def test_no_piece_of_a_secret_survives_in_random_text_at_any_cut(
         ("sqlite:///dir@x/log.db", "sqlite:///dir@x/log.db"),
         ("memory://u:S3cret@x", "memory://***@x"),
         ("no scheme@all", "no scheme@all"),
+        ("iggy://h:8090?stream=s&token=S3cret&tls=1", "iggy://h:8090?stream=s&token=***&tls=1"),
+        ("iggy://u:p@h:8090?tok%65n=S3cret#x", "iggy://***@h:8090?tok%65n=***#x"),
+        ("x://h/p?db_password=S3cret&api_key=k&a=b", "x://h/p?db_password=***&api_key=***&a=b"),
     ],
 )
-def test_redact_url_drops_the_user_information_only(url: str, shown: str) -> None:
+def test_redact_url_drops_the_user_information_and_secret_options_only(
+    url: str, shown: str
+) -> None:
     assert wakuwaku.redact_url(url) == shown
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import functools
 import re
 from typing import Any
+from urllib.parse import unquote_plus
 
 from ._errors import ConfigError
 
@@ -383,19 +384,40 @@ def _sanitize(raw: str, limit: int) -> str:
     return _truncate(value, limit, cut)
 
 
+_SECRET_OPTION = re.compile(rf"(?i:{_SECRET_WORDS})")
+"""A query option whose name says it holds a secret (``token``, ``password``...)."""
+
+
+def _redact_query(query: str) -> str:
+    """``query`` with the value of each option whose name names a secret
+    replaced by ``***`` (``stream=s&token=x`` gives ``stream=s&token=***``)."""
+    pairs = query.split("&")
+    for i, pair in enumerate(pairs):
+        name, eq, _ = pair.partition("=")
+        if eq and _SECRET_OPTION.search(unquote_plus(name)):  # as parse_qsl reads it
+            pairs[i] = f"{name}=***"
+    return "&".join(pairs)
+
+
 def redact_url(url: str) -> str:
     """``url`` with the user information before ``@`` replaced by ``***``
-    (``redis://u:secret@host:6379/0`` gives ``redis://***@host:6379/0``).
+    (``redis://u:secret@host:6379/0`` gives ``redis://***@host:6379/0``),
+    and the value of each query option whose name names a secret too
+    (``iggy://host:8090?token=x`` gives ``iggy://host:8090?token=***``).
 
     For echoing a log or database URL in an error or a page: user name and
-    password go as a whole, whatever they hold; a URL without ``@`` in its
-    authority comes back unchanged. Never raises.
+    password go as a whole, whatever they hold; a URL with neither comes
+    back unchanged. Never raises.
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    authority = rest[:end]
-    if "@" not in authority:
-        return url
-    return f"{scheme}{sep}***@{authority.rsplit('@', 1)[1]}{rest[end:]}"
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        authority = "***@" + authority.rsplit("@", 1)[1]
+    path, mark, query = tail.partition("?")
+    if mark:
+        query, hash_, fragment = query.partition("#")
+        tail = f"{path}?{_redact_query(query)}{hash_}{fragment}"
+    return f"{scheme}{sep}{authority}{tail}"

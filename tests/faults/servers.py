@@ -252,15 +252,26 @@ def iggy_server_binary() -> str:
 class IggyServer(_Process):
     """An Apache Iggy server on 127.0.0.1:<free port> (TCP; HTTP, QUIC and
     WebSocket off), data in ``folder/data``, root user ``iggy``/``iggy``.
+    ``tls``: (certificate, key) PEM files; its TCP listener speaks TLS only.
 
     Never the shared server on 8090: its own ports and data folder.
     """
 
     name = "iggy-server"
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, tls: tuple[Path, Path] | None = None) -> None:
         super().__init__(folder)
         self.binary = iggy_server_binary()
+        self.tls = (
+            [
+                "IGGY_TCP_TLS_ENABLED=true",
+                "IGGY_TCP_TLS_SELF_SIGNED=false",
+                f"IGGY_TCP_TLS_CERT_FILE={tls[0]}",
+                f"IGGY_TCP_TLS_KEY_FILE={tls[1]}",
+            ]
+            if tls
+            else []
+        )
 
     @property
     def url(self) -> str:
@@ -276,6 +287,7 @@ class IggyServer(_Process):
             "IGGY_WEBSOCKET_ENABLED=false",
             "IGGY_ROOT_USERNAME=iggy",
             "IGGY_ROOT_PASSWORD=iggy",
+            *self.tls,
             self.binary,
         ]
 

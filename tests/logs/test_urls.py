@@ -87,6 +87,7 @@ def test_a_broken_ipv6_host_is_refused_before_any_connection(scheme: str) -> Non
         "redis://127.0.0.1:6390/3?prefix=app1&timeout=0.5",
         "nats://127.0.0.1:4222?prefix=abc&timeout=7",
         "iggy://127.0.0.1:8090?stream=s&timeout=3",
+        "iggy://127.0.0.1:8090?stream=s&timeout=3&tls=1&tls_domain=iggy.example",
         "kafka://h1:9092,h2:9092?prefix=p.&timeout=3&transactions=0",
     ],
 )

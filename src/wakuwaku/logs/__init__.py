@@ -11,6 +11,9 @@
 - ``kafka://host:port`` (several brokers comma-separated; ``user:password@``
   before them for SASL): :class:`~wakuwaku.logs.kafka.KafkaLog`, with the
   ``kafka`` extra
+- ``iggy://[user:password@]host:port`` (``?token=`` for a personal access
+  token, ``?tls=1`` for TLS): :class:`~wakuwaku.logs.iggy.IggyLog`, with the
+  ``iggy`` extra
 
 The default URL is ``sqlite:///wakuwaku.db`` (``./wakuwaku.db``).
 
@@ -28,7 +31,9 @@ URL options (a query; any other option name is refused by name):
                     ``security_protocol``, ``sasl_mechanism``,
                     ``ssl_ca_location`` (``docs/logs.md``)
 ``iggy``            ``stream=NAME`` (default ``wakuwaku``: the Iggy stream
-                    holding the topics), ``timeout=SECONDS`` (default 5)
+                    holding the topics), ``timeout=SECONDS`` (default 5),
+                    ``tls=1|0``, ``tls_ca_file``, ``tls_domain``, ``token``
+                    (a personal access token; ``docs/logs.md``)
 ==================  =========================================================
 """
 

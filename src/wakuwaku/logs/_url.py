@@ -44,7 +44,7 @@ LOG_URL_OPTIONS: dict[str, Collection[str]] = {
         "sasl_mechanism",
         "ssl_ca_location",
     ),
-    "iggy": ("stream", "timeout"),
+    "iggy": ("stream", "timeout", "tls", "tls_ca_file", "tls_domain", "token"),
 }
 """The URL options each scheme takes (``docs/logs.md`` says what each means)."""
 

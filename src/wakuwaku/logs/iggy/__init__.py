@@ -1,5 +1,9 @@
 """The Apache Iggy log: topics are Iggy topics of one stream (URL ``iggy://user:password@host:port``).
 
+Logs in with a user and password or a personal access token (``?token=``
+or ``WAKUWAKU_IGGY_TOKEN``); ``?tls=1`` (with ``tls_ca_file``,
+``tls_domain``) speaks TLS, the server's certificate validated.
+
 Mapping (``docs/logs.md``, "The Apache Iggy log"):
 
 - one Iggy stream (default ``wakuwaku``, created on first use) holds the
@@ -50,17 +54,21 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Iggy log needs apache-iggy: pip install 'wakuwaku[iggy]'") from exc
 
 from ._log import PASSWORD_ENV as PASSWORD_ENV
+from ._log import TOKEN_ENV as TOKEN_ENV
 from ._log import USERNAME_ENV as USERNAME_ENV
 from ._log import IggyLog as IggyLog
 from ._log import iggy_partition as iggy_partition
 from ._messages import HEADER_ROOM as HEADER_ROOM
 from ._messages import MAX_PAYLOAD as MAX_PAYLOAD
 from ._offsets import KIND_GROUP
+from ._server import TLS as TLS
 
 __all__ = (
     "HEADER_ROOM",
     "MAX_PAYLOAD",
     "PASSWORD_ENV",
+    "TLS",
+    "TOKEN_ENV",
     "USERNAME_ENV",
     "IggyLog",
     "iggy_partition",

@@ -1,6 +1,7 @@
 """The :class:`IggyLog` facade: the log contract on Apache Iggy, put together from its parts.
 
-Owns the log's construction (address, credentials, stream, timeout, URL),
+Owns the log's construction (address, credentials or a personal access
+token, TLS, stream, timeout, URL),
 the checks of every contract call's arguments, the topics' creation
 (which topics take :data:`~._messages.HEADER_ROOM` more bytes) and
 deletion, the append tokens of this instance, the fence check every fenced
@@ -29,6 +30,7 @@ import xxhash
 
 from ..._errors import ConfigError, FencedError, PartitionCountMismatch
 from ..._records import Record
+from ..._sanitize import redact_url
 from ..._topics import split_derived_topic
 from .._base import (
     AppendTokens,
@@ -41,14 +43,23 @@ from .._base import (
     check_record,
     check_token,
 )
-from .._url import check_servers, check_timeout, log_url, option_timeout, parse_log_url
+from .._url import (
+    LogURL,
+    check_servers,
+    check_timeout,
+    log_url,
+    option_bool,
+    option_timeout,
+    parse_log_url,
+)
 from ._groups import Groups, Member
 from ._messages import HEADER_ROOM, MAX_PAYLOAD, Messages
 from ._offsets import Offsets
-from ._server import MAX_NAME, Server, check_group, check_name
+from ._server import MAX_NAME, TLS, Server, check_group, check_name
 
 __all__ = (
     "PASSWORD_ENV",
+    "TOKEN_ENV",
     "USERNAME_ENV",
     "IggyLog",
     "iggy_partition",
@@ -58,6 +69,8 @@ USERNAME_ENV = "WAKUWAKU_IGGY_USERNAME"
 """The user name used when the URL names none."""
 PASSWORD_ENV = "WAKUWAKU_IGGY_PASSWORD"
 """The password used when the URL names none (never printed)."""
+TOKEN_ENV = "WAKUWAKU_IGGY_TOKEN"
+"""The personal access token used when the URL names no credentials (never printed)."""
 
 _MAX_PARTITIONS = 1000
 _DROP_SETTLE = 0.1  # seconds close() gives a dropped client's runtime to end
@@ -73,6 +86,55 @@ def iggy_partition(key: str | bytes, partitions: int) -> int:
     return int(xxhash.xxh32_intdigest(raw, seed=0)) % partitions
 
 
+def _login_token(username: str | None, password: str | None, token: str | None) -> str | None:
+    """The personal access token the log logs in with; None: a user and password.
+
+    Credentials given to the log beat the environment's. A token and a
+    password from the same place are refused, not one of them picked: a log
+    that logged in as someone else than meant would act with their rights.
+
+    :raises ConfigError: for an empty token, a token given with a user name
+        or password, or both :data:`TOKEN_ENV` and :data:`PASSWORD_ENV` set
+        (named, never their values).
+    """
+    if token is not None:
+        if not isinstance(token, str) or not token:
+            raise ConfigError("an Iggy personal access token (token) is empty")
+        if username is not None or password is not None:
+            raise ConfigError(
+                "an Iggy log logs in with a personal access token (token) or with a user "
+                "name and password, not both: give one"
+            )
+        return token
+    if username is not None or password is not None:
+        return None
+    from_env = os.environ.get(TOKEN_ENV) or None
+    if from_env is not None and os.environ.get(PASSWORD_ENV):
+        raise ConfigError(
+            f"both {TOKEN_ENV} and {PASSWORD_ENV} are set: an Iggy log logs in with a "
+            "personal access token or with a password, not both; unset one"
+        )
+    return from_env
+
+
+def _tls(parsed: LogURL) -> TLS | None:
+    """The URL's ``tls``, ``tls_ca_file`` and ``tls_domain`` options as :class:`TLS`.
+
+    :raises ConfigError: for a bad ``tls`` value, a ``tls_ca_file`` that is
+        not a file, an empty ``tls_domain``, or either of them without
+        ``tls=1`` (a log that was meant to validate a certificate would
+        otherwise speak plain TCP).
+    """
+    if not option_bool(parsed, "tls", False):
+        for name in ("tls_ca_file", "tls_domain"):
+            if name in parsed.options:
+                raise ConfigError(
+                    f"bad Iggy log URL {redact_url(parsed.url)!r}: {name} needs tls=1"
+                )
+        return None
+    return TLS(parsed.options.get("tls_ca_file"), parsed.options.get("tls_domain"))
+
+
 def _derived(topic: str) -> bool:
     """True for an engine-made topic name (the one rule, :mod:`wakuwaku._topics`)."""
     return split_derived_topic(topic) is not None
@@ -83,6 +145,14 @@ class IggyLog(Log):
 
     :param address: the server's TCP ``host:port``.
     :param username: / :param password: the Iggy user (never printed).
+    :param token: a personal access token of an Iggy user, which logs in
+        instead of a user name and password (never printed).
+    :param tls: TLS on every connection, the server's certificate validated
+        (:class:`~wakuwaku.logs.iggy.TLS`); plain TCP when None.
+
+    Without ``username``, ``password`` and ``token``, the environment gives
+    them: :data:`TOKEN_ENV`, else :data:`USERNAME_ENV` (default ``iggy``)
+    and :data:`PASSWORD_ENV`.
     :param stream: the Iggy stream holding the log's topics (created on first use).
     :param timeout: the bound of every call to the server (seconds, finite,
         > 0); past it the call raises :class:`~wakuwaku.LogUnavailableError`.
@@ -103,7 +173,9 @@ class IggyLog(Log):
     refused by the server (the consumer-group offset fence), its appends
     to retry and dead-letter topics are not.
 
-    :raises ConfigError: for a bad address, stream name or timeout.
+    :raises ConfigError: for a bad address, stream name or timeout, an empty
+        token, a token given with a user name or password (or both set in
+        the environment), naming them and never their values.
     """
 
     commits_zero = False
@@ -117,6 +189,8 @@ class IggyLog(Log):
         *,
         username: str | None = None,
         password: str | None = None,
+        token: str | None = None,
+        tls: TLS | None = None,
         stream: str = "wakuwaku",
         timeout: float = 5.0,
     ) -> None:
@@ -126,10 +200,24 @@ class IggyLog(Log):
         if not isinstance(stream, str) or not stream or len(stream.encode()) > MAX_NAME:
             raise ConfigError(f"an Iggy stream name takes 1-255 bytes, got {stream!r}")
         timeout = float(check_timeout(timeout))
+        if tls is not None and not isinstance(tls, TLS):
+            raise ConfigError(f"an Iggy log's tls is a wakuwaku.logs.iggy.TLS, got {tls!r}")
+        token = _login_token(username, password, token)
         self.address = address
         self.stream = stream
+        self.tls = tls
+        # The credentials stay out of the url: another process opening it
+        # takes them from its own environment.
         self.url = log_url(
-            "iggy", address, [("stream", stream, "wakuwaku"), ("timeout", timeout, 5.0)]
+            "iggy",
+            address,
+            [
+                ("stream", stream, "wakuwaku"),
+                ("timeout", timeout, 5.0),
+                ("tls", tls is not None, False),
+                ("tls_ca_file", tls.ca_file if tls else None, None),
+                ("tls_domain", tls.domain if tls else None, None),
+            ],
         )
         self._server = Server(
             address,
@@ -138,6 +226,8 @@ class IggyLog(Log):
             stream,
             timeout,
             self.url,
+            token=token,
+            tls=tls,
         )
         self._messages = Messages(self._server)
         self._groups = Groups(self._server)
@@ -439,14 +529,24 @@ class IggyLog(Log):
 
     @classmethod
     def from_url(cls, url: str) -> IggyLog:
-        """``iggy://[user[:password]@]host:port[?stream=NAME&timeout=SECONDS]``.
+        """``iggy://[user[:password]@]host:port[?options]``.
 
-        Without credentials in the URL, ``WAKUWAKU_IGGY_USERNAME`` (default
-        ``iggy``) and ``WAKUWAKU_IGGY_PASSWORD`` give them; neither is part
-        of :attr:`url` or any message. TLS and personal access tokens are not
-        supported yet.
+        Options: ``stream`` (default ``wakuwaku``), ``timeout`` (seconds),
+        ``tls=1`` (TLS, the server's certificate validated), ``tls_ca_file``
+        (a PEM file of the CAs to trust; default the system's roots),
+        ``tls_domain`` (the name the certificate must carry; default the
+        host), ``token`` (a personal access token, instead of
+        ``user:password@``).
 
-        :raises ConfigError: for a URL without ``host:port`` or a bad option.
+        Without credentials in the URL, ``WAKUWAKU_IGGY_TOKEN`` gives a
+        personal access token, else ``WAKUWAKU_IGGY_USERNAME`` (default
+        ``iggy``) and ``WAKUWAKU_IGGY_PASSWORD`` a user. None of them is
+        part of :attr:`url`, ``repr`` or any message; the TLS options are
+        (another process opening :attr:`url` needs them).
+
+        :raises ConfigError: for a URL without ``host:port``, a bad option,
+            or credentials given twice (a token with ``user:password@``, or
+            both variables set), named without their values.
         """
         parsed = parse_log_url(url)
         credentials, at, address = parsed.rest.rstrip("/").rpartition("@")
@@ -455,11 +555,19 @@ class IggyLog(Log):
             name, colon, secret = credentials.partition(":")
             user = unquote(name) or None
             password = unquote(secret) if colon else None
+        token = parsed.options.get("token")
+        if token is not None and at:
+            raise ConfigError(
+                f"bad Iggy log URL {redact_url(url)!r}: option 'token' logs in instead of "
+                "user:password@; give one of them"
+            )
         timeout = option_timeout(parsed, "timeout", 5.0)
         return cls(
             address,
             username=user,
             password=password,
+            token=token,
+            tls=_tls(parsed),
             stream=parsed.options.get("stream", "wakuwaku"),
             timeout=timeout,
         )

@@ -2,7 +2,9 @@
 
 Owns the log's own client (made by the first call, made again after a call
 found the server gone: :meth:`Server.call`), the connections of group
-members (:meth:`Server.connect`, their calls bounded the same way), the
+members (:meth:`Server.connect`, their calls bounded the same way), how
+every connection logs in (a user and password, or a personal access token)
+and whether it speaks TLS (:class:`TLS`), the
 bound on every call (``timeout`` seconds) and the reading of the client's
 errors, once (:class:`~wakuwaku.LogUnavailableError` for a server that is not
 answering now, :class:`~wakuwaku.LogError` for a refusal). Also the Iggy
@@ -20,8 +22,10 @@ calls none of them.
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from apache_iggy import AutoLogin, IggyClient, TcpConfig, TcpReconnectionConfig
@@ -30,7 +34,7 @@ from ..._clock import BLOCKING_CALLS
 from ..._errors import ConfigError, LogError, LogUnavailableError, UnknownTopicError
 from .._base import TopicInfo, check_topic_name
 
-__all__ = ("MAX_NAME", "Server", "check_group", "check_name", "end_of", "ident")
+__all__ = ("MAX_NAME", "TLS", "Server", "check_group", "check_name", "end_of", "ident")
 
 _T = TypeVar("_T")
 
@@ -85,6 +89,31 @@ def end_of(info: Any) -> int:
     return int(info.current_offset) + 1
 
 
+@dataclass(frozen=True)
+class TLS:
+    """TLS on every connection of an Iggy log; the server's certificate is always validated.
+
+    :param ca_file: a PEM file of the certificate authorities to trust (the
+        system's roots when None); a server with a self-signed certificate
+        needs the CA that signed it here.
+    :param domain: the name the server's certificate must carry (the host
+        of the log's address when None).
+    :raises ConfigError: for a ``ca_file`` that is not a file or an empty
+        ``domain``, named by its URL option (``tls_ca_file``, ``tls_domain``).
+    """
+
+    ca_file: str | None = None
+    domain: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.ca_file is not None and not os.path.isfile(self.ca_file):
+            raise ConfigError(f"Iggy tls_ca_file {self.ca_file!r} is not a file")
+        if self.domain is not None and not self.domain:
+            raise ConfigError(
+                "Iggy tls_domain is empty: name the certificate's host, or leave it out"
+            )
+
+
 class Server:
     """The Iggy server as the log's parts reach it.
 
@@ -93,14 +122,28 @@ class Server:
     :param stream: the Iggy stream holding the log's topics.
     :param timeout: the bound of every call (seconds).
     :param url: the log's URL, in every message.
+    :param token: a personal access token, which logs in instead of the
+        user and password (never printed).
+    :param tls: TLS on every connection (plain TCP when None).
     """
 
     def __init__(
-        self, address: str, username: str, password: str, stream: str, timeout: float, url: str
+        self,
+        address: str,
+        username: str,
+        password: str,
+        stream: str,
+        timeout: float,
+        url: str,
+        *,
+        token: str | None = None,
+        tls: TLS | None = None,
     ) -> None:
         self.address = address
         self.username = username
         self.password = password
+        self.token = token
+        self.tls = tls
         self.stream = stream
         self.timeout = timeout
         self.url = url
@@ -113,14 +156,24 @@ class Server:
     # -- connections ----------------------------------------------------------
 
     def _config(self) -> TcpConfig:
+        if self.token is not None:
+            login = AutoLogin.personal_access_token(self.token)
+        else:
+            login = AutoLogin.username_password(self.username, self.password)
+        tls = self.tls
         return TcpConfig(
             server_address=self.address,
-            auto_login=AutoLogin.username_password(self.username, self.password),
+            auto_login=login,
             # The log reconnects by itself, with a new client (call): the
             # SDK's own loop, once a call waiting in it was cancelled by the
             # timeout, answered "Disconnected" forever after a server restart.
             reconnection=TcpReconnectionConfig(enabled=False),
             nodelay=True,
+            tls_enabled=tls is not None,
+            tls_ca_file=tls.ca_file if tls is not None else None,
+            tls_domain=tls.domain if tls is not None else None,
+            # Said, not left to the SDK's default: no URL option turns it off.
+            tls_validate_certificate=True,
         )
 
     async def connect(self) -> IggyClient:
