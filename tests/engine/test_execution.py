@@ -603,6 +603,27 @@ async def test_force_stop_cancels_the_running_chunk_without_waiting_for_the_dead
     assert restarted.handled_ns() == [1, 2]
 
 
+async def test_partitions_cancelled_at_the_shutdown_deadline_let_their_leases_go(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    """Past ``shutdown_timeout`` the running chunks are cancelled; their
+    partitions' leases are released all the same, so a restarted member takes
+    them at once instead of waiting out ``lease_ttl`` (an hour here)."""
+    log = memory_log
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    script = Script(clock)
+    script.gate["a"] = asyncio.Event()  # never set: the chunk runs until cancelled
+    c = consumer(log, clock, [Handler(Item, script)], shutdown_timeout=0.2)
+    runner = asyncio.create_task(c.run(install_signal_handlers=False))
+    await wait_until(clock, lambda: len(script.calls) == 1)
+    assert await log.partition_owners("g", "t")
+    c.stop()
+    await asyncio.wait_for(runner, timeout=60.0)
+    assert not c.forced
+    assert await log.partition_owners("g", "t") == {}
+
+
 async def test_a_chunk_waiting_out_a_transient_delay_is_abandoned_at_shutdown(
     memory_log: Log, clock: FakeClock
 ) -> None:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from .._errors import (
     ConfigError,
     ErrorClass,
+    LogError,
     LogUnavailableError,
     PartitionCountMismatch,
     SetupError,
@@ -512,11 +513,12 @@ class Consumer:
                 await self._ownership.release(lease)
                 raise
             except asyncio.CancelledError:
-                if self.forced:
-                    # Stopped now on purpose: let the partition go too, or the
-                    # restarted member waits out lease_ttl (bounded: a log that
-                    # does not answer lets the lease lapse by itself).
-                    with contextlib.suppress(TimeoutError):
+                if self._stop.is_set():
+                    # Stopped on purpose (forced, or past shutdown_timeout):
+                    # let the partition go too, or the restarted member waits
+                    # out lease_ttl (bounded: a log that does not answer lets
+                    # the lease lapse by itself).
+                    with contextlib.suppress(TimeoutError, LogError):
                         await asyncio.wait_for(self._ownership.release(lease), _RELEASE_LIMIT)
                 raise
             if self._stop.is_set():
