@@ -13,6 +13,7 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from apache_iggy import IggyClient
@@ -115,6 +116,10 @@ def test_a_token_with_a_user_or_password_or_an_empty_one_is_refused() -> None:
     assert SECRET not in str(caught.value) and PASSWORD not in str(caught.value)
     with pytest.raises(ConfigError, match=r"token\) is empty"):
         open_log("iggy://127.0.0.1:8090?token=")
+    # An unencoded '+' of a base64 token reads as a space: said, not sent.
+    with pytest.raises(ConfigError, match="must be written %2B") as caught:
+        open_log("iggy://127.0.0.1:8090?token=ab+cd/ef=")
+    assert "cd/ef" not in str(caught.value)
     for user, password in ((None, PASSWORD), ("alice", None)):
         with pytest.raises(ConfigError, match="not both") as caught:
             IggyLog(token=SECRET, username=user, password=password)
@@ -145,7 +150,8 @@ async def test_a_personal_access_token_opens_the_log(
     token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stream = fresh_stream()
-    log = IggyLog.from_url(f"iggy://{IGGY_ADDRESS}?stream={stream}&token={token}")
+    # Iggy's tokens are base64: '+' and '/' are percent-encoded in a URL.
+    log = IggyLog.from_url(f"iggy://{IGGY_ADDRESS}?stream={stream}&token={quote(token, safe='')}")
     other: IggyLog | None = None
     try:
         await log.create_topic("orders", 2)

@@ -556,6 +556,12 @@ class IggyLog(Log):
             user = unquote(name) or None
             password = unquote(secret) if colon else None
         token = parsed.options.get("token")
+        if token is not None and " " in token:
+            # Iggy's tokens are base64: a '+' in a URL's query reads as a space.
+            raise ConfigError(
+                f"bad Iggy log URL {redact_url(url)!r}: option 'token' holds a space; a '+' "
+                "in a URL must be written %2B (or give the token in WAKUWAKU_IGGY_TOKEN)"
+            )
         if token is not None and at:
             raise ConfigError(
                 f"bad Iggy log URL {redact_url(url)!r}: option 'token' logs in instead of "
