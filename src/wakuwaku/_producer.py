@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 
 from ._errors import ConfigError
-from ._events import JsonCodec, event_type
-from ._records import build_headers
+from ._events import EventType, JsonCodec, event_type
+from ._records import H_KEY, build_headers
 from .logs import Log, OutgoingRecord
 from .tracing import inject
 
@@ -71,17 +71,8 @@ class Producer:
             into the type (a consumer would dead-letter it as
             ``undecodable_body``).
         """
-        etype = event_type(event)
-        key = etype.key_of(event)
-        try:
-            body = etype.encode(event)
-        except Exception as exc:
-            raise ConfigError(
-                f"cannot encode an event of type {etype.tag!r} with key {key!r}: {exc}"
-            ) from exc
-        if isinstance(etype.codec, JsonCodec):
-            _check_json_body(etype.tag, key, event, etype.decode, body)
-        return key, (build_headers(etype, key, properties), body)
+        key, record, _ = _Encoder(properties).encode(event)
+        return key, record
 
     async def publish(
         self, event: Any, *, properties: Mapping[str, str] | None = None
@@ -105,7 +96,15 @@ class Producer:
         """Write several events, one append per partition; returns one entry per event.
 
         Every event is encoded and checked before anything is written, so one
-        bad event refuses the whole call and writes nothing.
+        bad event refuses the whole call and writes nothing. The partitions'
+        appends then run together; the call returns when the log has
+        acknowledged every record (what that means per log: docs/logs.md,
+        "What publish_many acknowledges"), each partition's records in the
+        order given. It is not atomic across partitions: when one append
+        fails, the error is raised once all the others have finished, and
+        they may have stored their records (each append is as
+        :meth:`Log.append` says: all or nothing on memory, SQLite and Redis,
+        possibly a prefix on NATS and Kafka).
 
         :raises MissingKeyError: naming the first event without a usable key.
         :raises UnknownTopicError: when the topic does not exist.
@@ -117,34 +116,82 @@ class Producer:
         partitions = await self.partitions()
         properties = inject(properties)  # the current trace context, when tracing (otel extra)
         limit = self.log.max_record_size
+        encoder = _Encoder(properties)
+        partition_for = self.log.partition_for
         by_partition: dict[int, list[tuple[int, str, OutgoingRecord]]] = {}
         count = 0
         for index, event in enumerate(events):
-            key, record = self.encode(event, properties)
-            if limit:
-                _check_size(key, record, limit, self.log)
-            by_partition.setdefault(self.log.partition_for(key, partitions), []).append(
-                (index, key, record)
-            )
+            key, record, size = encoder.encode(event)
+            if limit and size > limit:
+                _refuse_size(key, size, limit, self.log)
+            by_partition.setdefault(partition_for(key, partitions), []).append((index, key, record))
             count = index + 1
         results: list[Published | None] = [None] * count
-        for partition, items in by_partition.items():
+
+        async def append(partition: int, items: list[tuple[int, str, OutgoingRecord]]) -> None:
             offsets = await self.log.append(self.topic, partition, [r for _, _, r in items])
             for (index, key, _), offset in zip(items, offsets, strict=True):
                 results[index] = Published(self.topic, partition, offset, key)
+
+        if len(by_partition) == 1:
+            [(partition, items)] = by_partition.items()
+            await append(partition, items)
+        else:
+            # Every partition's append in flight at once; the call returns (or
+            # raises the first error) only when all of them have finished.
+            done = await asyncio.gather(
+                *(append(p, items) for p, items in by_partition.items()), return_exceptions=True
+            )
+            for outcome in done:
+                if isinstance(outcome, BaseException):
+                    raise outcome
         return [r for r in results if r is not None]
 
 
-def _check_size(key: str, record: OutgoingRecord, limit: int, log: Log) -> None:
-    """:raises ConfigError: when ``record`` (body plus headers) is over ``limit`` bytes."""
-    headers, body = record
-    size = len(body) + sum(len(name) + len(value) for name, value in headers.items())
-    if size > limit:
-        raise ConfigError(
-            f"the record of key {key!r} is {size} bytes (body and headers); the log "
-            f"{log.url or type(log).__name__} takes records of at most {limit} bytes "
-            f"(max_record_size)"
-        )
+def _refuse_size(key: str, size: int, limit: int, log: Log) -> None:
+    """:raises ConfigError: for a record of ``size`` bytes (body and headers) over ``limit``."""
+    raise ConfigError(
+        f"the record of key {key!r} is {size} bytes (body and headers); the log "
+        f"{log.url or type(log).__name__} takes records of at most {limit} bytes "
+        f"(max_record_size)"
+    )
+
+
+class _Encoder:
+    """Encodes the events of one call with the same ``properties``: the headers
+    but ``wk-key`` are made once per event type (see :meth:`Producer.encode`)."""
+
+    def __init__(self, properties: Mapping[str, str] | None) -> None:
+        self._properties = properties
+        # class -> (type, headers with an empty wk-key, their size, JSON codec?)
+        self._types: dict[type, tuple[EventType[Any], dict[str, bytes], int, bool]] = {}
+
+    def _type(self, cls: type, event: Any) -> tuple[EventType[Any], dict[str, bytes], int, bool]:
+        etype = event_type(event)
+        etype.key_of(event)  # a missing key is reported before a bad property
+        headers = build_headers(etype, "", self._properties)
+        size = sum(len(name) + len(value) for name, value in headers.items())
+        found = self._types[cls] = (etype, headers, size, isinstance(etype.codec, JsonCodec))
+        return found
+
+    def encode(self, event: Any) -> tuple[str, OutgoingRecord, int]:
+        """The key and record of ``event`` (as :meth:`Producer.encode`), and the
+        record's size: body plus header names and values, in bytes."""
+        cls = type(event)
+        found = self._types.get(cls)
+        etype, template, size, json = found if found is not None else self._type(cls, event)
+        key = etype.key_of(event)
+        try:
+            body = etype.encode(event)
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot encode an event of type {etype.tag!r} with key {key!r}: {exc}"
+            ) from exc
+        if json:
+            _check_json_body(etype.tag, key, event, etype.decode, body)
+        headers = template.copy()  # the order of build_headers: wk-key keeps its place
+        headers[H_KEY] = raw_key = key.encode()
+        return key, (headers, body), len(body) + size + len(raw_key)
 
 
 class SyncProducer:

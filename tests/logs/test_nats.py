@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -13,6 +13,7 @@ import wakuwaku as wk
 from wakuwaku import (
     ConfigError,
     FencedError,
+    LogError,
     LogUnavailableError,
     UnknownTopicError,
     open_log,
@@ -147,23 +148,46 @@ def test_escape_is_unambiguous_and_hashes_long_names() -> None:
 async def test_an_append_whose_answer_was_lost_is_stored_once(
     log: NatsLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The records of an append are published together; the answer to the
+    second is lost (it was stored): from there on they are sent again one by
+    one with their ids, and the server drops the ones it had as duplicates."""
     await log.create_topic("orders", 1)
-    real = log._publish
+    real = log._publish_all
     lost: list[str] = []
 
     async def answer_lost_once(
-        subject: str, payload: bytes, headers: dict[str, str] | None = None
-    ) -> Any:
-        answer = await real(subject, payload, headers)
+        subject: str, messages: Sequence[tuple[bytes, Mapping[str, str]]]
+    ) -> list[int | LogError]:
+        answers = await real(subject, messages)
         if not lost:
-            lost.append(headers["Nats-Msg-Id"] if headers else "")
-            raise LogUnavailableError("the answer was lost")
-        return answer
+            lost.append(messages[1][1]["Nats-Msg-Id"])
+            answers[1] = LogUnavailableError("the answer was lost")
+        return answers
 
-    monkeypatch.setattr(log, "_publish", answer_lost_once)
-    assert await log.append("orders", 0, [(HEADERS, b"once"), (HEADERS, b"twice")]) == [0, 1]
-    assert lost and lost[0]
-    assert [r.body for r in await log.read("orders", 0, 0)] == [b"once", b"twice"]
+    monkeypatch.setattr(log, "_publish_all", answer_lost_once)
+    records = [(HEADERS, b"one"), (HEADERS, b"two"), (HEADERS, b"three")]
+    assert await log.append("orders", 0, records) == [0, 1, 2]
+    assert lost and lost[0].endswith(":1")
+    assert [r.body for r in await log.read("orders", 0, 0)] == [b"one", b"two", b"three"]
+
+
+async def test_records_a_server_stored_out_of_order_are_reported(
+    log: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that lost the first record of an append and stored the second
+    (never seen on one connection) would make the resend land last: the
+    append says so rather than return offsets out of the records' order."""
+    await log.create_topic("orders", 1)
+    real = log._publish_all
+
+    async def first_dropped(
+        subject: str, messages: Sequence[tuple[bytes, Mapping[str, str]]]
+    ) -> list[int | LogError]:
+        return [LogUnavailableError("dropped"), *await real(subject, messages[1:])]
+
+    monkeypatch.setattr(log, "_publish_all", first_dropped)
+    with pytest.raises(LogError, match="out of order"):
+        await log.append("orders", 0, [(HEADERS, b"one"), (HEADERS, b"two")])
 
 
 async def test_a_takeover_between_the_check_and_the_commit_is_refused(

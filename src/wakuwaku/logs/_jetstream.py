@@ -53,6 +53,7 @@ __all__ = (
     "JetStreamError",
     "NoResponders",
     "Publish",
+    "PublishAll",
     "Stored",
     "StreamNotFound",
     "WrongLastSequence",
@@ -75,6 +76,11 @@ DUPLICATE_WINDOW_NS = 120_000_000_000
 
 Publish = Callable[[str, bytes, Mapping[str, str] | None], Awaitable[int]]
 """Publishes one message (subject, data, headers) as :meth:`JetStream.publish` does."""
+
+PublishAll = Callable[
+    [str, Sequence[tuple[bytes, Mapping[str, str]]]], Awaitable[list[int | LogError]]
+]
+"""Publishes messages (data, headers) to one subject as :meth:`JetStream.publish_all` does."""
 
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 _MAX_ESCAPED = 160  # longer escaped names are hashed (stream names become directory names)
@@ -263,6 +269,7 @@ class JetStream:
         # never answered (the server that restarted has forgotten it), so it
         # fails at once instead of waiting out its timeout.
         self._lost: asyncio.Future[None] | None = None
+        self._acks = _Acks()
 
     # -- the connection -----------------------------------------------------
 
@@ -649,3 +656,126 @@ class JetStream:
         if refused is not None:
             raise refused
         return int(answer["seq"])
+
+    async def publish_all(
+        self, subject: str, messages: Sequence[tuple[bytes, Mapping[str, str]]]
+    ) -> list[int | LogError]:
+        """Publish ``messages`` (data, headers) to ``subject`` in order, then wait for
+        all the stream's acknowledgements together.
+
+        The messages leave one after another on the one connection without
+        waiting for answers (the server takes them in that order); the wait
+        ends when every one is answered, when the connection is lost, or
+        when no answer has come for ``timeout`` seconds.
+
+        :returns: per message its sequence (as :meth:`publish`), or the error
+            it met: :class:`JetStreamError` for a refusal, :class:`NoResponders`,
+            or :class:`~wakuwaku.LogUnavailableError` for no answer (the
+            message may be stored) or for a message not sent (the connection
+            was lost first).
+        """
+        nc = await self.client()
+        lost = self._lost_signal()
+        batch = await self._acks.start(nc, len(messages), self.url, subject)
+        try:
+            with BLOCKING_CALLS.track():  # a fake clock waits for the network
+                for index, (data, headers) in enumerate(messages):
+                    try:
+                        await nc.publish(
+                            subject, data, reply=batch.reply(index), headers=dict(headers)
+                        )
+                    except (nats.errors.Error, OSError) as exc:
+                        batch.fail_unsent(index, f"NATS log {self.url}: not sent: {exc!r}")
+                        break
+                while not batch.done.done():
+                    before = batch.remaining
+                    await asyncio.wait(
+                        (batch.done, lost),
+                        timeout=self.timeout,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    if lost.done() or batch.remaining == before:
+                        break
+        finally:
+            self._acks.finish(batch)
+        return batch.results
+
+
+class _PublishBatch:
+    """The acknowledgements one :meth:`JetStream.publish_all` waits for."""
+
+    __slots__ = ("done", "prefix", "remaining", "results", "what")
+
+    def __init__(self, prefix: str, count: int, url: str, subject: str) -> None:
+        self.prefix = prefix
+        self.what = f"NATS log {url}: publish to {subject} refused"
+        self.remaining = count
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        unanswered = LogUnavailableError(f"NATS log {url} did not answer a publish to {subject}")
+        self.results: list[int | LogError] = [unanswered] * count
+        if count == 0:
+            self.done.set_result(None)
+
+    def reply(self, index: int) -> str:
+        return f"{self.prefix}{index}"
+
+    def answer(self, index: int, result: int | LogError) -> None:
+        if not 0 <= index < len(self.results) or self.done.done():
+            return
+        self.results[index] = result
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.done.set_result(None)
+
+    def fail_unsent(self, index: int, why: str) -> None:
+        """Messages from ``index`` on were not sent: they stay failed, and nothing is awaited."""
+        error = LogUnavailableError(why)
+        for i in range(index, len(self.results)):
+            self.results[i] = error
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class _Acks:
+    """One reply subscription per connection (``<inbox>.<batch>.<index>``) that hands
+    the stream's acknowledgements to the batches waiting for them."""
+
+    def __init__(self) -> None:
+        self._nc: Client | None = None
+        self._inbox = ""
+        self._batches: dict[str, _PublishBatch] = {}
+        self._next = 0
+
+    async def start(self, nc: Client, count: int, url: str, subject: str) -> _PublishBatch:
+        if self._nc is not nc:  # noted first: a concurrent batch does not subscribe again
+            self._nc, self._inbox = nc, nc.new_inbox()
+            # nats-py queues this SUB before any later PUB: no answer comes first.
+            await nc.subscribe(f"{self._inbox}.*.*", cb=self._on_answer)
+        self._next += 1
+        name = str(self._next)
+        batch = _PublishBatch(f"{self._inbox}.{name}.", count, url, subject)
+        self._batches[name] = batch
+        return batch
+
+    def finish(self, batch: _PublishBatch) -> None:
+        self._batches.pop(batch.prefix.rsplit(".", 2)[-2], None)
+
+    async def _on_answer(self, msg: Msg) -> None:
+        _, name, index = msg.subject.rsplit(".", 2)
+        batch = self._batches.get(name)
+        if batch is None or not index.isdigit():
+            return  # a late answer to a batch that stopped waiting
+        status = (msg.headers or {}).get("Status")
+        result: int | LogError
+        if status == "503":
+            result = NoResponders(
+                f"{batch.what}: nothing answered (no stream or JetStream not ready)"
+            )
+        else:
+            try:
+                answer = json.loads(msg.data)
+                refused = _refusal(answer, batch.what)
+                result = refused if refused is not None else int(answer["seq"])
+            except (ValueError, KeyError, TypeError) as exc:
+                result = LogError(f"{batch.what}: an answer that is no acknowledgement: {exc}")
+        batch.answer(int(index), result)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from ._jetstream import (
     JetStreamError,
     NoResponders,
     Publish,
+    PublishAll,
     delivery,
 )
 
@@ -122,14 +124,21 @@ class PartitionStreams:
     :param js: the log's JetStream client.
     :param stream_name: the stream of a topic's partition.
     :param publish: publishes one record message (the log's ``_publish``).
+    :param publish_all: publishes several to one stream, answers awaited
+        together (the log's ``_publish_all``).
     """
 
     def __init__(
-        self, js: JetStream, stream_name: Callable[[str, int], str], publish: Publish
+        self,
+        js: JetStream,
+        stream_name: Callable[[str, int], str],
+        publish: Publish,
+        publish_all: PublishAll,
     ) -> None:
         self._js = js
         self._stream_name = stream_name
         self._publish = publish
+        self._publish_all = publish_all
         self._readers: dict[tuple[str, int], _Reader] = {}
         # Chunk streams seen to exist (a direct get on a missing one gets no answer).
         self._chunk_streams: set[str] = set()
@@ -174,6 +183,46 @@ class PartitionStreams:
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.05)
+
+    async def publish_in_order(
+        self, subject: str, payloads: Sequence[bytes], base: str
+    ) -> list[int]:
+        """Publish ``payloads`` with the message ids ``<base>:<i>``, pipelined; their sequences.
+
+        All are sent, then all answers awaited together (one connection: the
+        server stores them in the order sent). From the first one that got
+        no answer on, they are sent again one at a time with their ids, as
+        :meth:`publish_once` does: the server drops those it had stored as
+        duplicates, answering their sequences, so each is stored once.
+
+        :raises NoResponders: / :raises LogUnavailableError: / :raises LogError:
+            as :meth:`publish_once`, for the first message that met it.
+        :raises LogError: when the sequences are not in the order of the
+            payloads (a message lost by the server while a later one was stored).
+        """
+        ids = [f"{base}:{index}" for index in range(len(payloads))]
+        results = await self._publish_all(
+            subject,
+            [(data, {"Nats-Msg-Id": msg_id}) for data, msg_id in zip(payloads, ids, strict=True)],
+        )
+        seqs: list[int] = []
+        for index, result in enumerate(results):
+            if isinstance(result, int):
+                seqs.append(result)
+            elif isinstance(result, LogUnavailableError) and not isinstance(result, NoResponders):
+                seqs += [
+                    await self.publish_once(subject, data, msg_id)
+                    for data, msg_id in zip(payloads[index:], ids[index:], strict=True)
+                ]
+                break
+            else:
+                raise result
+        if any(a >= b for a, b in itertools.pairwise(seqs)):
+            raise LogError(
+                f"NATS log {self._js.url}: the records of one append to {subject} were stored "
+                f"out of order (sequences {seqs}): the server lost one and stored a later one"
+            )
+        return seqs
 
     async def fit(self, stream: str, payload: bytes, msg_id: str) -> bytes:
         """The message that stores ``payload`` in ``stream``: itself when it fits one

@@ -160,7 +160,10 @@ class NatsLog(Log):
         # self._check_fence, looked up at each call (tests replace them to
         # stage a takeover between two steps).
         self._streams = PartitionStreams(
-            self._js, self.stream_name, lambda *message: self._publish(*message)
+            self._js,
+            self.stream_name,
+            lambda *message: self._publish(*message),
+            lambda subject, messages: self._publish_all(subject, messages),
         )
         self._fences = Fences(
             self._js,
@@ -209,6 +212,13 @@ class NatsLog(Log):
     ) -> int:
         """Publish one record message (or chunk); its sequence. See :meth:`JetStream.publish`."""
         return await self._js.publish(subject, payload, headers)
+
+    async def _publish_all(
+        self, subject: str, messages: Sequence[tuple[bytes, Mapping[str, str]]]
+    ) -> list[int | LogError]:
+        """Publish record messages to one stream, answers awaited together; see
+        :meth:`JetStream.publish_all`."""
+        return await self._js.publish_all(subject, messages)
 
     async def _check_fence(self, fence: Lease | None) -> None:
         """:raises FencedError: when ``fence`` is not its partition's current lease."""
@@ -385,8 +395,13 @@ class NatsLog(Log):
         ``<token>:<i>:<j>``), ``token`` being the caller's or a fresh uuid4.
         A publish whose answer is lost is sent again with the same id
         within ``timeout``, and the server's deduplication (the streams'
-        2-minute window) stores it once. Records are published one after
-        another, not as one transaction (NATS 2.9 has no atomic batch): an
+        2-minute window) stores it once. An unfenced append sends all its
+        records on the one connection, in order, then awaits their
+        acknowledgements together (the server stores them in the order
+        sent; from the first record whose answer is lost on they are sent
+        again one by one); a fenced one publishes them one after another,
+        each chained to the last sequence. Either way they are not one
+        transaction (NATS 2.9 has no atomic batch): an
         append that raises :class:`~wakuwaku.LogUnavailableError` part way
         may have stored a prefix of its records, which readers see. Sent
         again with the same ``token`` within 2 minutes, it completes: the
@@ -424,14 +439,18 @@ class NatsLog(Log):
         offsets: list[int] = []
         try:
             last = None if fence is None else await self._fences.last(fence, stream)
+            if fence is None or last is None:
+                payloads = [
+                    await self._streams.fit(stream, data, f"{base}:{index}")
+                    for index, data in enumerate(encoded)
+                ]
+                seqs = await self._streams.publish_in_order(stream, payloads, base)
+                return [seq - 1 for seq in seqs]
             for index, data in enumerate(encoded):
                 msg_id = f"{base}:{index}"
                 payload = await self._streams.fit(stream, data, msg_id)
-                if fence is None or last is None:
-                    offsets.append(await self._streams.publish_once(stream, payload, msg_id) - 1)
-                else:
-                    last = await self._fences.publish(stream, payload, fence, last, msg_id)
-                    offsets.append(last - 1)
+                last = await self._fences.publish(stream, payload, fence, last, msg_id)
+                offsets.append(last - 1)
         except NoResponders as exc:  # the stream is gone: deleted by another instance?
             raise await self._missing(topic, partition) from exc
         return offsets

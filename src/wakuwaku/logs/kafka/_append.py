@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -30,11 +30,13 @@ from ._cluster import UNKNOWN_TOPIC_CODES, Cluster, code
 __all__ = ("Appender", "to_message")
 
 
-def to_message(headers: Mapping[str, bytes]) -> tuple[bytes | None, list[tuple[str, bytes]]]:
-    """A record's Kafka message key (its ``wk-key``, or None) and Kafka headers (the others)."""
-    key = headers.get(H_KEY)
-    rest = [(k, bytes(v)) for k, v in headers.items() if k != H_KEY]
-    return (bytes(key) if key is not None else None), rest
+def to_message(headers: Mapping[str, bytes]) -> tuple[bytes | None, dict[str, bytes]]:
+    """A checked record's Kafka message key (its ``wk-key``, or None) and Kafka
+    headers (the others, in order; values are ``bytes``, as
+    :func:`~wakuwaku.logs._base.check_record` leaves them)."""
+    rest = dict(headers)
+    key = rest.pop(H_KEY, None)
+    return key, rest
 
 
 class Appender:
@@ -94,12 +96,10 @@ class Appender:
             within ``timeout`` seconds (plus five).
         :raises LogError: for another refusal.
         """
-        futures = await self._produce_all(topic, partition, outgoing)
+        delivered = await self._produce_all(topic, partition, outgoing)
         try:
             with BLOCKING_CALLS.track():
-                offsets = await asyncio.wait_for(
-                    asyncio.gather(*futures), self.cluster.timeout + 5.0
-                )
+                offsets = await asyncio.wait_for(delivered.done, self.cluster.timeout + 5.0)
         except TimeoutError as exc:
             raise LogUnavailableError(
                 f"Kafka log {self.cluster.url} is unavailable (append to {topic}/{partition}): "
@@ -114,33 +114,18 @@ class Appender:
                 await self.drop()  # its metadata knows a topic that is gone
                 raise UnknownTopicError(topic) from exc
             raise self.cluster.error(f"append to {topic}/{partition}", exc) from exc
-        return list(offsets)
+        return offsets
 
     async def _produce_all(
         self, topic: str, partition: int, outgoing: Sequence[OutgoingRecord]
-    ) -> list[asyncio.Future[int]]:
-        """Hand ``outgoing`` to the idempotent producer; one future per record's offset."""
+    ) -> _Delivered:
+        """Hand ``outgoing`` to the idempotent producer; what collects their offsets."""
         producer = self._client()
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[int]] = []
+        delivered = _Delivered(len(outgoing))
         name = self.cluster.name(topic)
-
-        def done(fut: asyncio.Future[int], err: Any, msg: Any) -> None:
-            if fut.done():
-                return
-            if err is not None:
-                fut.set_exception(KafkaException(err))
-            else:
-                fut.set_result(msg.offset())
-
-        for headers, body in outgoing:
+        for index, (headers, body) in enumerate(outgoing):
             key, rest = to_message(headers)
-            fut: asyncio.Future[int] = loop.create_future()
-            futures.append(fut)
-
-            def callback(err: Any, msg: Any, fut: asyncio.Future[int] = fut) -> None:
-                loop.call_soon_threadsafe(done, fut, err, msg)
-
+            callback = delivered.callback(index)
             while True:
                 try:
                     producer.produce(
@@ -149,7 +134,7 @@ class Appender:
                     break
                 except BufferError:
                     await BLOCKING_CALLS.pause(0.01)
-        return futures
+        return delivered
 
     def close(self) -> None:
         """Deliver what is buffered (bounded by ``timeout``) and stop the poll thread
@@ -159,3 +144,48 @@ class Appender:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(1.0)
+
+
+class _Delivered:
+    """The offsets of one append's records, filled by their delivery reports (in
+    the thread that polls the producer) and handed to the event loop once: when
+    the last one is in, or at the first error (one wake-up per append, not per
+    record).
+
+    :param count: how many records the append produces.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[list[int]] = self._loop.create_future()
+        self._offsets = [0] * count
+        self._remaining = count
+        self._lock = threading.Lock()  # reports may be served by flush() in another thread
+        if count == 0:
+            self.done.set_result([])
+
+    def callback(self, index: int) -> Callable[[Any, Any], None]:
+        """The delivery report callback of record ``index``."""
+
+        def report(err: Any, msg: Any) -> None:
+            with self._lock:
+                if self._remaining <= 0:
+                    return  # finished already (an earlier error)
+                if err is not None:
+                    self._remaining = 0
+                    self._loop.call_soon_threadsafe(self._finish, KafkaException(err))
+                    return
+                self._offsets[index] = msg.offset()
+                self._remaining -= 1
+                if self._remaining == 0:
+                    self._loop.call_soon_threadsafe(self._finish, None)
+
+        return report
+
+    def _finish(self, error: KafkaException | None) -> None:
+        if self.done.done():
+            return
+        if error is not None:
+            self.done.set_exception(error)
+        else:
+            self.done.set_result(self._offsets)

@@ -504,13 +504,14 @@ class Cluster:
         (less framing), or with a NUL in a header name."""
         limit = await self.max_message_bytes(topic)
         for headers, body in records:
-            bad = next((k for k in headers if "\x00" in k), None)
-            if bad is not None:
+            names = "".join(headers)  # one pass in C: the names' NULs and length
+            if "\x00" in names:
+                bad = next(k for k in headers if "\x00" in k)
                 raise ConfigError(
                     f"a record for {topic}/{partition} has the header name {bad!r}: Kafka "
                     "header names (librdkafka's C strings) cannot hold NUL"
                 )
-            size = len(body) + sum(len(k) + len(v) for k, v in headers.items())
+            size = len(body) + len(names) + sum(map(len, headers.values()))
             if size + _BATCH_OVERHEAD > limit:
                 key = headers.get(H_KEY, b"")
                 raise ConfigError(

@@ -299,10 +299,9 @@ class KafkaLog(Log):
             within ``timeout``.
         """
         check_token(token)
-        checked = [check_record(h, b) for h, b in records]
+        outgoing = [(check_record(h, b), b) for h, b in records]
         count = await self._cluster.partitions(topic)
         check_partition(topic, partition, count)
-        outgoing = [(h, b) for h, (_, b) in zip(checked, records, strict=True)]
         if not outgoing:
             return []
         done = self._tokens.get(topic, partition, token, len(outgoing))
