@@ -26,12 +26,11 @@ demo: $(STAMP)
 services:
 	bash ci/services.sh
 
-# Two xdist workers by default, one per core of the machines CI runs on; a
-# test that hangs is stopped by its timeout and its worker replaced, and the
-# run goes on. Without asyncio's debug mode (see tests/conftest.py) the whole
-# suite took 12.6 min at WORKERS=4 with coverage beside other work; figures
-# in docs/services.md, "Running the tests".
-WORKERS ?= 2
+# Four xdist workers by default on the 2-core machines CI runs on: most tests
+# wait on a server, so two workers per core keep both cores busy. A test
+# that hangs is stopped by its timeout and its worker replaced, and the run
+# goes on. Figures in docs/services.md, "Running the tests".
+WORKERS ?= 4
 
 test: $(STAMP)
 	@bash ci/services.sh || { [ "$${CI:-}" != true ] && echo "services: not all are up; their tests skip here (with CI=true they fail)"; }
