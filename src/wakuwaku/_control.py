@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -111,12 +112,26 @@ class Command(msgspec.Struct, frozen=True, kw_only=True):
         return self.action in (Action.RETRY_NOW, Action.GIVE_UP)
 
     def scope(self) -> str:
-        """The scope in words: ``topic shop``, ``partition 3 of shop``, ``key 'k1' of shop``."""
-        if self.key is not None:
-            return f"key {self.key!r} of {self.topic} (partition {self.partition})"
-        if self.partition is not None:
-            return f"partition {self.partition} of {self.topic}"
-        return f"topic {self.topic}"
+        """The scope in words (:func:`scope_text`)."""
+        return scope_text(self.topic, self.partition, self.key)
+
+
+def scope_text(
+    topic: str,
+    partition: int | None,
+    key: str | None,
+    *,
+    show_topic: Callable[[str], str] = str,
+    show_key: Callable[[str], str] = repr,
+) -> str:
+    """A pause's or a command's scope in words: ``topic shop``, ``partition 3
+    of shop``, ``key 'k1' of shop (partition 1)``. ``show_topic`` and
+    ``show_key`` render the names (the CLI passes its terminal-safe ones)."""
+    if key is not None:
+        return f"key {show_key(key)} of {show_topic(topic)} (partition {partition})"
+    if partition is not None:
+        return f"partition {partition} of {show_topic(topic)}"
+    return f"topic {show_topic(topic)}"
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -189,12 +204,8 @@ class Pause:
     offset: int
 
     def scope(self) -> str:
-        """The scope in words (as :meth:`Command.scope`)."""
-        if self.key is not None:
-            return f"key {self.key!r} of {self.topic} (partition {self.partition})"
-        if self.partition is not None:
-            return f"partition {self.partition} of {self.topic}"
-        return f"topic {self.topic}"
+        """The scope in words (:func:`scope_text`)."""
+        return scope_text(self.topic, self.partition, self.key)
 
 
 class Pauses:

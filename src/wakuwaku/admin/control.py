@@ -128,6 +128,34 @@ async def _scope(
     return main, partition
 
 
+async def _write_command(
+    action: Action,
+    log: Log,
+    group: str,
+    main: str,
+    partition: int | None,
+    key: str | None,
+    by: str | None,
+    reason: str,
+    namespace: str,
+    clock: Clock,
+    *,
+    through: int | None = None,
+) -> Command:
+    """Write one command for the checked scope (``main``, ``partition``, ``key``)."""
+    command = Command(
+        action=action,
+        topic=main,
+        partition=partition,
+        key=key,
+        by=by or operator_name(),
+        at=clock.now(),
+        reason=reason,
+        through=through,
+    )
+    return await _write(log, group, command, namespace)
+
+
 async def pause(
     log: Log,
     group: str,
@@ -153,16 +181,9 @@ async def pause(
     :raises LogError: what the log raises.
     """
     main, part = await _scope(log, group, topic, partition, key, namespace)
-    command = Command(
-        action=Action.PAUSE,
-        topic=main,
-        partition=part,
-        key=key,
-        by=by or operator_name(),
-        at=clock.now(),
-        reason=reason,
+    return await _write_command(
+        Action.PAUSE, log, group, main, part, key, by, reason, namespace, clock
     )
-    return await _write(log, group, command, namespace)
 
 
 async def resume(
@@ -186,16 +207,9 @@ async def resume(
     :raises: as :func:`pause`.
     """
     main, part = await _scope(log, group, topic, partition, key, namespace)
-    command = Command(
-        action=Action.RESUME,
-        topic=main,
-        partition=part,
-        key=key,
-        by=by or operator_name(),
-        at=clock.now(),
-        reason=reason,
+    return await _write_command(
+        Action.RESUME, log, group, main, part, key, by, reason, namespace, clock
     )
-    return await _write(log, group, command, namespace)
 
 
 async def read_commands(log: Log, group: str, namespace: str = "") -> list[ControlRecord]:
@@ -258,17 +272,9 @@ async def _key_command(
     if not any(q.key == key and q.pending for q in state.quarantined):
         raise KeyNotQuarantinedError(group, main, partition, key)
     through = (await log.end_offsets(retry)).get(partition, 0)
-    command = Command(
-        action=action,
-        topic=main,
-        partition=partition,
-        key=key,
-        by=by or operator_name(),
-        at=clock.now(),
-        reason=reason,
-        through=through,
+    return await _write_command(
+        action, log, group, main, partition, key, by, reason, namespace, clock, through=through
     )
-    return await _write(log, group, command, namespace)
 
 
 async def retry_key_now(

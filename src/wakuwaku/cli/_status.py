@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from .._control import Pause
+from .._control import scope_text as _scope_text
 from .._errors import ConfigError, UnknownGroupError
 from .._text import counted, shown_key
 from ..admin import Status, consumer_status
@@ -162,14 +163,11 @@ KEY_LIMIT = 200
 
 
 def scope_text(topic: str, partition: int | None, key: str | None) -> str:
-    """A pause's or a command's scope in words, as every command prints it:
-    ``topic orders``, ``partition 3 of orders``, ``key 'k1' of orders (partition 1)``."""
-    where = printable(topic)
-    if key is not None:
-        return f"key {shown_key(key, KEY_LIMIT)} of {where} (partition {partition})"
-    if partition is not None:
-        return f"partition {partition} of {where}"
-    return f"topic {where}"
+    """A pause's or a command's scope as every command prints it
+    (:func:`wakuwaku._control.scope_text` with terminal-safe names)."""
+    return _scope_text(
+        topic, partition, key, show_topic=printable, show_key=lambda k: shown_key(k, KEY_LIMIT)
+    )
 
 
 def pause_line(pause: Pause) -> str:
