@@ -40,6 +40,7 @@ import contextlib
 import enum
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -511,6 +512,8 @@ class _Wait:
         failures = 0
         while not self.stopped:
             pubsub = self.redis.pubsub()
+            # Typed through a variable: older redis-py leaves aclose untyped.
+            close: Callable[[], Awaitable[None]] = pubsub.aclose
             try:
                 await pubsub.subscribe(self.channel)
                 while not self.stopped:
@@ -540,7 +543,7 @@ class _Wait:
                 await self.clock.sleep(delay)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                    await close()
 
     async def _poll(self) -> Result:
         # Normally the subscription is confirmed (or failed) within a round
