@@ -49,6 +49,7 @@ from wakuwaku.logs import open_log
 from ..conftest import NATS_URL, REDIS_URL
 from ..logs.test_redis import purge
 from ..nats_support import drop_prefix, fresh_prefix
+from ..processes import stop
 from .consumers import recorder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -296,7 +297,7 @@ async def test_stopped_members_late_writes_are_fenced_after_a_takeover(
         count = len(victim.ids())
         await until("the victim to handle a batch", lambda: len(victim.ids()) > count, members)
         await asyncio.sleep(0.1)
-        victim.proc.send_signal(signal.SIGSTOP)
+        stop(victim.proc)  # returns once it has stopped: nothing it writes later is missed
         stopped = time.monotonic()
         before_stop = victim.ids()
         samples.append(await committed_offsets(log_url))

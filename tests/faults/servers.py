@@ -32,6 +32,7 @@ from typing import Protocol
 import pytest
 
 from ..ports import free_port
+from ..processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_LIB = Path(os.environ.get("WAKUWAKU_SERVICES_DIR", ROOT / ".services")) / "kafka" / "lib"
@@ -119,8 +120,10 @@ class _Process:
         self.frozen = False
 
     def freeze(self) -> None:
+        """SIGSTOP, and wait until every thread of the server has stopped
+        (:func:`tests.processes.stop`)."""
         assert self.process is not None and self.process.poll() is None, "not running"
-        self.process.send_signal(signal.SIGSTOP)
+        stop(self.process)
         self.frozen = True
 
     def thaw(self) -> None:
