@@ -2,7 +2,8 @@
 
 design §6: in-process state per pending key is small and bounded; record
 bodies stay in the retry log. Target: 1 000 000 pending retry records across
-10 000 keys, consumer RSS under 100 MB, restart time stated.
+10 000 keys, consumer RSS under 100 MB, and a restart that handles its
+first main record within 5 s.
 
 A child process fills a SQLite log (fsync off) with the retry partition as
 the consumer writes it: per key a work record that quarantined it, then the
@@ -12,8 +13,9 @@ records routed to it, each a main-topic record's headers and body plus
 
 - the baseline: its RSS with wakuwaku imported and the log open, before any
   retry state exists;
-- the restart: a consumer starts and rebuilds its state from the retry
-  partition (the time until its partition worker has started);
+- the restart: a consumer starts, rebuilds its state from the retry
+  partition and handles one new event of a key with no retry work (the
+  time from its start to that handler call);
 - the RSS and peak RSS (VmRSS, VmHWM of /proc/self/status) with the whole
   backlog pending, and then after ``--route`` more events of the quarantined
   keys are consumed from the main topic and routed to the retry topic.
@@ -119,8 +121,14 @@ async def measure(url: str, records: int, keys: int, route: int, body: int) -> N
     baseline = status("VmRSS")
     print(f"baseline RSS (imported, log open, no retry state): {mb(baseline)}")
 
+    # One new event of a key with no retry work: its handling is the first
+    # main record after the restart (the figure the target is about).
+    await wk.Producer(log, TOPIC).publish(Tick("fresh", -1, ""))
+    first: list[float] = []
+
     async def handle(events: Sequence[Tick]) -> None:
-        return None
+        if not first and any(e.key == "fresh" for e in events):
+            first.append(time.perf_counter())
 
     config = ConsumerConfig(
         topic=TOPIC,
@@ -132,16 +140,16 @@ async def measure(url: str, records: int, keys: int, route: int, body: int) -> N
     consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
     started = time.perf_counter()
     task = asyncio.create_task(consumer.run(install_signal_handlers=False))
-    await until(
-        lambda: bool(consumer.assignment()) and all(v.started for v in consumer.partitions())
-    )
-    restart = time.perf_counter() - started
+    await until(lambda: bool(first))  # cheap: the views cost O(pending) to build
+    restart = first[0] - started
     [view] = consumer.partitions()
     pending, quarantined = view.retry_pending, len(view.quarantined)
     rss, peak = status("VmRSS"), status("VmHWM")
+    verdict = "meets" if restart < 5.0 else "MISSES"
     print(
-        f"restart: {restart:.2f} s to rebuild {pending} pending records of "
-        f"{quarantined} keys ({pending / restart:,.0f} records/s)"
+        f"restart: {restart:.2f} s to the first main record, {pending} pending records of "
+        f"{quarantined} keys rebuilt ({pending / restart:,.0f} records/s): {verdict} the "
+        "target (< 5 s at 1 000 000)"
     )
     print(
         f"RSS with the backlog pending:   {mb(rss)}  (+{mb(rss - baseline).strip()} "
@@ -159,7 +167,7 @@ async def measure(url: str, records: int, keys: int, route: int, body: int) -> N
                 ]
             )
         began = time.perf_counter()
-        await until(lambda: consumer.partitions()[0].position >= records + route)
+        await until(lambda: consumer.partitions()[0].position >= records + 1 + route)
         took = time.perf_counter() - began
         rss, peak = status("VmRSS"), status("VmHWM")
         left = consumer.partitions()[0].retry_pending

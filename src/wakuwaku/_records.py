@@ -205,17 +205,23 @@ def read_source(raw: bytes) -> Source:
         or the rule above broken); ``msgspec.DecodeError`` is one.
     """
     source = _src_decoder.decode(raw)
-    if (
-        not source.ids
-        or not source.offsets
-        or source.partition < 0
-        or any(o < 0 for o in source.offsets)
-        or not all(source.ids)
-    ):
+    if not _follows_the_rule(source):
         raise ValueError(
             f"header wk-src needs message ids, offsets >= 0 and a partition >= 0, got {raw[:200]!r}"
         )
     return source
+
+
+def _follows_the_rule(source: Source) -> bool:
+    """The rule of :func:`read_source`: message ids, none empty, offsets >= 0
+    (at least one) and a partition >= 0."""
+    return bool(
+        source.ids
+        and source.offsets
+        and source.partition >= 0
+        and min(source.offsets) >= 0
+        and all(source.ids)
+    )
 
 
 def message_id(
@@ -401,10 +407,10 @@ def checked_source(raw: bytes) -> Source | None:
     """A ``wk-src`` value as :func:`validate_headers` accepts it (ids,
     offsets >= 0, a partition >= 0), or None when it is not one; never raises."""
     try:
-        source = _check_source(raw)
+        source = _src_decoder.decode(raw)
     except Exception:  # noqa: BLE001 - a header may hold anything
         return None
-    return source if isinstance(source, Source) else None
+    return source if _follows_the_rule(source) else None
 
 
 def parse_ms(raw: str | bytes) -> float | None:

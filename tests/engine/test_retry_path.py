@@ -36,6 +36,7 @@ from wakuwaku._records import (
     H_PROPS,
     H_SRC,
     H_TYPE,
+    H_UNREADABLE,
     H_VERSION,
     Record,
     Source,
@@ -46,7 +47,14 @@ from wakuwaku._records import (
 from wakuwaku.engine import Handler, _shared
 from wakuwaku.engine._outbox import _MARK, _bare_source
 from wakuwaku.engine._plan import decode_batch, decode_records
-from wakuwaku.engine._retry import RetryState, WrittenCache, load_retry_state, ms_text
+from wakuwaku.engine._retry import (
+    RetryState,
+    WrittenCache,
+    attempt_failed_marker,
+    load_retry_state,
+    ms_text,
+    resolved_marker,
+)
 from wakuwaku.logs import Log
 from wakuwaku.testing import FakeClock
 
@@ -284,6 +292,52 @@ def test_the_short_retry_decode_path_agrees_with_the_careful_one(changes: list[s
     assert len(got[0]) + len(got[1]) == len(records)
     for item in got[0]:
         assert isinstance(item.origin, Source) and item.failed_at in (T0, None)
+
+
+def retry_record(offset: int, step: tuple[str, str]) -> Record:
+    """Record ``offset`` of a retry partition: a work record of key ``k`` or
+    ``j`` changed as ``CHANGES`` says, or one of that key's markers."""
+    what, key = step
+    if what == "resolved":
+        return Record(offset, *resolved_marker(key, offset - 1, T0 + offset, group="g"))
+    if what == "attempt failed":
+        return Record(offset, *attempt_failed_marker(key, 2, T0, T0 + 60, group="g"))
+    if what == "unreadable":
+        headers, body = work_record(offset, 100 + offset)
+        return Record(offset, {**headers, H_KEY: key.encode(), H_UNREADABLE: b"bad row"}, body)
+    headers, body = CHANGES[what](*work_record(offset, 100 + offset))
+    return Record(
+        offset, {**headers, H_KEY: key.encode()} if what != "empty key" else headers, body
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([*sorted(CHANGES), "resolved", "attempt failed", "unreadable"]),
+            st.sampled_from("kj"),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_folding_a_page_at_once_builds_the_state_record_by_record_does(
+    steps: list[tuple[str, str]],
+) -> None:
+    """``RetryState.apply_all`` takes a short path for more work of a key
+    already quarantined (what nearly every record of a restart is); the
+    state, the broken records and the foreign count are those of
+    ``apply`` record by record."""
+    records = [retry_record(offset, step) for offset, step in enumerate(steps)]
+    clock = FakeClock()
+    one_by_one = RetryState(lambda n: 10.0 * n, clock, group="g")
+    for record in records:
+        one_by_one.apply(record)
+    at_once = RetryState(lambda n: 10.0 * n, clock, group="g")
+    at_once.apply_all(records)
+    assert state_of(at_once) == state_of(one_by_one)
+    assert (at_once.broken, at_once.foreign) == (one_by_one.broken, one_by_one.foreign)
 
 
 @settings(max_examples=200, deadline=None)

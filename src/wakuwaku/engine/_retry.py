@@ -407,7 +407,31 @@ class RetryState:
             self.routed[key] = top
 
     def apply_all(self, records: Iterable[Record]) -> None:
+        """:meth:`apply` each record in order.
+
+        A restart folds in every pending record, and nearly all of them are
+        more work for a key already quarantined: that case is recognised
+        here with a few header lookups and goes straight to
+        :meth:`_append_work` (the same state as :meth:`apply`, which
+        handles every other record)."""
+        keys = self.keys
+        group = self._group
         for record in records:
+            headers = record.headers
+            if (
+                H_MARKER not in headers
+                and H_UNREADABLE not in headers
+                and (group is None or headers.get(H_GROUP, group) == group)
+            ):
+                raw = headers.get(H_KEY)
+                if raw is not None:
+                    key = bytes(raw).decode("utf-8", "replace")
+                    state = keys.get(key)
+                    if state is not None:
+                        if record.offset >= self.end_offset:
+                            self.end_offset = record.offset + 1
+                        self._append_work(key, state, record)
+                        continue
             self.apply(record)
 
     def _add_work(self, key: str, record: Record) -> None:
@@ -429,13 +453,19 @@ class RetryState:
                 state, due if due is not None else failed_at + self._delay(1), record.offset
             )
             self.keys[key] = state
+        self._append_work(key, state, record)
+
+    def _append_work(self, key: str, state: KeyState, record: Record) -> None:
+        """One more pending work record of quarantined ``key``."""
         state.offsets.append(record.offset)
         self.pending_count += 1
         source = retry_source(record)
-        if source is not None and source.offsets:
+        if source is not None:
             top = max(source.offsets)
-            state.max_main_offset = max(state.max_main_offset, top)
-            self.routed[key] = max(self.routed.get(key, -1), top)
+            if top > state.max_main_offset:
+                state.max_main_offset = top
+            if top > self.routed.get(key, -1):
+                self.routed[key] = top
 
     def _broken(self, record: Record, key: str, what: str) -> None:
         self.broken.append((record.offset, key, what))
