@@ -52,8 +52,9 @@ import logging
 import math
 import struct
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TypeVar
 
 from apache_iggy import ConsumerGroupDetails
 
@@ -63,6 +64,8 @@ from ._server import Server
 __all__ = ("Ghosts", "Sighting")
 
 logger = logging.getLogger("wakuwaku.logs.iggy")
+
+_T = TypeVar("_T")
 
 _GET_CLIENT = 21  # the server's binary command: one client and its groups
 _GET_CLIENTS = 22  # the server's binary command: every connected client
@@ -170,9 +173,9 @@ class Ghosts:
                 watch.refused = True
                 logger.warning(
                     "cannot check the Iggy consumer group %r on topic %r for members a "
-                    "server crash left behind (%s): listing the server's clients needs the "
-                    "read_servers permission; without it, partitions such a member holds "
-                    "after a crash stay unconsumed",
+                    "server crash left behind (%s); listing the server's clients needs "
+                    "Iggy's read_servers permission. Unchecked, the partitions such a "
+                    "member holds after a crash stay unconsumed",
                     group,
                     topic,
                     exc,
@@ -195,7 +198,7 @@ class Ghosts:
         when there is no such group, or it changed while it was checked.
 
         :raises LogError: when the server refuses (listing clients needs the
-            ``read_servers`` permission).
+            ``read_servers`` permission), or answers what this log cannot read.
         :raises LogUnavailableError: when it does not answer.
         """
         server, stream = self._server, self._server.stream
@@ -211,7 +214,7 @@ class Ghosts:
         key = (int(found_stream.id), int(found_topic.id), int(before.id))
         raw = await server.call("list clients", lambda c: c.send_binary_request(_GET_CLIENTS, b""))
         live = 0
-        for client_id, groups in _clients(raw):
+        for client_id, groups in self._read("list clients", _clients, raw):
             if groups == 0:
                 continue
             live += key in await self._groups_of(client_id)
@@ -229,7 +232,18 @@ class Ghosts:
         answer = await self._server.call(
             "describe client", lambda c: c.send_binary_request(_GET_CLIENT, request)
         )
-        return _memberships(answer)
+        return self._read("describe client", _memberships, answer)
+
+    def _read(self, what: str, parse: Callable[[bytes], _T], raw: bytes) -> _T:
+        """``parse(raw)``; :raises LogError: for an answer it cannot read (a
+        server whose protocol differs)."""
+        try:
+            return parse(raw)
+        except struct.error as exc:
+            raise LogError(
+                f"Iggy log {self._server.url} failed ({what}): an answer of "
+                f"{len(raw)} bytes this log cannot read ({exc}): another server release?"
+            ) from exc
 
     async def _clear(
         self,
