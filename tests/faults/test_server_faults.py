@@ -13,7 +13,9 @@ server suffers one fault:
 - ``freeze``: SIGSTOP until a call failed by its own timeout (so the freeze
   outlived the call bound), then SIGCONT;
 - ``restart_twice``: ``kill`` twice in a row (the second kill right after
-  the first restart, once the consumer failed a call again).
+  the first restart, once the consumer failed a call again: a pause, or on
+  Iggy, whose members lose their partitions with their connection, a
+  failed attempt to take a partition back).
 
 Then the test waits, on observed state only, until every event is handled
 and every doomed record dead-lettered, and checks:
@@ -65,6 +67,7 @@ FLAKY = "k07"
 DOOMED = "doomed"
 MAX_POLL = 50
 PAUSE = "log call failed; retrying"
+RETAKE = "cannot take partition lease; retrying"
 
 
 @wk.event("tests.faults.item", key="key")
@@ -103,13 +106,6 @@ FAULTS = ("kill", "freeze", "restart_twice")
 # Cases that fail today, each with the symptom seen: none. A case added here
 # is a fault being fixed, never a design decision.
 KNOWN: dict[tuple[str, str], str] = {
-    ("iggy", "kill"): (
-        "after a SIGKILL and restart, Iggy 0.9.0-edge.5 keeps the consumer-group members "
-        "of before the restart (sessions that no longer exist) with their partitions; "
-        "the member that joins again gets only the rest, and the ghosts' partitions are "
-        "never handled (seen: 1 530 of 2 388 events, no pause for 60 s)"
-    ),
-    ("iggy", "restart_twice"): "as iggy-kill: ghost group members after a restart",
     ("iggy", "freeze"): (
         "intermittent, cause not found: failed once in a fresh clone's full run on a heavily "
         "loaded machine (its output was not captured); passed 5 of 5 alone and 3 of 3 "
@@ -184,6 +180,15 @@ class Watch:
         seen = len(self.pauses())
         await self.until("pause", lambda: len(self.pauses()) > seen, deadline)
 
+    def failures(self) -> int:
+        """Calls the consumer logged as failed: pauses and failed partition takes."""
+        return sum(r.getMessage() in (PAUSE, RETAKE) for r in self.caplog.records)
+
+    async def next_failure(self, deadline: float) -> None:
+        """Wait until the consumer logs a failed call it had not logged yet."""
+        seen = self.failures()
+        await self.until("failed call", lambda: self.failures() > seen, deadline)
+
 
 async def inject(fault: str, server: Server, watch: Watch, deadline: float) -> int:
     """Run one fault on ``server``; returns how many faults it was (restarts)."""
@@ -199,7 +204,7 @@ async def inject(fault: str, server: Server, watch: Watch, deadline: float) -> i
     rounds = 2 if fault == "restart_twice" else 1
     for _ in range(rounds):
         await off(server.kill)
-        await watch.next_pause(deadline)
+        await watch.next_failure(deadline)
         await off(server.start)
     return rounds
 

@@ -42,7 +42,9 @@ they may call):
 - ``_offsets``: the groups' stored offsets (the binary offset commands),
   commits through the consumer-group offset fence, their deletion;
 - ``_groups``: the group members, their Iggy consumer-group memberships and
-  assignment syncs, who owns which partition.
+  assignment syncs, who owns which partition;
+- ``_ghosts``: members a killed server kept in a group (ghosts), found and
+  cleared.
 """
 
 from __future__ import annotations

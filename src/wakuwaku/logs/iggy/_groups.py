@@ -13,12 +13,17 @@ lease generation of this process. Each change wakes whoever waits in
 its memberships (a new session is no member of anything): the engine sees
 its partitions gone and acquires them again, joining anew.
 
+Each member's task also runs the ghost checks of its groups (:mod:`._ghosts`:
+members a crashed server kept, whose partitions nobody consumes); when they
+deleted a group and made it again, this instance's members of it sync at
+once, find they are no members any more, and join again.
+
 Also the answers about a group that need no member of it: who owns each
 partition, from the server (:meth:`Groups.owners`), and the deletion of an
 Iggy consumer group (:meth:`Groups.drop_group`).
 
 May call: :mod:`._server` (the log's connection, connections of its own,
-the bound on calls, identifiers). Called by the log (:mod:`._log`) and by
+the bound on calls, identifiers), :mod:`._ghosts`. Called by the log (:mod:`._log`) and by
 the stored offsets (:mod:`._offsets`), which send a member's group offset
 on its connection (:meth:`Member.call`).
 """
@@ -40,6 +45,7 @@ from apache_iggy import IggyClient
 from ..._clock import BLOCKING_CALLS
 from ..._errors import FencedError, LogError, LogUnavailableError
 from .._base import Lease
+from ._ghosts import Ghosts
 from ._server import Server, ident
 
 __all__ = ("Groups", "Joined", "Member")
@@ -109,6 +115,7 @@ class Groups:
         self._server = server
         self.members: dict[tuple[str, str], Member] = {}
         """This instance's members, by (group, member name)."""
+        self.ghosts = Ghosts(server)
 
     async def _member(self, group: str, member: str) -> Member:
         key = (group, member)
@@ -152,42 +159,76 @@ class Groups:
         return joined
 
     async def _keep_synced(self, member: Member) -> None:
-        """The member's assignment, asked every :data:`_SYNC_EVERY` seconds."""
+        """The member's assignment, asked every :data:`_SYNC_EVERY` seconds, and
+        its groups' ghost checks when due."""
         while not self._server.closed:
             for topic in list(member.topics):
                 try:
                     await self._sync(member, topic)
                 except LogError as exc:
                     logger.debug("Iggy group %s: sync failed: %s", member.group, exc)
+            for topic in list(member.topics):
+                if await self.ghosts.check(member.group, topic, self._ours(member.group, topic)):
+                    await self._sync_all(member.group, topic)
             # Not a blocking call: a fake clock may move meanwhile (each
             # sync's request is one, through Server.bounded).
             await asyncio.sleep(_SYNC_EVERY)
 
-    async def _join(self, member: Member, topic: str) -> None:
-        group, stream = member.group, self._server.stream
-        found = await self._server.call(
-            "describe group", lambda c: c.get_consumer_group(stream, topic, group)
-        )
-        if found is None:
+    def _ours(self, group: str, topic: str) -> list[frozenset[int]]:
+        """The partitions of each member of this instance in ``group`` on ``topic``."""
+        return [
+            frozenset(joined.partitions)
+            for m in self.members.values()
+            if m.group == group and (joined := m.topics.get(topic)) is not None
+        ]
+
+    async def _sync_all(self, group: str, topic: str) -> None:
+        """Sync every member of this instance in ``group`` on ``topic`` now."""
+        for member in [m for m in self.members.values() if m.group == group]:
             try:
-                await self._server.call(
-                    "create group", lambda c: c.create_consumer_group(stream, topic, group)
+                await self._sync(member, topic)
+            except LogError as exc:
+                logger.debug("Iggy group %s: sync failed: %s", group, exc)
+
+    async def _join(self, member: Member, topic: str) -> None:
+        """Join the topic's Iggy group, creating it when missing; once more when
+        it went between the two (another process deleted it: :mod:`._ghosts`)."""
+        group, stream = member.group, self._server.stream
+        for attempt in (1, 2):
+            found = await self._server.call(
+                "describe group", lambda c: c.get_consumer_group(stream, topic, group)
+            )
+            if found is None:
+                try:
+                    await self._server.call(
+                        "create group", lambda c: c.create_consumer_group(stream, topic, group)
+                    )
+                except LogUnavailableError:
+                    raise
+                except LogError:
+                    pass  # made by another member meanwhile; the join says if not
+            try:
+                await member.call(
+                    f"join group {group!r} on {topic}",
+                    lambda c: c.join_consumer_group(stream, topic, group),
                 )
             except LogUnavailableError:
                 raise
             except LogError:
-                pass  # made by another member meanwhile; the join says if not
-        await member.call(
-            f"join group {group!r} on {topic}",
-            lambda c: c.join_consumer_group(stream, topic, group),
-        )
+                if attempt == 2:
+                    raise
+                continue
+            break
         member.topics[topic] = Joined()
+        self.ghosts.joined(group, topic)
 
     async def _leave(self, member: Member, topic: str) -> None:
         if member.topics.pop(topic, None) is None:
             return
         member.held = {h for h in member.held if h[0] != topic}
         member.bump()
+        if not self._ours(member.group, topic):
+            self.ghosts.forget(member.group, topic)
         with contextlib.suppress(LogError):  # gone already: the group or the topic
             if member.client is not None:
                 await member.call(

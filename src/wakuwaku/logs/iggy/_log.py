@@ -164,7 +164,12 @@ class IggyLog(Log):
     leaves, and when a member's connection closes (a member that stops
     answering pings loses its partitions after the server's heartbeat
     window, 36 s by default). Each member asks for its assignment every
-    0.5 s and before each fenced write.
+    0.5 s and before each fenced write. Members a killed server kept in a
+    group (sessions with no connection, whose partitions nobody would
+    consume) are found and cleared by deleting the group and creating it
+    again, which keeps its committed offsets; every live member joins again
+    (``docs/logs.md``, "Outages"; finding them needs Iggy's
+    ``read_servers`` permission).
 
     What a member that lost a partition can still write (Iggy has no
     transactions and no conditional append): an append or commit that began
