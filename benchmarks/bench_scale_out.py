@@ -39,7 +39,8 @@ handled, the server's (the process listening on the log's port, from
 ``/proc``) over the same span, and how busy the machine's CPUs were.
 
     python benchmarks/bench_scale_out.py [--logs sqlite redis nats kafka iggy]
-        [--events N] [--keys K] [--rounds R] [--join-wait S] [--timeout S]
+        [--handlers no-op io] [--events N] [--keys K] [--rounds R] [--join-wait S]
+        [--timeout S]
         [--redis URL] [--nats URL] [--kafka URL] [--iggy URL]
 """
 
@@ -84,6 +85,9 @@ STOP_LIMIT = 45.0
 READY_LIMIT = 120.0
 """How long a process may take to start (seconds)."""
 
+REFUSED_STORE = "partition lease lost; stopping"
+"""The warning of a worker whose store the log refused as fenced (it stops)."""
+
 Emit = Callable[[str], None]
 
 
@@ -107,6 +111,18 @@ class Traffic:
         if self.owned.get(partition, False) != held:
             self.owned[partition] = held
             self.emit(f"o {time.monotonic():.6f} {partition} {int(held)}")
+
+
+class Warnings(logging.Handler):
+    """Counts the consumer's warnings by message (a worker stopped by a refused
+    store logs ``partition lease lost; stopping``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[record.getMessage()] += 1
 
 
 def topic_role(topic: str) -> str:
@@ -236,6 +252,8 @@ async def report(handled: array[int], emit: Emit, cpu_start: float) -> None:
 async def child(url: str, group: str, kind: str) -> None:
     """One consumer process: ready, wait for ``go`` on stdin, run until SIGTERM."""
     logging.basicConfig(level=logging.WARNING)
+    warnings = Warnings()
+    logging.getLogger().addHandler(warnings)
 
     def emit(line: str) -> None:
         sys.stdout.write(line + "\n")
@@ -268,6 +286,7 @@ async def child(url: str, group: str, kind: str) -> None:
         "ran": time.monotonic() - started,
         "calls": traffic.calls,
         "seconds": traffic.seconds,
+        "warnings": warnings.counts,
         "kafka": traffic.kafka,
         "handled": stats.handled,
         "member": config.member_id,
@@ -369,6 +388,10 @@ class Member:
         self.go_at = time.monotonic()
         assert self.proc.stdin is not None
         self.proc.stdin.write(b"go\n")
+
+    def warned(self, message: str) -> int:
+        """How many times it logged the warning ``message``."""
+        return 0 if self.end is None else int(self.end["warnings"].get(message, 0))
 
     def count(self, name: str) -> int:
         """How many ``name`` calls it made in its run (from its final report)."""
@@ -517,6 +540,11 @@ class Outcome:
         return sum(m.cpu for m in self.members)
 
     @property
+    def refused_stores(self) -> int:
+        """Workers stopped because the log refused their store as fenced."""
+        return sum(m.warned(REFUSED_STORE) for m in self.members)
+
+    @property
     def first_event(self) -> float | None:
         """Seconds from the start to the first event any process handled."""
         firsts = [m.first_at - m.go_at for m in self.members if m.first_at is not None]
@@ -527,13 +555,24 @@ class Outcome:
         took = "did not finish" if self.seconds is None else f"{self.seconds:.2f} s"
         text = (
             f"{took} (first event {seconds_text(self.first_event)} s, "
-            f"split {self.split}, {self.duplicates} duplicates, CPU s: "
+            f"split {self.split}, {self.duplicates} duplicates, "
+            f"{self.refused_stores} stores refused, CPU s: "
             f"consumers {self.consumer_cpu:.2f}, server {self.server_cpu:.2f}, "
             f"machine {self.busy:.0%} busy)"
         )
         if self.seconds is None:
             text += f" [{self.handled:,} of {self.events:,} handled]"
-        return text + "".join(f" [{p}]" for p in self.problems)
+        return text + warnings_text(self.members) + "".join(f" [{p}]" for p in self.problems)
+
+
+def warnings_text(members: Sequence[Member]) -> str:
+    """The warnings the processes logged, but refused stores (counted apart), with counts."""
+    counts: Counter[str] = Counter()
+    for member in members:
+        if member.end is not None:
+            counts.update(member.end["warnings"])
+    counts.pop(REFUSED_STORE, None)
+    return "".join(f" [warning {message!r} x{n}]" for message, n in sorted(counts.items()))
 
 
 @dataclass(frozen=True)
@@ -710,9 +749,9 @@ class LogResult:
 async def bench_log(target: Target, args: argparse.Namespace) -> LogResult:
     """Rounds of (a) and (b) per handler, then the join run, on one log."""
     partition_of = await prepare(target, args.events, args.keys)
-    result = LogResult(target.name, {kind: [] for kind in HANDLERS})
+    result = LogResult(target.name, {kind: [] for kind in args.handlers})
     for n in range(args.rounds):
-        for kind in HANDLERS:
+        for kind in args.handlers:
             outcomes: dict[int, Outcome] = {}
             for processes in (1, 2) if n % 2 == 0 else (2, 1):
                 group = f"r{n}-{kind}-{processes}"
@@ -750,7 +789,8 @@ def describe_join(outcome: Outcome) -> str:
         "duplicates; all handled "
         + ("never" if outcome.seconds is None else f"{outcome.seconds:.2f} s after A's start")
         + f"; CPU s over the run: A {first.cpu_end:.2f}, B {second.cpu_end:.2f}, server "
-        f"{outcome.server_cpu:.2f}" + "".join(f" [{p}]" for p in outcome.problems)
+        f"{outcome.server_cpu:.2f}; {outcome.refused_stores} workers stopped by a refused "
+        "store" + warnings_text(outcome.members) + "".join(f" [{p}]" for p in outcome.problems)
     )
 
 
@@ -865,6 +905,7 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logs", nargs="+", choices=LOGS, default=list(LOGS))
+    parser.add_argument("--handlers", nargs="+", choices=HANDLERS, default=list(HANDLERS))
     parser.add_argument("--events", type=int, default=40_000)
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=3)
