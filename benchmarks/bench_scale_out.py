@@ -21,8 +21,10 @@ stops them with SIGTERM. Each run names the partitions each process handled
 records of and counts the events handled more than once.
 
 (c) Join: a member A starts alone (I/O handler, fresh group); once it has
-handled its first event, member B starts. The run reports when B first owned
-a partition and handled its first event (seconds from B's start), and goes on
+handled its first event, member B starts. The run reports when B's
+``Consumer.start()`` returned, when B first owned a partition and when it
+handled its first event (seconds from B's start; "never" within the run on
+a log that does not move partitions to a new member), and goes on
 until every event is handled and ``--join-wait`` seconds have passed since B
 started. Over that run, each member counts in its own process the calls that
 keep or seek ownership: ``Log.acquire_partition`` (a lease taken, renewed or
@@ -38,10 +40,13 @@ CPU: each process's CPU seconds from its start to the moment every event was
 handled, the server's (the process listening on the log's port, from
 ``/proc``) over the same span, and how busy the machine's CPUs were.
 
+Each process also counts the warnings it logged (a worker stopped by a
+refused store, a lease that ran out), printed with the run.
+
     python benchmarks/bench_scale_out.py [--logs sqlite redis nats kafka iggy]
-        [--handlers no-op io] [--events N] [--keys K] [--rounds R] [--join-wait S]
-        [--timeout S]
-        [--redis URL] [--nats URL] [--kafka URL] [--iggy URL]
+        [--handlers no-op io] [--events N] [--keys K] [--rounds R]
+        [--join-wait S] [--timeout S] [--redis URL] [--nats URL] [--kafka URL]
+        [--iggy URL]
 """
 
 from __future__ import annotations
