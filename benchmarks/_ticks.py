@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import msgspec
 
@@ -28,14 +28,22 @@ class Tick(msgspec.Struct, frozen=True):
     payload: str
 
 
+def ticks(events: int, keys: int) -> Iterator[Tick]:
+    """The ``events`` ticks :func:`fill` publishes, in order: tick ``n`` has
+    ``n`` and a key drawn from ``keys`` keys by a fixed seed, so every run
+    (and a reader that needs each tick's key) gets the same ones."""
+    rng = random.Random(7)
+    for n in range(events):
+        yield Tick(f"key-{rng.randrange(keys)}", n, "x" * 40)
+
+
 async def fill(log: Log, events: int, keys: int, partitions: int, batch_size: int = 2000) -> None:
     """Create ``ticks`` with ``partitions`` and publish ``events`` over ``keys`` keys."""
     await log.create_topic(TOPIC, partitions)
     producer = wk.Producer(log, TOPIC)
-    rng = random.Random(7)
     batch: list[Tick] = []
-    for n in range(events):
-        batch.append(Tick(f"key-{rng.randrange(keys)}", n, "x" * 40))
+    for tick in ticks(events, keys):
+        batch.append(tick)
         if len(batch) == batch_size:
             await producer.publish_many(batch)
             batch = []

@@ -9,6 +9,8 @@ import pytest
 
 import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.logs import Lease
+from wakuwaku.testing import FakeClock
 
 from .conftest import Item
 
@@ -182,3 +184,53 @@ async def test_no_chunk_starts_after_a_pause_that_outlived_the_lease(
     # lease again (nobody else had), went on from the offset stored for 0.
     assert seen == [0, 1, 2, 3]
     assert workers[1] is not workers[0]
+
+
+class AssignedMemoryLog(wk.MemoryLog):
+    """A memory log whose partitions a coordinator assigns, as Kafka's and
+    Iggy's groups do (the engine's ``AssignmentLog``): always this member's,
+    looked at again every ``within`` seconds of the fake clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    async def ownership_changed(self, group: str, member: str, within: float) -> None:
+        await self.clock.sleep(within)
+
+    def ownership_state(self, lease: Lease) -> str:
+        return "owned"
+
+
+async def test_an_assigned_partitions_worker_runs_past_lease_ttl(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On Kafka and Iggy the coordinator, not a renewed lease, decides who owns
+    a partition; the worker's lease deadline was set once, at acquire, so every
+    busy worker stopped itself ``lease_ttl`` after taking its partition
+    ('partition lease ran out before it was renewed; stopping': seen every 15 s
+    on Iggy drains longer than that, each stop a restart from the stored offset)."""
+    clock = FakeClock()
+    log = AssignedMemoryLog(clock)
+    await log.create_topic("t", 1)
+    await wk.Producer(log, "t").publish_many([Item("k", n) for n in range(3)])
+    workers: list[object] = []
+    seen: list[int] = []
+
+    async def handle(run: Sequence[Item]) -> None:
+        workers.append(member.workers[("t", 0)])
+        await clock.sleep(30.0)  # three lease_ttl of the fake clock
+        seen.extend(e.n for e in run)
+
+    config = ConsumerConfig(topic="t", group="g", clock=clock, lease_ttl=10.0, poll_interval=0.5)
+    member = Consumer(config, [Handler(Item, handle)], log)
+    task = asyncio.create_task(member.run(install_signal_handlers=False))
+    try:
+        while len(seen) < 3:
+            await clock.sleep(1.0)
+    finally:
+        member.stop()
+        await task
+    assert "partition lease ran out" not in caplog.text
+    assert seen == [0, 1, 2]
+    assert len({id(w) for w in workers}) == 1, "the worker was stopped and started again"

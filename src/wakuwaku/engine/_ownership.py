@@ -169,8 +169,18 @@ class AssignedOwnership(Ownership):
         )
 
     async def watch(self, lease: Lease, worker: PartitionWorker) -> None:
-        """Wait for the log to say the partition is revoked or lost; stop the worker."""
+        """Wait for the log to say the partition is revoked or lost; stop the worker.
+
+        Each look that finds the partition still owned moves the worker's
+        lease deadline to the time of the look plus ``lease_ttl``, as a
+        renewal does for a lease: the coordinator decides ownership, and a
+        worker whose watcher has not looked for ``lease_ttl`` (a paused
+        process, a blocked event loop) starts no chunk, while one that is
+        looked after runs past the deadline its acquire set.
+        """
+        clock, ttl = self.config.clock, self.config.lease_ttl
         while not worker.ended:
+            looked = clock.monotonic()
             state = self.assignments.ownership_state(lease)
             if state != "owned":
                 logger.info(
@@ -181,9 +191,8 @@ class AssignedOwnership(Ownership):
                 )
                 worker.stop()
                 return
-            await self.assignments.ownership_changed(
-                lease.group, lease.member, self.config.lease_ttl / 3
-            )
+            worker.lease_deadline = looked + ttl
+            await self.assignments.ownership_changed(lease.group, lease.member, ttl / 3)
 
 
 def ownership_for(log: Log, config: ConsumerConfig) -> Ownership:
