@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 import wakuwaku as wk
 from wakuwaku import ConfigError, LogError, LogUnavailableError, open_log, partition_for
@@ -312,3 +313,41 @@ async def test_the_engines_state_topics_are_kept_forever_by_the_broker(log: Kafk
     assert await asyncio.to_thread(retention, "wk-control.g") == ("-1", "-1")
     assert await asyncio.to_thread(retention, "wk-topic-names") == ("-1", "-1")
     assert (await asyncio.to_thread(retention, "orders"))[0] != "-1"
+
+
+class _LeaderlessAtFirst:
+    """A consumer whose broker knows no leader for the partition ``failures``
+    times (a partition just created on a loaded broker), then answers."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.asked = 0
+
+    def consume(self, count: int, timeout: float) -> list[object]:
+        return []
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(p.topic, p.partition, -1001) for p in partitions]
+
+    def get_watermark_offsets(
+        self, tp: TopicPartition, timeout: float, cached: bool
+    ) -> tuple[int, int]:
+        self.asked += 1
+        if self.asked <= self.failures:
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+        return 0, 0
+
+
+async def test_a_read_asks_again_while_a_partitions_leader_is_not_known(log: KafkaLog) -> None:
+    """A read right after create_topic failed once beside two CPU burners:
+    the broker answered the high watermark question "not leader for
+    partition". Only that question is asked again, within the call's bound;
+    past it the error stays (the consumer pauses on it, a Transient)."""
+    fetch = log._readers._fetch
+    settling = _LeaderlessAtFirst(failures=2)
+    found = await asyncio.to_thread(fetch, settling, "t", 0, 0, 10, 0.0, threading.Event())
+    assert found == ([], 0) and settling.asked == 3
+    never = _LeaderlessAtFirst(failures=10**9)
+    with pytest.raises(KafkaException):
+        await asyncio.to_thread(fetch, never, "t", 0, 0, 10, 0.0, threading.Event())
+    assert never.asked > 3

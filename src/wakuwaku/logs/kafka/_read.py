@@ -22,12 +22,13 @@ import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 
-from ..._errors import LogError, UnknownTopicError
+from ..._errors import LogError, LogUnavailableError, UnknownTopicError
 from ..._records import H_KEY, Record
 from .._base import Page, check_partition
 from ._cluster import UNKNOWN_TOPIC_CODES, Cluster, OffsetSpec, code
@@ -205,20 +206,41 @@ class Readers:
             (position,) = consumer.position([tp])
             fetched = position.offset >= 0  # unknown until the first fetch answered
             at = max(at, position.offset)
-            _, high = consumer.get_watermark_offsets(tp, timeout=self.cluster.timeout, cached=False)
+            high = self._settled(
+                lambda: consumer.get_watermark_offsets(
+                    tp, timeout=self.cluster.timeout, cached=False
+                )[1],
+                bound,
+                cancelled,
+            )
             if at >= high or now >= bound:
                 return out, at
             if fetched and now >= deadline + _MARKER_WAIT:
                 # Still below the high watermark: aborted records being skipped
                 # (more comes), or the last stable offset (a transaction still
                 # open: nothing more now). Ask the broker which.
-                if out or at >= self._stable_offset(tp):
+                if out or at >= self._settled(lambda: self._stable_offset(tp), bound, cancelled):
                     return out, at
                 deadline = now
             out.extend(consumer.consume(count - len(out), 0.01))
         if out:
             at = max(at, out[-1].offset() + 1)
         return out, at
+
+    def _settled(self, ask: Callable[[], int], bound: float, cancelled: threading.Event) -> int:
+        """``ask()`` (in the fetch thread), asked again every 50 ms while the
+        broker answers with a condition that passes (a partition just created
+        whose leader is not known yet, a leader moving), until ``bound`` on
+        the monotonic clock or ``cancelled``; then its error is raised. Only
+        questions go through here: nothing of the reader's position moves,
+        so asking again skips no record."""
+        while True:
+            try:
+                return ask()
+            except KafkaException as exc:
+                unavailable = isinstance(self.cluster.error("read", exc), LogUnavailableError)
+                if not unavailable or time.monotonic() >= bound or cancelled.wait(0.05):
+                    raise
 
     def _stable_offset(self, tp: Any) -> int:
         """The partition's last stable offset (in a thread): where ``read_committed`` ends."""
