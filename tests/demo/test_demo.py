@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from wakuwaku import LogUnavailableError
+from wakuwaku.demo import run
 from wakuwaku.demo.data import expected_totals, read_planes
+from wakuwaku.demo.options import DemoOptions
+from wakuwaku.demo.processes import ConsumerProcess
 
 from .. import iggy_support, kafka_support
 from ..conftest import IGGY_URL, KAFKA_BOOTSTRAP, NATS_URL, REDIS_URL
@@ -226,3 +230,27 @@ async def test_the_password_in_the_log_url_is_never_printed(tmp_path: Path) -> N
         for result in (first, again):
             assert "S3cr3tPW" not in result.stdout + result.stderr
         assert "redis://***@" in first.stdout
+
+
+async def test_a_failed_run_leaves_no_consumer_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose log failed mid-run (an Iggy restart) exited with status 3
+    and left its consumer process running with no parent."""
+    started: list[ConsumerProcess] = []
+
+    async def failing(
+        opts: object, log: object, url: object, consumer: ConsumerProcess, *rest: object
+    ) -> object:
+        started.append(consumer)
+        raise LogUnavailableError("the log went away mid-run")
+
+    monkeypatch.setattr(run, "_phases", failing)
+    said: list[str] = []
+    with pytest.raises(LogUnavailableError):
+        await run.run_demo(
+            DemoOptions(workdir=tmp_path, limit=200, progress="plain"), out=said.append
+        )
+    [consumer] = started
+    assert consumer.process is not None and consumer.process.poll() is not None
+    assert any("stopped the consumer" in line for line in said), said

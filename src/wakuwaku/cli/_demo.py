@@ -33,8 +33,9 @@ def register(group: click.Group) -> None:
         default=None,
         envvar="WAKUWAKU_DEMO_LOG",
         help=(
-            "Log URL: sqlite:///file.db, redis://host:port/db, nats://host:port or "
-            "kafka://host:port, each with ?prefix=... to share a server "
+            "Log URL: sqlite:///file.db, redis://host:port/db, nats://host:port, "
+            "kafka://host:port (each with ?prefix=... to share a server) or "
+            "iggy://user:password@host:port (?stream=...) "
             "(default: a fresh SQLite file in --workdir)."
         ),
     )

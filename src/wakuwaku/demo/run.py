@@ -145,6 +145,7 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
     cpu_before = _cpu_seconds()
     log = open_log(log_url)
     progress: Progress | None = None
+    consumer: ConsumerProcess | None = None
     try:
         await prepare_log(log, log_url, reset=opts.reset)
         for topic in (PLANES_TOPIC, FLIGHTS_TOPIC):
@@ -189,6 +190,10 @@ async def run_demo(opts: DemoOptions, out: Print = print) -> int:
     finally:
         if progress is not None:
             progress.close()
+        # A run that failed (an error, Ctrl-C) leaves no consumer behind: it
+        # kept running, its parent gone, after the log failed mid-run.
+        if consumer is not None and consumer.kill():
+            out(f"stopped the consumer the failed run left running (see {workdir}/consumer.log)")
         await log.close()
 
 
