@@ -164,6 +164,46 @@ def current_nats_server() -> str | None:
     return None
 
 
+KEEP_STREAM = "wk_tests_keep"
+"""A stream the tests never delete, on every NATS server they use."""
+
+
+def keep_account_folder(url: str) -> None:
+    """Make :data:`KEEP_STREAM` on the NATS server at ``url`` (once; it stays).
+
+    nats-server 2.9.10 (Debian's, the shared server) removes the account's
+    folder when its last stream is deleted, and a stream created at that
+    moment by another test failed: "could not create storage directory -
+    mkdir .../jetstream/$G/streams: no such file or directory" (seen once
+    in a full run). With one stream that is never deleted the folder stays.
+    A server that does not answer is left alone: the tests that need it say so.
+    """
+    import json
+
+    import nats
+
+    async def make() -> None:
+        try:
+            nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+        except Exception:  # noqa: BLE001 - no server: its own tests report it
+            return
+        try:
+            config = {"name": KEEP_STREAM, "subjects": [KEEP_STREAM], "storage": "file"}
+            await nc.request(
+                f"$JS.API.STREAM.CREATE.{KEEP_STREAM}", json.dumps(config).encode(), timeout=5
+            )
+        finally:
+            await nc.close()
+
+    asyncio.run(make())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_nats_keeps_its_account_folder() -> None:
+    if _reachable("127.0.0.1", 4222) and NATS_URL.startswith("nats://127.0.0.1:4222"):
+        keep_account_folder(NATS_URL)
+
+
 @pytest.fixture(scope="session")
 def current_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of a current nats-server with JetStream that this session started on
@@ -195,6 +235,7 @@ def current_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 log = (store / "server.log").read_text(errors="replace")[-2000:]
                 pytest.fail(f"{binary} did not start on 127.0.0.1:{port}:\n{log}", pytrace=False)
             time.sleep(0.05)
+        keep_account_folder(f"nats://127.0.0.1:{port}")
         yield f"nats://127.0.0.1:{port}"
     finally:
         process.terminate()
