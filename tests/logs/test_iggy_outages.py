@@ -19,7 +19,7 @@ import pytest
 from apache_iggy import IggyClient
 
 from wakuwaku import LogUnavailableError, UnknownTopicError
-from wakuwaku.logs.iggy import IggyLog, _server
+from wakuwaku.logs.iggy import IggyLog
 
 from ..conftest import IGGY_URL
 from ..faults.servers import IggyServer
@@ -39,14 +39,19 @@ def server(tmp_path: Path) -> Iterator[IggyServer]:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="known fault, fix withdrawn: pinging an idle connection before a call fixed it, "
+    "but the two full runs beside CPU burners with that ping crashed pytest workers in Iggy "
+    "tests (3 crashes; suspected: a ping cancelled by its bound inside the Iggy client)",
+)
 async def test_an_idle_log_answers_its_first_call_after_a_server_restart(
     server: IggyServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An idle connection a restart left broken failed the next call
     ("Disconnected") however long the server had been back: the flights
     demo's producer and its dead-letter listing stopped on it. A connection
-    idle for a while is pinged and replaced first."""
-    monkeypatch.setattr(_server, "_IDLE_CHECK", 0.0)  # every call counts as after a pause
+    idle for a while should be replaced first."""
     log = IggyLog(
         f"127.0.0.1:{server.port}", username="iggy", password="iggy", stream="idle", timeout=5.0
     )

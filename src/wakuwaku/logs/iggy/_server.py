@@ -22,10 +22,8 @@ calls none of them.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import struct
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,8 +40,6 @@ _T = TypeVar("_T")
 
 MAX_NAME = 255
 """Bytes of UTF-8 in an Iggy name: a stream, topic, consumer or group."""
-
-_IDLE_CHECK = 2.0  # seconds: a connection idle longer is pinged before a call
 
 _UNAVAILABLE = (
     "disconnected",
@@ -153,7 +149,6 @@ class Server:
         self.url = url
         self.closed = False
         self._client: IggyClient | None = None
-        self._answered = -math.inf  # time.monotonic() of the connection's last answer
         self._made_clients = False  # a client was made: its runtime ends it at close
         self._connecting = asyncio.Lock()
         self._stream_ready = False
@@ -212,30 +207,14 @@ class Server:
 
     async def call(self, what: str, call: Callable[[IggyClient], Awaitable[_T]]) -> _T:
         """``call`` on the log's own connection, bounded; a connection that fails
-        is dropped, and the next call connects again.
-
-        A connection idle for :data:`_IDLE_CHECK` seconds is pinged first and
-        replaced when the ping fails: a server restarted meanwhile left it
-        broken, and the first call on it failed ("Disconnected") however
-        long the server had been back (a producer or an admin tool that
-        paused between calls failed once after every restart).
-        """
+        is dropped, and the next call connects again."""
         client = await self._admin()
-        if time.monotonic() - self._answered > _IDLE_CHECK:
-            try:
-                await self.bounded("ping", client.ping)
-            except LogUnavailableError:
-                if self._client is client:
-                    self._client = None
-                client = await self._admin()
         try:
-            answer = await self.bounded(what, lambda: call(client))
+            return await self.bounded(what, lambda: call(client))
         except LogUnavailableError:
             if self._client is client:
                 self._client = None
             raise
-        self._answered = time.monotonic()
-        return answer
 
     def _error(self, what: str, exc: BaseException) -> LogError:
         text = str(exc) or type(exc).__name__
