@@ -42,7 +42,7 @@ def server(tmp_path: Path) -> Iterator[IggyServer]:
 @pytest.mark.xfail(
     strict=True,
     reason="known fault, fix withdrawn: pinging an idle connection before a call fixed it, "
-    "but the two full runs beside CPU burners with that ping crashed pytest workers in Iggy "
+    "but 2 of 5 full runs beside CPU burners with that ping crashed pytest workers in Iggy "
     "tests (3 crashes; suspected: a ping cancelled by its bound inside the Iggy client)",
 )
 async def test_an_idle_log_answers_its_first_call_after_a_server_restart(
