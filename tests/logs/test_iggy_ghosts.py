@@ -18,8 +18,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from apache_iggy import GlobalPermissions, IggyClient, Permissions
@@ -36,16 +35,6 @@ PARTITIONS = 4
 DEADLINE = 30.0  # seconds for each observed step
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[IggyServer]:
-    started = IggyServer(tmp_path)
-    started.start()
-    try:
-        yield started
-    finally:
-        started.close()
-
-
 def open_log(server: IggyServer, user: str = "iggy", password: str = "iggy") -> IggyLog:
     return IggyLog(
         f"127.0.0.1:{server.port}",
@@ -57,9 +46,9 @@ def open_log(server: IggyServer, user: str = "iggy", password: str = "iggy") -> 
 
 
 @pytest.fixture
-async def bare(server: IggyServer) -> AsyncIterator[IggyClient]:
+async def bare(iggy_server: IggyServer) -> AsyncIterator[IggyClient]:
     """A client of the server's own, not through the log."""
-    client = IggyClient.from_connection_string(server.url)
+    client = IggyClient.from_connection_string(iggy_server.url)
     await client.connect()
     yield client
 
@@ -101,9 +90,10 @@ async def held(log: IggyLog, member: str) -> set[int]:
     return {lease.partition for lease in leases if lease is not None}
 
 
-async def test_a_member_the_server_kept_after_a_kill_is_cleared_and_offsets_are_kept(
-    server: IggyServer, caplog: pytest.LogCaptureFixture
-) -> None:
+async def leave_a_ghost(server: IggyServer) -> None:
+    """Make ``orders`` (five records in each partition, group ``g``'s offset
+    ``1 + p`` committed in partition ``p``), let a bare client join group ``g``
+    and hold every partition, then SIGKILL the server and start it again."""
     log = open_log(server)
     try:
         await log.create_topic("orders", PARTITIONS)
@@ -116,11 +106,16 @@ async def test_a_member_the_server_kept_after_a_kill_is_cleared_and_offsets_are_
         await ghost.join_consumer_group("ghosts", "orders", "g")
     finally:
         await log.close()
-
     await asyncio.to_thread(server.kill)
     await asyncio.to_thread(server.start)
+
+
+async def test_a_member_the_server_kept_after_a_kill_is_cleared_and_offsets_are_kept(
+    iggy_server: IggyServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    await leave_a_ghost(iggy_server)
     caplog.set_level(logging.INFO, logger="wakuwaku")
-    log = open_log(server)
+    log = open_log(iggy_server)
     try:
         kept = await seen(log)
         assert kept.ghosts == 1, kept
@@ -158,25 +153,13 @@ async def test_a_member_the_server_kept_after_a_kill_is_cleared_and_offsets_are_
 
 
 async def test_two_processes_clear_a_ghost_once_and_share_the_partitions(
-    server: IggyServer, caplog: pytest.LogCaptureFixture
+    iggy_server: IggyServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two logs (two processes, as the server sees them: sessions of their own)
     find the same ghost: the group is deleted once, both join again."""
-    log = open_log(server)
-    try:
-        await log.create_topic("orders", PARTITIONS)
-        for p in range(PARTITIONS):
-            await log.append("orders", p, [({}, b"r")])
-        ghost = IggyClient.from_connection_string(server.url)
-        await ghost.connect()
-        await ghost.create_consumer_group("ghosts", "orders", "g")
-        await ghost.join_consumer_group("ghosts", "orders", "g")
-    finally:
-        await log.close()
-    await asyncio.to_thread(server.kill)
-    await asyncio.to_thread(server.start)
+    await leave_a_ghost(iggy_server)
     caplog.set_level(logging.INFO, logger="wakuwaku")
-    a, b = open_log(server), open_log(server)
+    a, b = open_log(iggy_server), open_log(iggy_server)
     try:
 
         async def shared() -> bool:
@@ -198,14 +181,14 @@ async def test_two_processes_clear_a_ghost_once_and_share_the_partitions(
 
 
 async def test_a_user_who_may_not_list_clients_is_told_ghosts_go_unseen(
-    server: IggyServer, bare: IggyClient, caplog: pytest.LogCaptureFixture
+    iggy_server: IggyServer, bare: IggyClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     user = f"u{uuid.uuid4().hex[:8]}"
     await bare.create_user(
         user, "secret-pw", permissions=Permissions(GlobalPermissions(manage_streams=True))
     )
     caplog.set_level(logging.WARNING, logger="wakuwaku")
-    log = open_log(server, user, "secret-pw")
+    log = open_log(iggy_server, user, "secret-pw")
     try:
         await log.create_topic("orders", PARTITIONS)
         assert await held(log, "m") == set(range(PARTITIONS))

@@ -12,8 +12,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from apache_iggy import IggyClient
@@ -28,16 +26,6 @@ from ..iggy_support import IGGY_ADDRESS, iggy_log
 pytestmark = pytest.mark.iggy
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[IggyServer]:
-    started = IggyServer(tmp_path)
-    started.start()
-    try:
-        yield started
-    finally:
-        started.close()
-
-
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
@@ -46,34 +34,36 @@ def server(tmp_path: Path) -> Iterator[IggyServer]:
     "tests (3 crashes; suspected: a ping cancelled by its bound inside the Iggy client)",
 )
 async def test_an_idle_log_answers_its_first_call_after_a_server_restart(
-    server: IggyServer, monkeypatch: pytest.MonkeyPatch
+    iggy_server: IggyServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An idle connection a restart left broken failed the next call
     ("Disconnected") however long the server had been back: the flights
     demo's producer and its dead-letter listing stopped on it. A connection
     idle for a while should be replaced first."""
-    log = IggyLog(
-        f"127.0.0.1:{server.port}", username="iggy", password="iggy", stream="idle", timeout=5.0
-    )
+    log = _idle_log(iggy_server)
     try:
         await log.create_topic("orders", 1)
         assert await log.append("orders", 0, [({"wk-key": b"k"}, b"a")]) == [0]
-        await asyncio.to_thread(server.kill)
-        await asyncio.to_thread(server.start)
-        await _until_it_takes_logins(server)
+        await asyncio.to_thread(iggy_server.kill)
+        await asyncio.to_thread(iggy_server.start)
+        await _until_it_takes_logins(iggy_server)
         assert [t.name for t in await log.list_topics()] == ["orders"]
         assert await log.append("orders", 0, [({"wk-key": b"k"}, b"b")]) == [1]
     finally:
         await log.close()
 
 
+def _idle_log(server: IggyServer) -> IggyLog:
+    return IggyLog(
+        f"127.0.0.1:{server.port}", username="iggy", password="iggy", stream="idle", timeout=5.0
+    )
+
+
 async def _until_it_takes_logins(server: IggyServer) -> None:
     """Wait until a new connection logs in (a server listens before it does)."""
     deadline = time.monotonic() + 60.0
     while True:
-        probe = IggyLog(
-            f"127.0.0.1:{server.port}", username="iggy", password="iggy", stream="idle", timeout=5.0
-        )
+        probe = _idle_log(server)
         try:
             await probe.list_topics()
             return
