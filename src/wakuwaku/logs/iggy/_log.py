@@ -270,11 +270,15 @@ class IggyLog(Log):
 
         ``derived_from`` (or a derived name, ``wk-retry.`` / ``wk-dlq.`` /
         ``wk-replayed.``) gives the topic :data:`HEADER_ROOM` more bytes per
-        record in this instance.
+        record in this instance. Returns once every partition serves its own
+        records: a topic just made may for a moment be answered from a deleted
+        topic whose ids the server reused (:meth:`._messages.Messages.settle`).
 
         :raises ConfigError: for a bad name (over 255 bytes of UTF-8 too) or
             a count outside 1..1000 (Iggy's limit).
         :raises PartitionCountMismatch: when the topic exists with another count.
+        :raises LogUnavailableError: when the server does not answer, or still
+            serves a deleted topic's records after the call bound.
         """
         check_name(topic)
         if (
@@ -291,6 +295,7 @@ class IggyLog(Log):
         existing = await self._server.create_topic(topic, partitions)
         if existing != partitions:
             raise PartitionCountMismatch(topic, existing, partitions)
+        await self._messages.settle(topic)
         return TopicInfo(topic, partitions)
 
     async def describe_topic(self, topic: str) -> TopicInfo:
