@@ -212,6 +212,32 @@ async def test_a_member_checks_its_assignment_before_each_write(log: IggyLog) ->
         await other.close()
 
 
+async def test_a_commit_of_a_moved_partition_is_refused_by_the_server(log: IggyLog) -> None:
+    """A commit of the member's own partition checks the assignment as last
+    seen (no round trip) and stores the group offset first, which the server
+    refuses from a member that lost the partition: nothing is stored, and the
+    member's ownership state says so at once."""
+    await log.create_topic("orders", 2)
+    for p in (0, 1):
+        await log.append("orders", p, [({"wk-key": b"k"}, b"x")])
+    leases = [await log.acquire_partition("g", "orders", p, "a", ttl=60.0) for p in (0, 1)]
+    other = iggy_log(log.stream)
+    try:
+        taken = [await other.acquire_partition("g", "orders", p, "b", ttl=60.0) for p in (0, 1)]
+        [stale] = [lease for lease, new in zip(leases, taken, strict=True) if new is not None]
+        [kept] = [lease for lease, new in zip(leases, taken, strict=True) if new is None]
+        assert stale is not None and kept is not None
+        assert log.ownership_state(stale) == "owned"  # the periodic sync has not run yet
+        with pytest.raises(FencedError):
+            await log.commit("g", "orders", stale.partition, 1, fence=stale)
+        assert log.ownership_state(stale) == "gone"
+        assert await log.committed("g", "orders", stale.partition) is None
+        await log.commit("g", "orders", kept.partition, 1, fence=kept)
+        assert await log.committed("g", "orders", kept.partition) == 1
+    finally:
+        await other.close()
+
+
 _OPEN_AND_CLOSE = """
 import asyncio, sys
 from wakuwaku import open_log

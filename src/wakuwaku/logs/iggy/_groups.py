@@ -6,7 +6,8 @@ Iggy consumer group ``<group>`` of each topic it reads, over a connection
 of its own (Iggy's group members are sessions), creating the group when
 missing; it asks the server for its assignment (the binary command
 ``SyncConsumerGroup``, code 606, which apache-iggy 0.9.0 does not wrap) every
-:data:`_SYNC_EVERY` seconds and before each fenced write
+:data:`_SYNC_EVERY` seconds and before each fenced write but a commit of
+its own partition, which the server fences itself
 (:meth:`Groups.fence_owner`), and gives each partition it is assigned a
 lease generation of this process. Each change wakes whoever waits in
 :meth:`Groups.changed`. A member's connection that fails is dropped with
@@ -255,14 +256,20 @@ class Groups:
         owner.held.add((topic, partition))
         return Lease(group, topic, partition, member, generation, time.time() + ttl)
 
-    async def fence_owner(self, fence: Lease) -> Member:
-        """The member holding ``fence`` now, asked of the server.
+    async def fence_owner(self, fence: Lease, *, ask: bool = True) -> Member:
+        """The member holding ``fence`` now, asked of the server (one round
+        trip); with ``ask=False``, as last seen (by the periodic sync or an
+        earlier fenced write), for a write the server fences itself.
 
         :raises FencedError: when the server no longer assigns the fence's
             partition to it (or another assignment replaced that one).
         """
         member = self.members.get((fence.group, fence.member))
-        joined = await self._sync(member, fence.topic) if member is not None else None
+        joined = None
+        if member is not None and ask:
+            joined = await self._sync(member, fence.topic)
+        elif member is not None:
+            joined = member.topics.get(fence.topic)
         if (
             member is None
             or joined is None
@@ -270,6 +277,14 @@ class Groups:
         ):
             raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
         return member
+
+    async def refused(self, fence: Lease) -> None:
+        """The server refused a write of ``fence``'s member: take in its
+        assignment now, so its ownership state says so before the next sync."""
+        member = self.members.get((fence.group, fence.member))
+        if member is not None:
+            with contextlib.suppress(LogError):
+                await self._sync(member, fence.topic)
 
     async def owners(self, group: str, topic: str) -> dict[int, Lease]:
         """Who owns each partition of ``topic`` in ``group`` now, from the server

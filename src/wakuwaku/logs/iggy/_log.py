@@ -422,11 +422,12 @@ class IggyLog(Log):
 
         Iggy stores the last record consumed, so ``offset`` N is stored as
         N - 1, as the offset of the Iggy consumer ``<group>``; 0 deletes it.
-        With ``fence``, the member must own the partition
-        now (asked of the server); when the partition is the member's own
-        (not a retry partition of it), the offset also passes the server's
-        consumer-group offset fence, which refuses a member that no longer
-        owns it.
+        With ``fence``, the member must own the partition now: for the
+        member's own partition, the offset is stored first as its Iggy
+        consumer group's, which the server refuses from a member that no
+        longer owns it (the assignment as last seen is checked before, with
+        no round trip); for a retry partition of it, the server is asked
+        first.
 
         :raises ConfigError: as :meth:`Log.commit`, and for an offset past the
             partition's end offset (Iggy stores offsets of records only).
@@ -439,10 +440,21 @@ class IggyLog(Log):
         if fence is not None:
             if fence.group != group:
                 raise FencedError(fence.group, fence.topic, fence.partition, fence.generation)
-            owner = await self._groups.fence_owner(fence)
-            if (fence.topic, fence.partition) != (topic, partition):
-                owner = None  # a retry partition: not in the member's Iggy group
-        await self._offsets.commit(group, topic, partition, offset, owner)
+            # The member's own partition: its group offset goes first and the
+            # server refuses it from a member that lost the partition, so the
+            # assignment as last seen is checked without asking (a round trip
+            # per batch less). A retry partition is outside the member's Iggy
+            # group: the server is asked.
+            own = (fence.topic, fence.partition) == (topic, partition)
+            owner = await self._groups.fence_owner(fence, ask=not own)
+            if not own:
+                owner = None
+        try:
+            await self._offsets.commit(group, topic, partition, offset, owner)
+        except FencedError:
+            if fence is not None:
+                await self._groups.refused(fence)
+            raise
 
     async def _store(
         self, owner: Member | None, kind: int, group: str, topic: str, partition: int, stored: int
