@@ -185,6 +185,32 @@ async def test_a_refused_token_is_a_log_error_that_does_not_show_it() -> None:
     assert SECRET not in str(caught.value)
 
 
+@pytest.mark.iggy
+async def test_a_login_refused_for_want_of_a_password_says_where_one_goes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no password in the URL nor the environment, the server's answer
+    ("Invalid password") alone did not say that none was given."""
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    log = IggyLog.from_url(f"iggy://{IGGY_ADDRESS}?stream={fresh_stream()}")
+    try:
+        with pytest.raises(LogError, match="no password was given") as caught:
+            await log.list_topics()
+    finally:
+        await log.close()
+    assert not isinstance(caught.value, LogUnavailableError)
+    assert PASSWORD_ENV in str(caught.value) and "iggy://user:password@" in str(caught.value)
+    # A password that was given and is wrong is the server's answer alone.
+    wrong = IggyLog.from_url(f"iggy://iggy:wrong@{IGGY_ADDRESS}?stream={fresh_stream()}")
+    try:
+        with pytest.raises(LogError, match="Invalid (password|credentials)") as refused:
+            await wrong.list_topics()
+    finally:
+        await wrong.close()
+    assert "no password was given" not in str(refused.value)
+
+
 # -- TLS on a private server ----------------------------------------------------
 
 

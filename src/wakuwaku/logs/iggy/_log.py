@@ -224,15 +224,23 @@ class IggyLog(Log):
                 ("tls_domain", tls.domain if tls else None, None),
             ],
         )
+        if password is None:
+            password = os.environ.get(PASSWORD_ENV)
         self._server = Server(
             address,
             username or os.environ.get(USERNAME_ENV) or "iggy",
-            password if password is not None else os.environ.get(PASSWORD_ENV, ""),
+            password or "",
             stream,
             timeout,
             self.url,
             token=token,
             tls=tls,
+            login_hint=None
+            if token is not None or password is not None
+            else (
+                "no password was given: name it in the URL (iggy://user:password@host:port) "
+                f"or in the environment's {PASSWORD_ENV}, or give a token"
+            ),
         )
         self._messages = Messages(self._server)
         self._groups = Groups(self._server)

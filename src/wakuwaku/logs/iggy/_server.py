@@ -125,6 +125,8 @@ class Server:
     :param token: a personal access token, which logs in instead of the
         user and password (never printed).
     :param tls: TLS on every connection (plain TCP when None).
+    :param login_hint: said after the server's answer when it refuses the
+        login (where the missing credentials would come from).
     """
 
     def __init__(
@@ -138,8 +140,10 @@ class Server:
         *,
         token: str | None = None,
         tls: TLS | None = None,
+        login_hint: str | None = None,
     ) -> None:
         self.address = address
+        self.login_hint = login_hint
         self.username = username
         self.password = password
         self.token = token
@@ -181,7 +185,14 @@ class Server:
         """A new connection, logged in (the log's own, or a group member's)."""
         client = IggyClient(self._config())
         self._made_clients = True
-        await self.bounded("connect", client.connect)
+        try:
+            await self.bounded("connect", client.connect)
+        except LogUnavailableError:
+            raise
+        except LogError as exc:
+            if self.login_hint is None:
+                raise
+            raise LogError(f"{exc}; {self.login_hint}") from exc
         return client
 
     async def _admin(self) -> IggyClient:
