@@ -204,7 +204,7 @@ async def test_a_login_refused_for_want_of_a_password_says_where_one_goes(
     # A password that was given and is wrong is the server's answer alone.
     wrong = IggyLog.from_url(f"iggy://iggy:wrong@{IGGY_ADDRESS}?stream={fresh_stream()}")
     try:
-        with pytest.raises(LogError, match="Invalid (password|credentials)") as refused:
+        with pytest.raises(LogError, match=r"Invalid (password|credentials)") as refused:
             await wrong.list_topics()
     finally:
         await wrong.close()

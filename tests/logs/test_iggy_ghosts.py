@@ -25,11 +25,9 @@ from apache_iggy import GlobalPermissions, IggyClient, Permissions
 
 from wakuwaku import LogUnavailableError
 from wakuwaku.logs.iggy import IggyLog
-from wakuwaku.logs.iggy._ghosts import Sighting
+from wakuwaku.logs.iggy._ghosts import Sighting, _not_ours
 
 from ..faults.servers import IggyServer
-
-pytestmark = [pytest.mark.iggy, pytest.mark.slow]
 
 PARTITIONS = 4
 DEADLINE = 30.0  # seconds for each observed step
@@ -110,6 +108,8 @@ async def leave_a_ghost(server: IggyServer) -> None:
     await asyncio.to_thread(server.start)
 
 
+@pytest.mark.iggy
+@pytest.mark.slow
 async def test_a_member_the_server_kept_after_a_kill_is_cleared_and_offsets_are_kept(
     iggy_server: IggyServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -152,6 +152,8 @@ async def test_a_member_the_server_kept_after_a_kill_is_cleared_and_offsets_are_
     assert f"#{ghost_id} holding partitions" in text and "'g'" in text and "'orders'" in text
 
 
+@pytest.mark.iggy
+@pytest.mark.slow
 async def test_two_processes_clear_a_ghost_once_and_share_the_partitions(
     iggy_server: IggyServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -180,6 +182,8 @@ async def test_two_processes_clear_a_ghost_once_and_share_the_partitions(
     assert len(deleted) == 1, [r.getMessage() for r in caplog.records]
 
 
+@pytest.mark.iggy
+@pytest.mark.slow
 async def test_a_user_who_may_not_list_clients_is_told_ghosts_go_unseen(
     iggy_server: IggyServer, bare: IggyClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -202,3 +206,27 @@ async def test_a_user_who_may_not_list_clients_is_told_ghosts_go_unseen(
     said = [r for r in caplog.records if "read_servers" in r.getMessage()]
     assert len(said) == 1, "said once per group and topic"
     assert (said[0].group, said[0].topic) == ("g", "orders")  # type: ignore[attr-defined]
+
+
+def test_members_holding_no_partition_are_counted_as_ours_as_far_as_can_be_told() -> None:
+    """Members are told apart by their partitions; one of this process holding
+    none was named among the others (the count said "among its members not
+    of this process" with this process's own member in it)."""
+    mine_idle = [frozenset[int]()]
+    named, text = _not_ours(Sighting(7, {1: (0, 1, 2, 3), 2: ()}, ghosts=1), mine_idle)
+    assert named == {1: [0, 1, 2, 3]}
+    assert text == "they are its members #1 holding partitions [0, 1, 2, 3]"
+
+    named, text = _not_ours(Sighting(7, {1: (), 2: ()}, ghosts=1), mine_idle)
+    assert named == {}
+    assert text == (
+        "they are its members 1 of the members holding no partition "
+        "(#1, #2; the others are this process's)"
+    )
+
+    named, text = _not_ours(Sighting(7, {1: (), 2: (0,), 3: (1,)}, ghosts=1), [frozenset({1})])
+    assert named == {2: [0], 1: []}
+    assert text == (
+        "they are among its members not of this process: #2 holding partitions [0], "
+        "#1 holding no partition"
+    )

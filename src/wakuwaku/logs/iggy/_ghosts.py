@@ -130,6 +130,37 @@ def _shape(found: ConsumerGroupDetails) -> dict[int, tuple[int, ...]]:
     return {int(m.id): tuple(sorted(int(p) for p in m.partitions)) for m in found.members}
 
 
+def _not_ours(
+    sighting: Sighting, ours: Collection[frozenset[int]]
+) -> tuple[dict[int, list[int]], str]:
+    """The members of a sighting that are not this instance's, and what to say of them.
+
+    Members are told apart by their partitions only: one holding what a
+    member of this instance holds is that member. Members holding no
+    partition cannot be told apart, so as many of them as this instance has
+    such members are counted as its own, without naming which.
+
+    :returns: the members not of this instance that can be named (member id
+        -> partitions), and the words naming the ghosts among them.
+    """
+    idle = [m for m, p in sighting.members.items() if not p]
+    named = {m: list(p) for m, p in sighting.members.items() if p and frozenset(p) not in ours}
+    unnamed = max(0, len(idle) - sum(1 for p in ours if not p))
+    parts = [f"#{m} holding partitions {p}" for m, p in named.items()]
+    if unnamed == len(idle):
+        named.update({m: [] for m in idle})
+        parts += [f"#{m} holding no partition" for m in idle]
+    elif unnamed:
+        ids = ", ".join(f"#{m}" for m in idle)
+        parts.append(
+            f"{unnamed} of the members holding no partition ({ids}; the others are this process's)"
+        )
+    text = ", ".join(parts)
+    if len(named) + (unnamed if unnamed < len(idle) else 0) == sighting.ghosts:
+        return named, f"they are its members {text}"
+    return named, f"they are among its members not of this process: {text}"
+
+
 class Ghosts:
     """The ghost checks of this instance's Iggy consumer groups (see the module)."""
 
@@ -255,20 +286,12 @@ class Ghosts:
     ) -> bool:
         """Delete the group by its id and make it again; log what was done or why not."""
         server, stream = self._server, self._server.stream
-        others = {
-            m: list(p) for m, p in sighting.members.items() if not p or frozenset(p) not in ours
-        }
-        text = ", ".join(f"#{m} holding partitions {p}" for m, p in others.items())
+        others, text = _not_ours(sighting, ours)
         seen = (
             f"Iggy consumer group {group!r} on topic {topic!r} (stream {stream!r}): "
             f"{sighting.ghosts} of its {len(sighting.members)} members are no connected "
             "client (members the server kept from before it was killed or lost power; "
-            "nobody consumes their partitions); "
-            + (
-                f"they are its members {text}"
-                if len(others) == sighting.ghosts
-                else f"they are among its members not of this process: {text}"
-            )
+            "nobody consumes their partitions); " + text
         )
         extra = {
             "group": group,
