@@ -14,7 +14,7 @@ import wakuwaku as wk
 from wakuwaku._records import H_AT, H_DUE, H_MARKER
 from wakuwaku.admin import Status, consumer_status, pause
 from wakuwaku.cli import ExitCode, main
-from wakuwaku.cli._status import when
+from wakuwaku.cli._status import render_status, when
 from wakuwaku.engine._retry import MARKER_ATTEMPT_FAILED
 from wakuwaku.logs.sqlite import SQLiteLog
 from wakuwaku.testing import FakeClock
@@ -47,6 +47,22 @@ async def test_status_reports_the_quarantined_key_exactly_as_the_consumer_holds_
     assert status.partitions[p].retry_pending == 3 and status.partitions[p].quarantined == 1
     assert status.lag == 0
     assert status.dead_letters == {}
+
+
+async def test_status_names_the_member_running_each_partition() -> None:
+    """An operator asked which member runs a partition: ``status`` has an
+    owner column (a member whose lease lapsed runs nothing)."""
+    log = wk.MemoryLog()
+    await quarantine(log)
+    await log.acquire_partition(GROUP, TOPIC, 0, "worker-7", ttl=60.0)
+    await log.acquire_partition(GROUP, TOPIC, 1, "lapsed", ttl=0.001)
+    await asyncio.sleep(0.01)
+    status = await consumer_status(log, TOPIC, GROUP, retry_delays=DELAYS)
+    assert [p.owner for p in status.partitions] == ["worker-7", None]
+    lines = render_status(status, T0)
+    assert lines[2].endswith("  owner")
+    assert lines[3].endswith("  worker-7") and lines[4].endswith("  -")
+    assert status.as_dict()["partitions"][0]["owner"] == "worker-7"
 
 
 async def test_status_follows_failed_attempts_and_lag() -> None:

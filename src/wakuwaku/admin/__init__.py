@@ -47,6 +47,7 @@ from .offsets import ResetPosition as ResetPosition
 from .offsets import ResetTarget as ResetTarget
 from .offsets import RunningMember as RunningMember
 from .offsets import apply_offset_reset as apply_offset_reset
+from .offsets import committed_groups as committed_groups
 from .offsets import offset_at_time as offset_at_time
 from .offsets import plan_offset_reset as plan_offset_reset
 from .offsets import reset_offsets as reset_offsets
@@ -57,7 +58,6 @@ from .purge import purged_offsets as purged_offsets
 from .status import PartitionStatus as PartitionStatus
 from .status import QuarantinedKey as QuarantinedKey
 from .status import Status as Status
-from .status import committed_groups as committed_groups
 from .status import consumer_status as consumer_status
 
 __all__ = (

@@ -49,7 +49,6 @@ from .._records import Record
 from ..engine import AssignmentLog
 from ..logs import Log, Page
 from .dead_letters import _partitions_or_none, resolve_group_topics
-from .status import committed_groups
 
 __all__ = (
     "OffsetResetPlan",
@@ -58,6 +57,7 @@ __all__ = (
     "ResetTarget",
     "RunningMember",
     "apply_offset_reset",
+    "committed_groups",
     "offset_at_time",
     "plan_offset_reset",
     "reset_offsets",
@@ -240,6 +240,13 @@ def _describe_target(to: ResetTarget) -> str:
     if isinstance(to, datetime.datetime):
         return to.isoformat()
     return f"offset {to}"
+
+
+async def committed_groups(log: Log, topic: str) -> tuple[str, ...] | None:
+    """The groups with a committed offset on ``topic``, sorted; None when the
+    log cannot list them (listing is not part of the :class:`Log` contract)."""
+    offsets = await log.group_offsets(topic)
+    return None if offsets is None else tuple(sorted(offsets))
 
 
 async def running_members(log: Log, group: str, topic: str) -> tuple[RunningMember, ...] | None:

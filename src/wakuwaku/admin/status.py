@@ -29,12 +29,12 @@ from ..engine import (
 from ..logs import Log
 from .control import pauses as read_pauses
 from .dead_letters import _dead_letter_counts, _partitions_or_none, resolve_group_topics
+from .offsets import committed_groups, running_members
 
 __all__ = (
     "PartitionStatus",
     "QuarantinedKey",
     "Status",
-    "committed_groups",
     "consumer_status",
 )
 
@@ -54,6 +54,9 @@ class PartitionStatus:
     :param quarantined: quarantined keys of the partition.
     :param retry_committed: the group's committed offset in the retry
         partition (its lowest pending record), None when never committed.
+    :param owner: the member of the group running the partition now
+        (:func:`~wakuwaku.admin.running_members`); None when none is, or the
+        log cannot tell.
     """
 
     partition: int
@@ -64,6 +67,7 @@ class PartitionStatus:
     retry_pending: int = 0
     quarantined: int = 0
     retry_committed: int | None = None
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,7 @@ class Status:
                     "retry_pending": p.retry_pending,
                     "quarantined": p.quarantined,
                     "retry_committed": p.retry_committed,
+                    "owner": p.owner,
                 }
                 for p in self.partitions
             ],
@@ -223,6 +228,11 @@ async def consumer_status(
     ends = await log.end_offsets(main)
     retry = names.retry
     has_retry = await _partitions_or_none(log, retry) is not None
+    owners = {
+        p: member.member
+        for member in await running_members(log, group, main) or ()
+        for p in member.partitions
+    }
     problems: list[str] = []
     rows: list[PartitionStatus] = []
     quarantined: list[QuarantinedKey] = []
@@ -247,7 +257,11 @@ async def consumer_status(
                     f"{retry} partition {p}: {counted(state.foreign, 'record')} of other consumer "
                     "groups, skipped (two groups were configured with one retry topic)"
                 )
-        rows.append(PartitionStatus(p, start, end, committed, lag, pending, keys, retry_committed))
+        rows.append(
+            PartitionStatus(
+                p, start, end, committed, lag, pending, keys, retry_committed, owners.get(p)
+            )
+        )
     quarantined.sort(key=lambda q: (q.next_attempt_at, q.partition, q.key))
     dead, replayed, purged = await _dead_letter_counts(log, names)
     paused = [p for p in await read_pauses(log, group, namespace) if p.topic == main]
@@ -265,10 +279,3 @@ async def consumer_status(
         purged,
         tuple(paused),
     )
-
-
-async def committed_groups(log: Log, topic: str) -> tuple[str, ...] | None:
-    """The groups with a committed offset on ``topic``, sorted; None when the
-    log cannot list them (listing is not part of the :class:`Log` contract)."""
-    offsets = await log.group_offsets(topic)
-    return None if offsets is None else tuple(sorted(offsets))

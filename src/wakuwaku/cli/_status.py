@@ -204,13 +204,14 @@ def render_status(status: Status, now: float) -> list[str]:
         )
     lines.append(
         f"{'partition':>9}  {'end':>10}  {'committed':>10}  {'lag':>8}  "
-        f"{'backlog':>8}  {'quarantined':>11}"
+        f"{'backlog':>8}  {'quarantined':>11}  owner"
     )
     for p in status.partitions:
         committed = "-" if p.committed is None else str(p.committed)
+        owner = "-" if p.owner is None else printable(p.owner, 60)
         lines.append(
             f"{p.partition:>9}  {p.end_offset:>10}  {committed:>10}  {p.lag:>8}  "
-            f"{p.retry_pending:>8}  {p.quarantined:>11}"
+            f"{p.retry_pending:>8}  {p.quarantined:>11}  {owner}"
         )
     lines.append(f"lag: {counted(status.lag, 'record')}")
     lines.append(f"retry backlog: {counted(status.backlog, 'record')} pending")
