@@ -195,9 +195,10 @@ def count_iggy_syncs(log: Log, traffic: Traffic) -> None:
         finally:
             traffic.seconds["iggy sync"] += time.perf_counter() - started
 
-    async def fence_counted(fence: Lease) -> Any:
-        traffic.calls["iggy sync before a write"] += 1
-        return await fence_owner(fence)
+    async def fence_counted(fence: Lease, *, ask: bool = True) -> Any:
+        if ask:
+            traffic.calls["iggy sync before a write"] += 1
+        return await fence_owner(fence, ask=ask)
 
     groups._sync = sync_counted  # type: ignore[method-assign]
     groups.fence_owner = fence_counted  # type: ignore[method-assign]

@@ -16,6 +16,7 @@ from wakuwaku.admin import Status, consumer_status, pause
 from wakuwaku.cli import ExitCode, main
 from wakuwaku.cli._status import render_status, when
 from wakuwaku.engine._retry import MARKER_ATTEMPT_FAILED
+from wakuwaku.logs import Lease
 from wakuwaku.logs.sqlite import SQLiteLog
 from wakuwaku.testing import FakeClock
 
@@ -63,6 +64,21 @@ async def test_status_names_the_member_running_each_partition() -> None:
     assert lines[2].endswith("  owner")
     assert lines[3].endswith("  worker-7") and lines[4].endswith("  -")
     assert status.as_dict()["partitions"][0]["owner"] == "worker-7"
+
+
+async def test_status_without_the_right_to_list_members_shows_no_owner() -> None:
+    """A log that refuses to say who runs the partitions (a user without the
+    right to describe the group) still gives the rest of the status."""
+
+    class Refusing(wk.MemoryLog):
+        async def partition_owners(self, group: str, topic: str) -> dict[int, Lease]:
+            raise wk.LogError("not authorized to describe group")
+
+    log = Refusing()
+    await quarantine(log)
+    status = await consumer_status(log, TOPIC, GROUP, retry_delays=DELAYS)
+    assert [p.owner for p in status.partitions] == [None, None]
+    assert status.backlog == 3
 
 
 async def test_status_follows_failed_attempts_and_lag() -> None:

@@ -19,6 +19,7 @@ from wakuwaku.logs.iggy import (
     MAX_PAYLOAD,
     PASSWORD_ENV,
     IggyLog,
+    _groups,
     iggy_partition,
 )
 
@@ -183,14 +184,25 @@ class _Tick(msgspec.Struct, frozen=True):
     n: int = 0
 
 
+@pytest.fixture
+def no_periodic_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members ask for their assignment once when they join, then not for a
+    minute: a test sees what a write finds out by itself (a sync every
+    0.5 s could run between another member's join and the write)."""
+    monkeypatch.setattr(_groups, "_SYNC_EVERY", 60.0)
+
+
+@pytest.mark.usefixtures("no_periodic_sync")
 async def test_a_member_checks_its_assignment_before_each_write(log: IggyLog) -> None:
     """When another member joins, the server moves partitions at once; the old
-    owner's next fenced append and commit of a moved partition are refused
-    before anything is sent, without waiting for its periodic sync."""
+    owner's next fenced commit of a retry partition, append and commit of a
+    moved partition are refused before anything is sent, without waiting
+    for its periodic sync."""
     await log.create_topic("orders", 2)
     await log.create_topic("wk-retry.g.orders", 2)
-    await log.append("orders", 0, [({"wk-key": b"k"}, b"x")])
-    await log.append("orders", 1, [({"wk-key": b"k"}, b"x")])
+    for p in (0, 1):
+        await log.append("orders", p, [({"wk-key": b"k"}, b"x")])
+        await log.append("wk-retry.g.orders", p, [({"wk-key": b"k"}, b"w")])
     leases = [await log.acquire_partition("g", "orders", p, "a", ttl=60.0) for p in (0, 1)]
     assert all(lease is not None for lease in leases)
     other = iggy_log(log.stream)
@@ -201,25 +213,34 @@ async def test_a_member_checks_its_assignment_before_each_write(log: IggyLog) ->
         [stale] = moved
         assert stale is not None
         assert log.ownership_state(stale) == "owned"  # the periodic sync has not run yet
+        with pytest.raises(FencedError):  # a retry partition: outside the server's fence
+            await log.commit("g", "wk-retry.g.orders", stale.partition, 1, fence=stale)
+        assert log.ownership_state(stale) == "gone"
         with pytest.raises(FencedError):
             await log.append("wk-retry.g.orders", stale.partition, [({}, b"late")], fence=stale)
         with pytest.raises(FencedError):
             await log.commit("g", "orders", stale.partition, 1, fence=stale)
-        assert log.ownership_state(stale) == "gone"
-        assert await log.end_offsets("wk-retry.g.orders") == {0: 0, 1: 0}
+        assert await log.end_offsets("wk-retry.g.orders") == {0: 1, 1: 1}
+        assert await log.committed("g", "wk-retry.g.orders", stale.partition) is None
         assert await log.committed("g", "orders", stale.partition) is None
     finally:
         await other.close()
 
 
-async def test_a_commit_of_a_moved_partition_is_refused_by_the_server(log: IggyLog) -> None:
+@pytest.mark.usefixtures("no_periodic_sync")
+@pytest.mark.parametrize("offset", [1, 0])
+async def test_a_commit_of_a_moved_partition_is_refused_by_the_server(
+    log: IggyLog, offset: int
+) -> None:
     """A commit of the member's own partition checks the assignment as last
     seen (no round trip) and stores the group offset first, which the server
     refuses from a member that lost the partition: nothing is stored, and the
-    member's ownership state says so at once."""
+    member's ownership state says so at once. Offset 0 deletes the stored
+    offset, which has no group offset to refuse: it asks first."""
     await log.create_topic("orders", 2)
     for p in (0, 1):
         await log.append("orders", p, [({"wk-key": b"k"}, b"x")])
+        await log.commit("g", "orders", p, 1)
     leases = [await log.acquire_partition("g", "orders", p, "a", ttl=60.0) for p in (0, 1)]
     other = iggy_log(log.stream)
     try:
@@ -228,12 +249,14 @@ async def test_a_commit_of_a_moved_partition_is_refused_by_the_server(log: IggyL
         [kept] = [lease for lease, new in zip(leases, taken, strict=True) if new is None]
         assert stale is not None and kept is not None
         assert log.ownership_state(stale) == "owned"  # the periodic sync has not run yet
+        await log.append("orders", stale.partition, [({"wk-key": b"k"}, b"y")])
         with pytest.raises(FencedError):
-            await log.commit("g", "orders", stale.partition, 1, fence=stale)
+            await log.commit("g", "orders", stale.partition, 2 * offset, fence=stale)
         assert log.ownership_state(stale) == "gone"
-        assert await log.committed("g", "orders", stale.partition) is None
-        await log.commit("g", "orders", kept.partition, 1, fence=kept)
-        assert await log.committed("g", "orders", kept.partition) == 1
+        assert await log.committed("g", "orders", stale.partition) == 1, "stored nothing"
+        await log.append("orders", kept.partition, [({"wk-key": b"k"}, b"y")])
+        await log.commit("g", "orders", kept.partition, 2 * offset, fence=kept)
+        assert await log.committed("g", "orders", kept.partition) == (2 * offset or None)
     finally:
         await other.close()
 

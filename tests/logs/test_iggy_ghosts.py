@@ -215,18 +215,21 @@ def test_members_holding_no_partition_are_counted_as_ours_as_far_as_can_be_told(
     mine_idle = [frozenset[int]()]
     named, text = _not_ours(Sighting(7, {1: (0, 1, 2, 3), 2: ()}, ghosts=1), mine_idle)
     assert named == {1: [0, 1, 2, 3]}
-    assert text == "they are its members #1 holding partitions [0, 1, 2, 3]"
+    assert text == "they are member #1 holding partitions [0, 1, 2, 3]"
 
     named, text = _not_ours(Sighting(7, {1: (), 2: ()}, ghosts=1), mine_idle)
     assert named == {}
     assert text == (
-        "they are its members 1 of the members holding no partition "
-        "(#1, #2; the others are this process's)"
+        "they are 1 of the members holding no partition (#1, #2; the others are this process's)"
     )
 
     named, text = _not_ours(Sighting(7, {1: (), 2: (0,), 3: (1,)}, ghosts=1), [frozenset({1})])
     assert named == {2: [0], 1: []}
     assert text == (
-        "they are among its members not of this process: #2 holding partitions [0], "
-        "#1 holding no partition"
+        "they are among its members not of this process: member #2 holding partitions [0], "
+        "member #1 holding no partition"
     )
+
+    named, text = _not_ours(Sighting(7, {1: (0,)}, ghosts=1), [frozenset({0})])
+    assert named == {}
+    assert text.startswith("which ones cannot be told")

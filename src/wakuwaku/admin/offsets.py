@@ -23,8 +23,8 @@ log: a lease not yet expired (memory, SQLite, Redis, NATS), or a member the
 group coordinator lists (Kafka, Iggy).
 
 May call: the log, the engine's public names, :mod:`.dead_letters` (naming
-the main topic when a group's retry or dead-letter topic is given) and
-:mod:`.status` (the groups that committed on a topic).
+the main topic when a group's retry or dead-letter topic is given). Also
+home of :func:`committed_groups` (the groups that committed on a topic).
 """
 
 from __future__ import annotations

@@ -9,16 +9,19 @@ consumer never disagree about a retry record; the pauses are folded from
 the group's control topic as its consumers fold them (:mod:`.control`).
 
 May call: the log, the engine's public names, :mod:`.dead_letters` (the
-dead-letter counts), :mod:`.control` (the pauses).
+dead-letter counts), :mod:`.control` (the pauses), :mod:`.offsets` (the
+groups that committed, the members running each partition).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._control import Pause
+from .._errors import LogError, LogUnavailableError
 from .._text import counted, shown_key
 from ..engine import (
     DEFAULT_RETRY_DELAYS,
@@ -30,6 +33,8 @@ from ..logs import Log
 from .control import pauses as read_pauses
 from .dead_letters import _dead_letter_counts, _partitions_or_none, resolve_group_topics
 from .offsets import committed_groups, running_members
+
+logger = logging.getLogger("wakuwaku.admin")
 
 __all__ = (
     "PartitionStatus",
@@ -228,11 +233,7 @@ async def consumer_status(
     ends = await log.end_offsets(main)
     retry = names.retry
     has_retry = await _partitions_or_none(log, retry) is not None
-    owners = {
-        p: member.member
-        for member in await running_members(log, group, main) or ()
-        for p in member.partitions
-    }
+    owners = await _owners(log, group, main)
     problems: list[str] = []
     rows: list[PartitionStatus] = []
     quarantined: list[QuarantinedKey] = []
@@ -279,3 +280,17 @@ async def consumer_status(
         purged,
         tuple(paused),
     )
+
+
+async def _owners(log: Log, group: str, topic: str) -> dict[int, str]:
+    """Partition -> the member running it now; empty when the log cannot tell
+    or refuses to say (a user without the right to describe the group: the
+    rest of the status does not need it, and an owner then shows ``-``)."""
+    try:
+        running = await running_members(log, group, topic)
+    except LogUnavailableError:
+        raise
+    except LogError as exc:
+        logger.debug("status of %r on %r: members not read: %s", group, topic, exc)
+        return {}
+    return {p: member.member for member in running or () for p in member.partitions}

@@ -141,23 +141,29 @@ def _not_ours(
     such members are counted as its own, without naming which.
 
     :returns: the members not of this instance that can be named (member id
-        -> partitions), and the words naming the ghosts among them.
+        -> partitions; members holding no partition are left out when some
+        of them are this instance's), and the words naming the ghosts.
     """
     idle = [m for m, p in sighting.members.items() if not p]
     named = {m: list(p) for m, p in sighting.members.items() if p and frozenset(p) not in ours}
     unnamed = max(0, len(idle) - sum(1 for p in ours if not p))
-    parts = [f"#{m} holding partitions {p}" for m, p in named.items()]
+    parts = [f"member #{m} holding partitions {p}" for m, p in named.items()]
     if unnamed == len(idle):
         named.update({m: [] for m in idle})
-        parts += [f"#{m} holding no partition" for m in idle]
+        parts += [f"member #{m} holding no partition" for m in idle]
     elif unnamed:
         ids = ", ".join(f"#{m}" for m in idle)
         parts.append(
             f"{unnamed} of the members holding no partition ({ids}; the others are this process's)"
         )
+    if not parts:
+        return named, (
+            "which ones cannot be told: every member listed holds what a member of this "
+            "process holds"
+        )
     text = ", ".join(parts)
     if len(named) + (unnamed if unnamed < len(idle) else 0) == sighting.ghosts:
-        return named, f"they are its members {text}"
+        return named, f"they are {text}"
     return named, f"they are among its members not of this process: {text}"
 
 

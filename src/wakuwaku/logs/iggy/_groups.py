@@ -7,7 +7,7 @@ of its own (Iggy's group members are sessions), creating the group when
 missing; it asks the server for its assignment (the binary command
 ``SyncConsumerGroup``, code 606, which apache-iggy 0.9.0 does not wrap) every
 :data:`_SYNC_EVERY` seconds and before each fenced write but a commit of
-its own partition, which the server fences itself
+its own partition past offset 0, which the server fences itself
 (:meth:`Groups.fence_owner`), and gives each partition it is assigned a
 lease generation of this process. Each change wakes whoever waits in
 :meth:`Groups.changed`. A member's connection that fails is dropped with

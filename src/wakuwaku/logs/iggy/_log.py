@@ -164,19 +164,21 @@ class IggyLog(Log):
     leaves, and when a member's connection closes (a member that stops
     answering pings loses its partitions after the server's heartbeat
     window, 36 s by default). Each member asks for its assignment every
-    0.5 s and before each fenced write. Members a killed server kept in a
-    group (sessions with no connection, whose partitions nobody would
-    consume) are found and cleared by deleting the group and creating it
-    again, which keeps its committed offsets; every live member joins again
-    (``docs/logs.md``, "Outages"; finding them needs Iggy's
-    ``read_servers`` permission).
+    0.5 s and before each fenced append and each fenced commit but one of
+    its own partition's offset past 0, which the server fences itself.
+    Members a killed server kept in a group (sessions with no connection,
+    whose partitions nobody would consume) are found and cleared by
+    deleting the group and creating it again, which keeps its committed
+    offsets; every live member joins again (``docs/logs.md``, "Outages";
+    finding them needs Iggy's ``read_servers`` permission).
 
     What a member that lost a partition can still write (Iggy has no
-    transactions and no conditional append): an append or commit that began
-    its ownership check before the server moved the partition (one round
-    trip and the write itself); its commits of the partition it owned are
-    refused by the server (the consumer-group offset fence), its appends
-    to retry and dead-letter topics are not.
+    transactions and no conditional append): an append, or a commit the
+    server does not fence, that began its ownership check before the server
+    moved the partition (one round trip and the write itself); its commits
+    of the partition it owned (past 0) are refused by the server (the
+    consumer-group offset fence), its appends to retry and dead-letter
+    topics are not.
 
     :raises ConfigError: for a bad address, stream name or timeout, an empty
         token, a token given with a user name or password (or both set in
@@ -236,7 +238,7 @@ class IggyLog(Log):
             token=token,
             tls=tls,
             login_hint=None
-            if token is not None or password is not None
+            if token is not None or password
             else (
                 "no password was given: name it in the URL (iggy://user:password@host:port) "
                 f"or in the environment's {PASSWORD_ENV}, or give a token"
@@ -278,15 +280,18 @@ class IggyLog(Log):
 
         ``derived_from`` (or a derived name, ``wk-retry.`` / ``wk-dlq.`` /
         ``wk-replayed.``) gives the topic :data:`HEADER_ROOM` more bytes per
-        record in this instance. Returns once every partition serves its own
-        records: a topic just made may for a moment be answered from a deleted
-        topic whose ids the server reused (:meth:`._messages.Messages.settle`).
+        record in this instance. A topic this call made is returned once every
+        partition serves its own records: it may for a moment be answered from
+        a deleted topic whose ids the server reused
+        (:meth:`._messages.Messages.settle`).
 
         :raises ConfigError: for a bad name (over 255 bytes of UTF-8 too) or
             a count outside 1..1000 (Iggy's limit).
         :raises PartitionCountMismatch: when the topic exists with another count.
         :raises LogUnavailableError: when the server does not answer, or still
             serves a deleted topic's records after the call bound.
+        :raises UnknownTopicError: when the topic this call made was deleted
+            (by another process) before it settled.
         """
         check_name(topic)
         if (
@@ -300,10 +305,11 @@ class IggyLog(Log):
             )
         if derived_from is not None or _derived(topic):
             self._messages.mark_derived(topic)
-        existing = await self._server.create_topic(topic, partitions)
+        existing, made = await self._server.create_topic(topic, partitions)
         if existing != partitions:
             raise PartitionCountMismatch(topic, existing, partitions)
-        await self._messages.settle(topic)
+        if made:
+            await self._messages.settle(topic)
         return TopicInfo(topic, partitions)
 
     async def describe_topic(self, topic: str) -> TopicInfo:
@@ -434,8 +440,8 @@ class IggyLog(Log):
         member's own partition, the offset is stored first as its Iggy
         consumer group's, which the server refuses from a member that no
         longer owns it (the assignment as last seen is checked before, with
-        no round trip); for a retry partition of it, the server is asked
-        first.
+        no round trip); for a retry partition of it, and for offset 0 (a
+        deletion, which has no group offset), the server is asked first.
 
         :raises ConfigError: as :meth:`Log.commit`, and for an offset past the
             partition's end offset (Iggy stores offsets of records only).
@@ -453,8 +459,10 @@ class IggyLog(Log):
             # assignment as last seen is checked without asking (a round trip
             # per batch less). A retry partition is outside the member's Iggy
             # group: the server is asked.
+            # Offset 0 deletes the stored offset, with no group offset the
+            # server could refuse: asked too.
             own = (fence.topic, fence.partition) == (topic, partition)
-            owner = await self._groups.fence_owner(fence, ask=not own)
+            owner = await self._groups.fence_owner(fence, ask=not own or offset == 0)
             if not own:
                 owner = None
         try:

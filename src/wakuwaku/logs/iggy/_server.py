@@ -190,7 +190,9 @@ class Server:
         except LogUnavailableError:
             raise
         except LogError as exc:
-            if self.login_hint is None:
+            if self.login_hint is None or not any(
+                word in str(exc).lower() for word in ("password", "credentials", "unauthenticated")
+            ):
                 raise
             raise LogError(f"{exc}; {self.login_hint}") from exc
         return client
@@ -319,10 +321,11 @@ class Server:
         """Per partition, the offset one past its last record."""
         return {int(p.id): end_of(p) for p in await self.partition_info(topic)}
 
-    async def create_topic(self, topic: str, partitions: int) -> int:
+    async def create_topic(self, topic: str, partitions: int) -> tuple[int, bool]:
         """Create the Iggy topic unless it exists.
 
-        :returns: its partition count (``partitions`` when this call made it).
+        :returns: its partition count (``partitions`` when this call made
+            it), and whether this call made it.
         """
         existing = await self.partitions_or_none(topic, fresh=True)
         if existing is None:
@@ -345,9 +348,9 @@ class Server:
                 if existing is None:
                     raise
             else:
-                existing = partitions
                 self._topics[topic] = partitions
-        return existing
+                return partitions, True
+        return existing, False
 
     async def list_topics(self) -> list[TopicInfo]:
         """Every topic of the stream, by name (none while the stream does not exist)."""
