@@ -280,18 +280,12 @@ class IggyLog(Log):
 
         ``derived_from`` (or a derived name, ``wk-retry.`` / ``wk-dlq.`` /
         ``wk-replayed.``) gives the topic :data:`HEADER_ROOM` more bytes per
-        record in this instance. A topic this call made is returned once every
-        partition serves its own records: it may for a moment be answered from
-        a deleted topic whose ids the server reused
-        (:meth:`._messages.Messages.settle`).
+        record in this instance.
 
         :raises ConfigError: for a bad name (over 255 bytes of UTF-8 too) or
             a count outside 1..1000 (Iggy's limit).
         :raises PartitionCountMismatch: when the topic exists with another count.
-        :raises LogUnavailableError: when the server does not answer, or still
-            serves a deleted topic's records after the call bound.
-        :raises UnknownTopicError: when the topic this call made was deleted
-            (by another process) before it settled.
+        :raises LogUnavailableError: when the server does not answer.
         """
         check_name(topic)
         if (
@@ -305,11 +299,9 @@ class IggyLog(Log):
             )
         if derived_from is not None or _derived(topic):
             self._messages.mark_derived(topic)
-        existing, made = await self._server.create_topic(topic, partitions)
+        existing = await self._server.create_topic(topic, partitions)
         if existing != partitions:
             raise PartitionCountMismatch(topic, existing, partitions)
-        if made:
-            await self._messages.settle(topic)
         return TopicInfo(topic, partitions)
 
     async def describe_topic(self, topic: str) -> TopicInfo:

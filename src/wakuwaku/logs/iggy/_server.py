@@ -157,6 +157,8 @@ class Server:
         self._connecting = asyncio.Lock()
         self._stream_ready = False
         self._topics: dict[str, int] = {}
+        # Per topic, when the server made each partition (microseconds).
+        self._created: dict[str, dict[int, int]] = {}
 
     # -- connections ----------------------------------------------------------
 
@@ -281,14 +283,35 @@ class Server:
             return self._topics[topic]
         check_name(topic)
         if not await self._stream_exists():
-            self._topics.pop(topic, None)
+            self._forget(topic)
             return None
         found = await self.call("describe topic", lambda c: c.get_topic(self.stream, topic))
         if found is None:
-            self._topics.pop(topic, None)
+            self._forget(topic)
             return None
-        self._topics[topic] = int(found.partitions_count)
+        self._described(topic, found)
         return self._topics[topic]
+
+    def _described(self, topic: str, found: Any) -> None:
+        """Keep what the server said of ``topic`` (its ``get_topic`` answer)."""
+        self._topics[topic] = int(found.partitions_count)
+        self._created[topic] = {int(p.id): int(p.created_at) for p in found.partitions}
+
+    def _forget(self, topic: str) -> None:
+        self._topics.pop(topic, None)
+        self._created.pop(topic, None)
+
+    async def created_at(self, topic: str, partition: int, *, fresh: bool = False) -> int:
+        """When the server made ``partition`` of ``topic``: microseconds since the
+        epoch, on the server's clock (asked when ``fresh`` or not known yet).
+
+        :raises UnknownTopicError: when the topic does not exist.
+        """
+        known = self._created.get(topic)
+        if fresh or known is None or partition not in known:
+            await self.partition_info(topic)
+            known = self._created.get(topic, {})
+        return known.get(partition, 0)
 
     async def partitions(self, topic: str, *, fresh: bool = False) -> int:
         """As :meth:`partitions_or_none`; :raises UnknownTopicError: for no such topic."""
@@ -312,20 +335,19 @@ class Server:
         if await self._stream_exists():
             found = await self.call("describe topic", lambda c: c.get_topic(self.stream, topic))
         if found is None:
-            self._topics.pop(topic, None)
+            self._forget(topic)
             raise UnknownTopicError(topic)
-        self._topics[topic] = int(found.partitions_count)
+        self._described(topic, found)
         return sorted(found.partitions, key=lambda p: p.id)
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
         """Per partition, the offset one past its last record."""
         return {int(p.id): end_of(p) for p in await self.partition_info(topic)}
 
-    async def create_topic(self, topic: str, partitions: int) -> tuple[int, bool]:
+    async def create_topic(self, topic: str, partitions: int) -> int:
         """Create the Iggy topic unless it exists.
 
-        :returns: its partition count (``partitions`` when this call made
-            it), and whether this call made it.
+        :returns: its partition count (``partitions`` when this call made it).
         """
         existing = await self.partitions_or_none(topic, fresh=True)
         if existing is None:
@@ -348,9 +370,10 @@ class Server:
                 if existing is None:
                     raise
             else:
+                self._forget(topic)  # made now: its partitions' times are new
                 self._topics[topic] = partitions
-                return partitions, True
-        return existing, False
+                return partitions
+        return existing
 
     async def list_topics(self) -> list[TopicInfo]:
         """Every topic of the stream, by name (none while the stream does not exist)."""
@@ -374,7 +397,7 @@ class Server:
             if await self.partitions_or_none(topic, fresh=True) is None:
                 return False
             raise
-        self._topics.pop(topic, None)
+        self._forget(topic)
         return True
 
 
