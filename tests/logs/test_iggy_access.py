@@ -172,17 +172,24 @@ async def test_a_personal_access_token_opens_the_log(
         await drop_stream(stream)
 
 
-@pytest.mark.iggy
-async def test_a_refused_token_is_a_log_error_that_does_not_show_it() -> None:
-    log = IggyLog.from_url(f"iggy://{IGGY_ADDRESS}?stream={fresh_stream()}&token={SECRET}")
+async def refused_login(url: str, match: str) -> LogError:
+    """The error a log opened on ``url`` raises at its first call (matching
+    ``match``): refused, not unavailable, since trying again does not help."""
+    log = IggyLog.from_url(url)
     try:
-        with pytest.raises(LogError, match="Invalid personal access token") as caught:
+        with pytest.raises(LogError, match=match) as caught:
             await log.list_topics()
     finally:
         await log.close()
-    # Refused, not unavailable: trying again does not help.
     assert not isinstance(caught.value, LogUnavailableError)
-    assert SECRET not in str(caught.value)
+    return caught.value
+
+
+@pytest.mark.iggy
+async def test_a_refused_token_is_a_log_error_that_does_not_show_it() -> None:
+    url = f"iggy://{IGGY_ADDRESS}?stream={fresh_stream()}&token={SECRET}"
+    refused = await refused_login(url, "Invalid personal access token")
+    assert SECRET not in str(refused)
 
 
 @pytest.mark.iggy
@@ -190,25 +197,15 @@ async def test_a_login_refused_for_want_of_a_password_says_where_one_goes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With no password in the URL nor the environment, the server's answer
-    ("Invalid password") alone did not say that none was given."""
+    ("Invalid credentials") alone did not say that none was given."""
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
     monkeypatch.delenv(TOKEN_ENV, raising=False)
-    log = IggyLog.from_url(f"iggy://{IGGY_ADDRESS}?stream={fresh_stream()}")
-    try:
-        with pytest.raises(LogError, match="no password was given") as caught:
-            await log.list_topics()
-    finally:
-        await log.close()
-    assert not isinstance(caught.value, LogUnavailableError)
-    assert PASSWORD_ENV in str(caught.value) and "iggy://user:password@" in str(caught.value)
+    none = await refused_login(f"iggy://{IGGY_ADDRESS}?stream={fresh_stream()}", "no password")
+    assert PASSWORD_ENV in str(none) and "iggy://user:password@" in str(none)
     # A password that was given and is wrong is the server's answer alone.
-    wrong = IggyLog.from_url(f"iggy://iggy:wrong@{IGGY_ADDRESS}?stream={fresh_stream()}")
-    try:
-        with pytest.raises(LogError, match=r"Invalid (password|credentials)") as refused:
-            await wrong.list_topics()
-    finally:
-        await wrong.close()
-    assert "no password was given" not in str(refused.value)
+    url = f"iggy://iggy:wrong@{IGGY_ADDRESS}?stream={fresh_stream()}"
+    wrong = await refused_login(url, r"Invalid (password|credentials)")
+    assert "no password was given" not in str(wrong)
 
 
 # -- TLS on a private server ----------------------------------------------------
