@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import nats
@@ -26,6 +26,9 @@ from wakuwaku.logs.nats import TOKEN_ENV, NatsLog, escape
 from ..conftest import NATS_URL
 from ..nats_support import drop_prefix, fresh_prefix, nats_log
 from .contract import LogContract, read_all
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
 
 pytestmark = pytest.mark.nats
 
@@ -169,6 +172,70 @@ async def test_an_append_whose_answer_was_lost_is_stored_once(
     assert await log.append("orders", 0, records) == [0, 1, 2]
     assert lost and lost[0].endswith(":1")
     assert [r.body for r in await log.read("orders", 0, 0)] == [b"one", b"two", b"three"]
+
+
+def _silent_pulls(
+    log: NatsLog, monkeypatch: pytest.MonkeyPatch, silent: Callable[[str, int], bool]
+) -> list[str]:
+    """Make the log's pulls answer nothing where ``silent(consumer, call)`` says so
+    (``call`` counts from 0), as a consumer not yet told of a stored message
+    does; the consumers pulled from, in order."""
+    real = log._js.fetch
+    pulls: list[str] = []
+
+    async def fetch(stream: str, consumer: str, count: int, wait: float) -> list[Msg]:
+        pulls.append(consumer)
+        if silent(consumer, len(pulls) - 1):
+            return []
+        return await real(stream, consumer, count, wait)
+
+    monkeypatch.setattr(log._js, "fetch", fetch)
+    return pulls
+
+
+async def test_a_pull_answered_empty_just_after_an_append_is_asked_again(
+    log: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server acknowledges a publish before it tells the stream's consumers
+    of the message: a no-wait pull in between is answered "no messages" (seen
+    under load, about 1 read in 150 right after an append). The read checks
+    the stream and asks again instead of answering empty, which a caller
+    reading until an empty page takes for the end."""
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [(HEADERS, b"one")])
+    assert [r.body for r in await log.read("orders", 0, 0)] == [b"one"]
+    await log.append("orders", 0, [(HEADERS, b"two"), (HEADERS, b"three")])
+    pulls = _silent_pulls(log, monkeypatch, lambda consumer, call: call == 0)
+    assert [r.body for r in await log.read("orders", 0, 1)] == [b"two", b"three"]
+    assert len(set(pulls)) == 1  # the same consumer, asked again
+    # Caught up: an empty answer stays empty (the stream holds nothing more).
+    assert await log.read("orders", 0, 3) == []
+
+
+async def test_a_consumer_silent_while_its_records_are_stored_is_made_again(
+    log: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [(HEADERS, b"one"), (HEADERS, b"two")])
+    first: list[str] = []
+
+    def silent(consumer: str, call: int) -> bool:
+        first[:] = first or [consumer]
+        return consumer == first[0]
+
+    pulls = _silent_pulls(log, monkeypatch, silent)
+    assert [r.body for r in await log.read("orders", 0, 0)] == [b"one", b"two"]
+    assert len(set(pulls)) == 2
+
+
+async def test_a_read_that_never_gets_the_records_stored_is_unavailable(
+    log: NatsLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await log.create_topic("orders", 1)
+    await log.append("orders", 0, [(HEADERS, b"one")])
+    _silent_pulls(log, monkeypatch, lambda consumer, call: True)
+    with pytest.raises(LogUnavailableError, match="answering none of the records"):
+        await log.read("orders", 0, 0)
 
 
 async def test_records_a_server_stored_out_of_order_are_reported(

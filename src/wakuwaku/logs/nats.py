@@ -470,19 +470,29 @@ class NatsLog(Log):
         where this one ended, and made again for any other offset or after
         a gap in the sequences it delivered (a lost delivery is read again,
         never skipped). With ``wait`` (seconds), one pull waits on the server
-        for the first record.
+        for the first record. An empty answer is checked against the stream:
+        a consumer may answer none for a moment after an append.
         """
         check_partition(topic, partition, await self._partitions(topic))
         if max_records < 1:
             return []
         pull = self._streams.read
         try:
-            found = await pull(topic, partition, offset + 1, max_records, 0.0)
+            # An empty no-wait pull is checked against the stream unless a
+            # waiting pull follows (PartitionStreams.read says why).
+            found = await pull(
+                topic, partition, offset + 1, max_records, 0.0, confirm_empty=wait <= 0
+            )
             if not found and wait > 0:
                 found = await pull(topic, partition, offset + 1, 1, wait)
                 if found and max_records > 1:
                     found += await pull(
-                        topic, partition, found[-1].offset + 2, max_records - 1, 0.0
+                        topic,
+                        partition,
+                        found[-1].offset + 2,
+                        max_records - 1,
+                        0.0,
+                        confirm_empty=False,
                     )
         except StreamNotFound as exc:
             raise await self._missing(topic, partition) from exc
