@@ -12,12 +12,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import pytest
 from apache_iggy import IggyClient
 
 from wakuwaku import LogUnavailableError, UnknownTopicError
 from wakuwaku.logs.iggy import IggyLog
+from wakuwaku.logs.iggy._server import Server
 
 from ..conftest import IGGY_URL
 from ..faults.servers import IggyServer
@@ -26,28 +28,70 @@ from ..iggy_support import IGGY_ADDRESS, iggy_log
 pytestmark = pytest.mark.iggy
 
 
+async def _restart_while_idle(server: IggyServer) -> IggyLog:
+    """A log with a topic ``orders`` holding one record, whose connection was
+    idle while ``server`` was killed and started again."""
+    log = _idle_log(server)
+    await log.create_topic("orders", 1)
+    assert await log.append("orders", 0, [({"wk-key": b"k"}, b"a")]) == [0]
+    await log.commit("g", "orders", 0, 1)
+    await asyncio.to_thread(server.kill)
+    await asyncio.to_thread(server.start)
+    await _until_it_takes_logins(server)
+    return log
+
+
+async def _topic_names(log: IggyLog) -> object:
+    return [t.name for t in await log.list_topics()]
+
+
+async def _records(log: IggyLog) -> object:
+    return [(r.offset, r.body) for r in await log.read("orders", 0, 0)]
+
+
+async def _committed(log: IggyLog) -> object:
+    return await log.committed("g", "orders", 0)
+
+
+_ASKS: dict[str, tuple[Callable[[IggyLog], Awaitable[object]], object]] = {
+    "list topics": (_topic_names, ["orders"]),
+    "read": (_records, [(0, b"a")]),
+    "committed": (_committed, 1),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ask", list(_ASKS))
+async def test_an_idle_log_answers_its_first_read_after_a_server_restart(
+    iggy_server: IggyServer, ask: str
+) -> None:
+    """An idle connection a restart left broken failed the next call
+    ("Disconnected") however long the server had been back: a status, a
+    listing or a dead-letter replay stopped on it. A call that changes
+    nothing is sent again on a new connection."""
+    log = await _restart_while_idle(iggy_server)
+    try:
+        call, expected = _ASKS[ask]
+        assert await call(log) == expected
+    finally:
+        await log.close()
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="known fault, fix withdrawn: pinging an idle connection before a call fixed it, "
-    "but 2 of 5 full runs beside CPU burners with that ping crashed pytest workers in Iggy "
-    "tests (3 crashes; suspected: a ping cancelled by its bound inside the Iggy client)",
+    raises=LogUnavailableError,
+    reason="known fault, cause found, not fixed: the broken connection is found only by "
+    "sending on it, and a write that met it cannot be told from one a server stored and "
+    "died before answering, so it is not sent again; a ping before a call on an idle "
+    "connection fixed it, but 2 of 5 full runs beside CPU burners with that ping crashed "
+    "pytest workers in Iggy tests (cause not found), so it was withdrawn",
 )
-async def test_an_idle_log_answers_its_first_call_after_a_server_restart(
-    iggy_server: IggyServer, monkeypatch: pytest.MonkeyPatch
+async def test_an_idle_log_stores_its_first_append_after_a_server_restart(
+    iggy_server: IggyServer,
 ) -> None:
-    """An idle connection a restart left broken failed the next call
-    ("Disconnected") however long the server had been back: the flights
-    demo's producer and its dead-letter listing stopped on it. A connection
-    idle for a while should be replaced first."""
-    log = _idle_log(iggy_server)
+    log = await _restart_while_idle(iggy_server)
     try:
-        await log.create_topic("orders", 1)
-        assert await log.append("orders", 0, [({"wk-key": b"k"}, b"a")]) == [0]
-        await asyncio.to_thread(iggy_server.kill)
-        await asyncio.to_thread(iggy_server.start)
-        await _until_it_takes_logins(iggy_server)
-        assert [t.name for t in await log.list_topics()] == ["orders"]
         assert await log.append("orders", 0, [({"wk-key": b"k"}, b"b")]) == [1]
     finally:
         await log.close()
@@ -111,3 +155,71 @@ def test_the_cli_exits_with_its_status_when_the_login_is_refused() -> None:
         for _ in range(10)
     ]
     assert codes == [3] * 10
+
+
+def _fake_server(monkeypatch: pytest.MonkeyPatch) -> tuple[Server, list[object]]:
+    """A Server whose connections are plain objects (no server), and the list
+    of connections it made."""
+    server = Server("127.0.0.1:1", "u", "p", "s", timeout=0.05, url="iggy://test")
+    made: list[object] = []
+
+    async def connect() -> object:
+        made.append(object())
+        return made[-1]
+
+    monkeypatch.setattr(server, "connect", connect)
+    return server, made
+
+
+async def test_only_a_call_that_changes_nothing_is_sent_again_and_only_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ask`` sends again once, on a new connection, when a connection that
+    answered before is found broken; never after a timeout (the bound would
+    double), never when the connection was new, and ``call`` (a write) never."""
+    server, made = _fake_server(monkeypatch)
+    sent: list[object] = []
+
+    async def answer(client: object) -> str:
+        sent.append(client)
+        return "ok"
+
+    async def broken(client: object) -> str:
+        sent.append(client)
+        raise RuntimeError("Disconnected")
+
+    async def silent(client: object) -> str:
+        sent.append(client)
+        await asyncio.sleep(1.0)
+        return "late"
+
+    async def broken_then_answer(client: object) -> str:
+        return await (answer if sent else broken)(client)
+
+    # A connection that was never answered on: no second try.
+    with pytest.raises(LogUnavailableError, match="Disconnected"):
+        await server.ask("read", broken)
+    assert len(sent) == 1
+    # One that answered before, then broke: asked again on a new one.
+    sent.clear()
+    assert await server.call("read", answer) == "ok"
+    sent.clear()
+    assert await server.ask("read", broken_then_answer) == "ok"
+    assert len(sent) == 2 and sent[0] is not sent[1] and sent[1] is made[-1]
+    # Broken on the second connection too: raised after two tries.
+    sent.clear()
+    with pytest.raises(LogUnavailableError, match="Disconnected"):
+        await server.ask("read", broken)
+    assert len(sent) == 2
+    # A timeout is not sent again.
+    assert await server.call("read", answer) == "ok"
+    sent.clear()
+    with pytest.raises(LogUnavailableError, match="no answer within"):
+        await server.ask("read", silent)
+    assert len(sent) == 1
+    # A write that met a broken connection is not sent again.
+    assert await server.call("read", answer) == "ok"
+    sent.clear()
+    with pytest.raises(LogUnavailableError, match="Disconnected"):
+        await server.call("append", broken)
+    assert len(sent) == 1

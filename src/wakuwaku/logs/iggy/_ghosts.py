@@ -239,23 +239,23 @@ class Ghosts:
         :raises LogUnavailableError: when it does not answer.
         """
         server, stream = self._server, self._server.stream
-        before = await server.call(
+        before = await server.ask(
             "describe group", lambda c: c.get_consumer_group(stream, topic, group)
         )
         if before is None or not before.members:
             return None
-        found_stream = await server.call("get stream", lambda c: c.get_stream(stream))
-        found_topic = await server.call("describe topic", lambda c: c.get_topic(stream, topic))
+        found_stream = await server.ask("get stream", lambda c: c.get_stream(stream))
+        found_topic = await server.ask("describe topic", lambda c: c.get_topic(stream, topic))
         if found_stream is None or found_topic is None:
             return None
         key = (int(found_stream.id), int(found_topic.id), int(before.id))
-        raw = await server.call("list clients", lambda c: c.send_binary_request(_GET_CLIENTS, b""))
+        raw = await server.ask("list clients", lambda c: c.send_binary_request(_GET_CLIENTS, b""))
         live = 0
         for client_id, groups in self._read("list clients", _clients, raw):
             if groups == 0:
                 continue
             live += key in await self._groups_of(client_id)
-        after = await server.call(
+        after = await server.ask(
             "describe group", lambda c: c.get_consumer_group(stream, topic, group)
         )
         members = _shape(before)
@@ -266,7 +266,7 @@ class Ghosts:
     async def _groups_of(self, client_id: int) -> set[tuple[int, int, int]]:
         """The (stream id, topic id, group id) of each group client ``client_id`` is in."""
         request = struct.pack("<I", client_id)
-        answer = await self._server.call(
+        answer = await self._server.ask(
             "describe client", lambda c: c.send_binary_request(_GET_CLIENT, request)
         )
         return self._read("describe client", _memberships, answer)
@@ -345,7 +345,7 @@ class Ghosts:
         False also when the server does not answer (checked again later)."""
         stream = self._server.stream
         try:
-            found = await self._server.call(
+            found = await self._server.ask(
                 "describe group", lambda c: c.get_consumer_group(stream, topic, group)
             )
         except LogError:

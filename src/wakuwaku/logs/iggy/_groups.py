@@ -196,7 +196,7 @@ class Groups:
         it went between the two (another process deleted it: :mod:`._ghosts`)."""
         group, stream = member.group, self._server.stream
         for attempt in (1, 2):
-            found = await self._server.call(
+            found = await self._server.ask(
                 "describe group", lambda c: c.get_consumer_group(stream, topic, group)
             )
             if found is None:
@@ -290,7 +290,7 @@ class Groups:
         """Who owns each partition of ``topic`` in ``group`` now, from the server
         (members of every process; see ``IggyLog.partition_owners``)."""
         stream = self._server.stream
-        found = await self._server.call(
+        found = await self._server.ask(
             "describe group", lambda c: c.get_consumer_group(stream, topic, group)
         )
         if found is None:
@@ -369,7 +369,7 @@ class Groups:
     async def drop_group(self, group: str, topic: str) -> None:
         """Delete the Iggy consumer group ``group`` of ``topic`` when there is one."""
         stream = self._server.stream
-        found = await self._server.call(
+        found = await self._server.ask(
             "describe group", lambda c: c.get_consumer_group(stream, topic, group)
         )
         if found is not None:

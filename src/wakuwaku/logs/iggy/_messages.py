@@ -252,7 +252,7 @@ class Messages:
         self, topic: str, partition: int, strategy: PollingStrategy, count: int
     ) -> list[ReceiveMessage]:
         """One poll of ``partition`` as the log's reader (it stores no offset)."""
-        return await self._server.call(
+        return await self._server.ask(
             f"read {topic}/{partition}",
             lambda c: c.poll_messages(
                 self._server.stream,

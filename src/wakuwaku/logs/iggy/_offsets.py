@@ -66,7 +66,7 @@ class Offsets:
     async def _stored(self, kind: int, group: str, topic: str, p: int) -> int:
         """The stored offset (Iggy's: the last consumed record), -1 when none."""
         request = self._request(kind, group, topic, p)
-        answer = await self._server.call(
+        answer = await self._server.ask(
             f"committed offset {topic}/{p}",
             lambda c: c.send_binary_request(_GET_OFFSET, request),
         )
@@ -78,7 +78,7 @@ class Offsets:
         """Committed offsets on ``topic`` of every group that has an Iggy consumer
         group on it (see ``IggyLog.group_offsets``)."""
         count = await self._server.partitions(topic)
-        groups = await self._server.call(
+        groups = await self._server.ask(
             f"list groups of {topic}",
             lambda c: c.get_consumer_groups(self._server.stream, topic),
         )

@@ -34,12 +34,30 @@ from ..._clock import BLOCKING_CALLS
 from ..._errors import ConfigError, LogError, LogUnavailableError, UnknownTopicError
 from .._base import TopicInfo, check_topic_name
 
-__all__ = ("MAX_NAME", "TLS", "Server", "check_group", "check_name", "end_of", "ident")
+__all__ = (
+    "CONNECT_BOUNDS",
+    "MAX_NAME",
+    "TLS",
+    "Server",
+    "check_group",
+    "check_name",
+    "end_of",
+    "ident",
+)
 
 _T = TypeVar("_T")
 
 MAX_NAME = 255
 """Bytes of UTF-8 in an Iggy name: a stream, topic, consumer or group."""
+
+CONNECT_BOUNDS = 3.0
+"""A connection may take this many ``timeout`` bounds: it is a TCP connect, a
+TLS handshake and a login, and the server checks each login's password with
+Argon2 (about 20 ms of its CPU here, one login after another: 10 logins at
+once took 150 ms on a loaded 2-core machine). A burst of connections (a
+test run opening hundreds beside CPU burners, or every consumer reconnecting
+after a server restart) queued logins past the 5 s call bound, where no
+single call came close."""
 
 _UNAVAILABLE = (
     "disconnected",
@@ -153,6 +171,7 @@ class Server:
         self.url = url
         self.closed = False
         self._client: IggyClient | None = None
+        self._answered: IggyClient | None = None  # the last client a call was answered on
         self._made_clients = False  # a client was made: its runtime ends it at close
         self._connecting = asyncio.Lock()
         self._stream_ready = False
@@ -188,7 +207,7 @@ class Server:
         client = IggyClient(self._config())
         self._made_clients = True
         try:
-            await self.bounded("connect", client.connect)
+            await self.bounded("connect", client.connect, bounds=CONNECT_BOUNDS)
         except LogUnavailableError:
             raise
         except LogError as exc:
@@ -208,28 +227,68 @@ class Server:
                     self._client = await self.connect()
         return self._client
 
-    async def bounded(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Await ``call()`` within ``timeout``, translating the client's errors."""
+    async def bounded(
+        self, what: str, call: Callable[[], Awaitable[_T]], *, bounds: float = 1.0
+    ) -> _T:
+        """Await ``call()`` within ``bounds`` x ``timeout``, translating the client's errors."""
+        limit = self.timeout * bounds
         try:
             with BLOCKING_CALLS.track():
-                return await asyncio.wait_for(_awaited(call()), self.timeout)
+                return await asyncio.wait_for(_awaited(call()), limit)
         except TimeoutError as exc:
             raise LogUnavailableError(
-                f"Iggy log {self.url} is unavailable ({what}): no answer within {self.timeout} s"
+                f"Iggy log {self.url} is unavailable ({what}): no answer within {limit:g} s"
             ) from exc
         except (RuntimeError, ValueError, OSError) as exc:
             raise self._error(what, exc) from exc
 
     async def call(self, what: str, call: Callable[[IggyClient], Awaitable[_T]]) -> _T:
         """``call`` on the log's own connection, bounded; a connection that fails
-        is dropped, and the next call connects again."""
+        is dropped, and the next call connects again.
+
+        :raises LogUnavailableError: when the server does not answer within
+            ``timeout`` or the connection breaks (the call may have been
+            carried out: see :meth:`ask` for calls that change nothing).
+        :raises LogError: when the server refuses it.
+        """
         client = await self._admin()
         try:
-            return await self.bounded(what, lambda: call(client))
+            answer = await self.bounded(what, lambda: call(client))
         except LogUnavailableError:
             if self._client is client:
                 self._client = None
             raise
+        self._answered = client
+        return answer
+
+    async def ask(self, what: str, call: Callable[[IggyClient], Awaitable[_T]]) -> _T:
+        """As :meth:`call`, for a call that changes nothing on the server (a
+        read, a description): when it finds a connection that answered before
+        broken, it is sent once more on a new connection.
+
+        A server restart leaves the log's idle connection broken (its process
+        is gone; nothing closes the client's end), and the first call on it
+        failed ("Disconnected") however long the server had been back: a
+        status, a listing or a replay of dead letters stopped on it. Asking
+        again is safe only for what changes nothing: a write that met a
+        broken connection may have been carried out by a server that died
+        before answering, so :meth:`call` raises for it. A call that timed
+        out is not sent again (that would double the bound), nor one whose
+        connection was new (the server is not answering now).
+
+        :raises LogUnavailableError: / :raises LogError: as :meth:`call`.
+        """
+        client = self._client
+        try:
+            return await self.call(what, call)
+        except LogUnavailableError as exc:
+            if (
+                client is None
+                or client is not self._answered
+                or isinstance(exc.__cause__, TimeoutError)
+            ):
+                raise
+        return await self.call(what, call)
 
     def _error(self, what: str, exc: BaseException) -> LogError:
         text = str(exc) or type(exc).__name__
@@ -245,6 +304,7 @@ class Server:
         """
         self.closed = True
         self._client = None
+        self._answered = None
         # Also a client whose connect failed: its runtime ends in the
         # background all the same (the CLI, on a wrong password or no
         # server, aborted in 6 to 7 of 20 runs without the settle).
@@ -255,7 +315,7 @@ class Server:
     async def _ensure_stream(self) -> None:
         if self._stream_ready:
             return
-        found = await self.call("get stream", lambda c: c.get_stream(self.stream))
+        found = await self.ask("get stream", lambda c: c.get_stream(self.stream))
         if found is None:
             try:
                 await self.call("create stream", lambda c: c.create_stream(self.stream))
@@ -263,7 +323,7 @@ class Server:
                 raise
             except LogError:
                 # Made by another process meanwhile: there now, or a real refusal.
-                if await self.call("get stream", lambda c: c.get_stream(self.stream)) is None:
+                if await self.ask("get stream", lambda c: c.get_stream(self.stream)) is None:
                     raise
         self._stream_ready = True
 
@@ -272,7 +332,7 @@ class Server:
         read never creates it, so a mistyped ``?stream=`` leaves nothing
         behind."""
         if not self._stream_ready:
-            found = await self.call("get stream", lambda c: c.get_stream(self.stream))
+            found = await self.ask("get stream", lambda c: c.get_stream(self.stream))
             self._stream_ready = found is not None
         return self._stream_ready
 
@@ -285,7 +345,7 @@ class Server:
         if not await self._stream_exists():
             self._forget(topic)
             return None
-        found = await self.call("describe topic", lambda c: c.get_topic(self.stream, topic))
+        found = await self.ask("describe topic", lambda c: c.get_topic(self.stream, topic))
         if found is None:
             self._forget(topic)
             return None
@@ -333,7 +393,7 @@ class Server:
         """
         found = None
         if await self._stream_exists():
-            found = await self.call("describe topic", lambda c: c.get_topic(self.stream, topic))
+            found = await self.ask("describe topic", lambda c: c.get_topic(self.stream, topic))
         if found is None:
             self._forget(topic)
             raise UnknownTopicError(topic)
@@ -377,10 +437,10 @@ class Server:
 
     async def list_topics(self) -> list[TopicInfo]:
         """Every topic of the stream, by name (none while the stream does not exist)."""
-        found = await self.call("get stream", lambda c: c.get_stream(self.stream))
+        found = await self.ask("get stream", lambda c: c.get_stream(self.stream))
         if found is None:
             return []
-        topics = await self.call("list topics", lambda c: c.get_topics(self.stream))
+        topics = await self.ask("list topics", lambda c: c.get_topics(self.stream))
         return sorted(
             (TopicInfo(t.name, int(t.partitions_count)) for t in topics), key=lambda t: t.name
         )
