@@ -1,7 +1,8 @@
 """End-to-end consumer throughput on the Apache Iggy log, next to apache-iggy's own poll loop.
 
 A no-op handler over 200 000 events on 1 000 keys and 4 partitions,
-``max_poll_records`` at its default (500), timed until every event was
+``max_poll_records`` and ``max_poll_bytes`` at their defaults (2 000 records,
+1 MiB; the polls grow to 2 000 from 100), timed until every event was
 handled (``Consumer.drain``, as in ``_ticks.consume``), next to the
 apache-iggy client alone reading the same topic over one connection: every
 partition polled at once (a task each, as the consumer reads them), by

@@ -1,7 +1,7 @@
 """End-to-end consumer throughput on the Kafka log, next to the client's own loop and FastStream.
 
 A no-op handler over 200 000 events on 1 000 keys and 4
-partitions, ``max_poll_records`` at its default (500) and at 2 000, next to
+partitions, ``max_poll_records`` at 500 and at its default (2 000), next to
 (a) confluent-kafka alone reading the same topic (``consume(page)`` through
 ``asyncio.to_thread``, headers and body decoded with msgspec; target: the
 consumer at >= 50 % of it at 2 000) and (b) FastStream's Kafka batch

@@ -1,7 +1,7 @@
 """End-to-end consumer throughput on the NATS JetStream log, next to nats-py's own loop.
 
 A no-op handler over events on 1 000 keys and 4 partitions,
-``max_poll_records`` at its default (500) and at 2 000, next to nats-py
+``max_poll_records`` at 500 and at its default (2 000), next to nats-py
 alone reading the same streams: per partition stream a pull consumer
 (``js.pull_subscribe``, no acks) fetched in batches of the poll size, each
 message's msgpack envelope ``[headers, body]`` and its msgspec JSON body

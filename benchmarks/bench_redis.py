@@ -1,7 +1,7 @@
 """End-to-end consumer throughput on the Redis log, next to redis-py's own read loop.
 
 A no-op handler over 200 000 events on 1 000 keys and 4
-partitions, ``max_poll_records`` at its default (500) and at 2 000, next to
+partitions, ``max_poll_records`` at 500 and at its default (2 000), next to
 (a) redis-py reading the same streams with ``XRANGE ... COUNT <page>`` and
 decoding every body with msgspec (target: at least 50 % of (a) at 2 000),
 and (b) FastStream's Redis Streams batch subscriber (consumer group, one

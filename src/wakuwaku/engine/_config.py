@@ -270,7 +270,20 @@ class ConsumerConfig:
         partition; a newly failing key beyond it is dead-lettered with
         ``retry_backlog_full`` (design §6).
     :param delivery_mode: :class:`DeliveryMode` (default ``NO_EVENT_LOSE``).
-    :param max_poll_records: the most records one poll of a partition returns.
+    :param max_poll_records: the most records one poll of a partition
+        returns (default 2 000). A batch is one poll: a larger one costs the
+        engine less per record (its per-key and per-batch work is shared by
+        more records), and a crash delivers again at most one batch per
+        partition.
+    :param max_poll_bytes: a poll asks for fewer records when the
+        partition's records are large: as many as fit this many bytes
+        (default 1 MiB, Kafka's ``max.partition.fetch.bytes``) at the mean
+        size of the previous poll's records, at least one. A partition's
+        first poll asks for 100 records, and each poll for at most twice
+        what the one before returned (from 100), so the polls grow to
+        ``max_poll_records`` while a backlog lasts. It bounds what a
+        partition holds in memory (its batch and the next one, read ahead)
+        as far as the size of the last records tells.
     :param max_concurrency: how many keys of one partition run at once.
         Sync handlers run on the consumer's own thread pool of
         ``max_concurrency`` threads per partition it is assigned, so this
@@ -315,7 +328,8 @@ class ConsumerConfig:
     jitter_source: Callable[[], float] = random.random
     max_pending_retry: int = 100_000
     delivery_mode: DeliveryMode = DeliveryMode.NO_EVENT_LOSE
-    max_poll_records: int = 500
+    max_poll_records: int = 2000
+    max_poll_bytes: int = 1 << 20
     max_concurrency: int = 16
     classify: Callable[[BaseException], ErrorClass] = default_error_class
     clock: Clock = field(default=SYSTEM_CLOCK)
@@ -429,7 +443,13 @@ class ConsumerConfig:
             )
 
     def _check_bounds(self) -> None:
-        bounds = ("max_pending_retry", "max_poll_records", "max_concurrency", "error_text_limit")
+        bounds = (
+            "max_pending_retry",
+            "max_poll_records",
+            "max_poll_bytes",
+            "max_concurrency",
+            "error_text_limit",
+        )
         for name in bounds:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

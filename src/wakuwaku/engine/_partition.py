@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor as ThreadPool
 from functools import partial
 from typing import Any
@@ -58,6 +58,38 @@ from ._view import PartitionView, quarantined_keys
 
 ROUTED_ERROR = "routed to the retry topic: the key is quarantined"
 HELD_ERROR = "held in the retry topic: an operator paused the key"
+
+
+FIRST_POLL_RECORDS = 100
+"""Records a partition's first poll asks for (at most ``max_poll_records``),
+and the least a later one may grow to (:func:`poll_size`)."""
+
+RECORD_OVERHEAD = 64
+"""Bytes a record is taken to hold beyond its body (offset, headers, the
+object itself) when a poll's size is worked out."""
+
+
+def poll_size(page: Sequence[Record], max_records: int, max_bytes: int) -> int:
+    """Records the next poll asks for after ``page``, the last one's answer.
+
+    At most ``max_records``; at most as many as fit ``max_bytes`` at the
+    mean size of ``page``'s records (body plus :data:`RECORD_OVERHEAD`);
+    and at most twice as many as ``page`` holds (or
+    :data:`FIRST_POLL_RECORDS`, when that is more). At least one.
+
+    A poll's records stay in memory while its batch runs (and the next
+    batch is read ahead), so bytes bound a partition's batch as Kafka's
+    ``max.partition.fetch.bytes`` bounds its fetches; a log's read takes a
+    count, not bytes, so the size of the records to come is taken to be
+    that of the last ones. Growing by at most a factor of two keeps that
+    guess from being far off when the records change: a partition that was
+    caught up (pages of a few small records) asks for 100 first, not 2 000
+    records that may turn out large. While a backlog lasts, the polls grow
+    to ``max_records`` in a few pages (100, 200, 400, ...).
+    """
+    total = sum(len(r.body) for r in page) + RECORD_OVERHEAD * len(page)
+    fit = max_bytes * len(page) // total
+    return max(1, min(max_records, fit, max(FIRST_POLL_RECORDS, 2 * len(page))))
 
 
 class PartitionWorker:
@@ -135,6 +167,9 @@ class PartitionWorker:
         self.paused_by: str | None = None
         self.types = self.attempts.types
         self.position = 0
+        # Records the next poll asks for (poll_size): few until a page shows
+        # how large the partition's records are.
+        self._poll_records = min(config.max_poll_records, FIRST_POLL_RECORDS)
         self.caught_up = False
         self._on_caught_up = on_caught_up
         self.started = False
@@ -319,10 +354,14 @@ class PartitionWorker:
         self.retry.forget_routed(following)
 
     async def _poll(self, offset: int) -> list[Record]:
-        return await self.services.read(
-            "poll",
-            lambda: self.log.read(self.topic, self.partition, offset, self.config.max_poll_records),
+        count = self._poll_records
+        page = await self.services.read(
+            "poll", lambda: self.log.read(self.topic, self.partition, offset, count)
         )
+        if page:
+            config = self.config
+            self._poll_records = poll_size(page, config.max_poll_records, config.max_poll_bytes)
+        return page
 
     def _idle_wait(self) -> float:
         """Seconds until the next poll: ``poll_interval``, or less when a retry
