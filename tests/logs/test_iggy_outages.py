@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from apache_iggy import IggyClient
 
-from wakuwaku import LogUnavailableError, UnknownTopicError
+from wakuwaku import LogError, LogUnavailableError, UnknownTopicError
 from wakuwaku.logs.iggy import IggyLog
 from wakuwaku.logs.iggy._server import Server
 
@@ -193,6 +193,13 @@ async def test_only_a_call_that_changes_nothing_is_sent_again_and_only_once(
         await asyncio.sleep(1.0)
         return "late"
 
+    async def timed_out(client: object) -> str:
+        sent.append(client)
+        raise RuntimeError("the request timed out")
+
+    async def refused(client: object) -> str:
+        raise ValueError("no such thing")
+
     async def broken_then_answer(client: object) -> str:
         return await (answer if sent else broken)(client)
 
@@ -211,12 +218,24 @@ async def test_only_a_call_that_changes_nothing_is_sent_again_and_only_once(
     with pytest.raises(LogUnavailableError, match="Disconnected"):
         await server.ask("read", broken)
     assert len(sent) == 2
-    # A timeout is not sent again.
+    # A timeout is not sent again, ours or the client's own.
     assert await server.call("read", answer) == "ok"
     sent.clear()
     with pytest.raises(LogUnavailableError, match="no answer within"):
         await server.ask("read", silent)
     assert len(sent) == 1
+    assert await server.call("read", answer) == "ok"
+    sent.clear()
+    with pytest.raises(LogUnavailableError, match="timed out"):
+        await server.ask("read", timed_out)
+    assert len(sent) == 1
+    # A connection whose only answer was a refusal did answer.
+    server._client = None
+    with pytest.raises(LogError, match="no such thing"):
+        await server.call("read", refused)
+    sent.clear()
+    assert await server.ask("read", broken_then_answer) == "ok"
+    assert len(sent) == 2
     # A write that met a broken connection is not sent again.
     assert await server.call("read", answer) == "ok"
     sent.clear()

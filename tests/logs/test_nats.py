@@ -207,7 +207,7 @@ async def test_a_pull_answered_empty_just_after_an_append_is_asked_again(
     await log.append("orders", 0, [(HEADERS, b"two"), (HEADERS, b"three")])
     pulls = _silent_pulls(log, monkeypatch, lambda consumer, call: call == 0)
     assert [r.body for r in await log.read("orders", 0, 1)] == [b"two", b"three"]
-    assert len(set(pulls)) == 1  # the same consumer, asked again
+    assert len(pulls) >= 2 and len(set(pulls)) == 1  # the same consumer, asked again
     # Caught up: an empty answer stays empty (the stream holds nothing more).
     assert await log.read("orders", 0, 3) == []
 

@@ -65,17 +65,19 @@ FIRST_POLL_RECORDS = 100
 and the least a later one may grow to (:func:`poll_size`)."""
 
 RECORD_OVERHEAD = 64
-"""Bytes a record is taken to hold beyond its body (offset, headers, the
-object itself) when a poll's size is worked out."""
+"""Bytes a record is taken to hold beyond its body and headers (offset,
+timestamp, the objects themselves) when a poll's size is worked out."""
 
 
 def poll_size(page: Sequence[Record], max_records: int, max_bytes: int) -> int:
     """Records the next poll asks for after ``page``, the last one's answer.
 
     At most ``max_records``; at most as many as fit ``max_bytes`` at the
-    mean size of ``page``'s records (body plus :data:`RECORD_OVERHEAD`);
-    and at most twice as many as ``page`` holds (or
-    :data:`FIRST_POLL_RECORDS`, when that is more). At least one.
+    mean size of ``page``'s records (body, plus headers as the first and
+    last record hold them, plus :data:`RECORD_OVERHEAD`); and at most twice
+    as many as ``page`` holds (or :data:`FIRST_POLL_RECORDS`, when that is
+    more). At least one. An empty page (the partition is caught up) starts
+    over at :data:`FIRST_POLL_RECORDS`.
 
     A poll's records stay in memory while its batch runs (and the next
     batch is read ahead), so bytes bound a partition's batch as Kafka's
@@ -85,11 +87,21 @@ def poll_size(page: Sequence[Record], max_records: int, max_bytes: int) -> int:
     guess from being far off when the records change: a partition that was
     caught up (pages of a few small records) asks for 100 first, not 2 000
     records that may turn out large. While a backlog lasts, the polls grow
-    to ``max_records`` in a few pages (100, 200, 400, ...).
+    to ``max_records`` in a few pages (100, 200, 400, ...). It stays a
+    guess: after a full page of small records, 2 000 large ones may come.
     """
-    total = sum(len(r.body) for r in page) + RECORD_OVERHEAD * len(page)
+    if not page:
+        return max(1, min(max_records, FIRST_POLL_RECORDS))
+    # Headers are sized on two records, not all of them: per record, that
+    # work would cost a quarter of what the engine spends on a record.
+    head = (_header_bytes(page[0]) + _header_bytes(page[-1])) // 2
+    total = sum(len(r.body) for r in page) + (RECORD_OVERHEAD + head) * len(page)
     fit = max_bytes * len(page) // total
     return max(1, min(max_records, fit, max(FIRST_POLL_RECORDS, 2 * len(page))))
+
+
+def _header_bytes(record: Record) -> int:
+    return sum(len(name) + len(value) for name, value in record.headers.items())
 
 
 class PartitionWorker:
@@ -358,9 +370,8 @@ class PartitionWorker:
         page = await self.services.read(
             "poll", lambda: self.log.read(self.topic, self.partition, offset, count)
         )
-        if page:
-            config = self.config
-            self._poll_records = poll_size(page, config.max_poll_records, config.max_poll_bytes)
+        config = self.config
+        self._poll_records = poll_size(page, config.max_poll_records, config.max_poll_bytes)
         return page
 
     def _idle_wait(self) -> float:

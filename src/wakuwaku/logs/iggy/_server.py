@@ -258,6 +258,9 @@ class Server:
             if self._client is client:
                 self._client = None
             raise
+        except LogError:
+            self._answered = client  # a refusal is an answer too
+            raise
         self._answered = client
         return answer
 
@@ -273,8 +276,10 @@ class Server:
         again is safe only for what changes nothing: a write that met a
         broken connection may have been carried out by a server that died
         before answering, so :meth:`call` raises for it. A call that timed
-        out is not sent again (that would double the bound), nor one whose
-        connection was new (the server is not answering now).
+        out (ours or the client's own) is not sent again (that would double
+        the bound), nor one whose connection was new (the server is not
+        answering now). So a read takes at most its own bound, a new
+        connection's (:data:`CONNECT_BOUNDS`) and its bound again.
 
         :raises LogUnavailableError: / :raises LogError: as :meth:`call`.
         """
@@ -286,6 +291,7 @@ class Server:
                 client is None
                 or client is not self._answered
                 or isinstance(exc.__cause__, TimeoutError)
+                or any(w in str(exc.__cause__).lower() for w in ("timed out", "timeout"))
             ):
                 raise
         return await self.call(what, call)
