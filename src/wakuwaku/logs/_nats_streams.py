@@ -261,8 +261,8 @@ class PartitionStreams:
         stores a message, acknowledges the publish, and tells the stream's
         consumers of it a moment later, and a pull that does not wait,
         arriving in between, is answered "no messages" (seen under load,
-        about 1 read in 150 right after an append, on nats-server 2.9 and
-        2.15). Callers that read until an empty page (listings, the
+        about 1 read in 150 right after an append, on nats-server 2.15;
+        not seen on 2.9 in the same test). Callers that read until an empty page (listings, the
         engine's control and registry topics) would stop short. So an empty
         answer is checked against the stream itself (one direct get of the
         next record from ``seq``), and when one is stored the consumer is
