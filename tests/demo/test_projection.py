@@ -196,3 +196,37 @@ async def test_the_verification_names_a_registered_planes_flight_given_up(
     assert line.startswith("  [FAILED]") and "1 flight of registered ones: ['N1']" in line
     # Every row is accounted for: only the line above says where the flight went.
     assert any(line.startswith("  [ok] every row accounted for") for line in result.lines)
+
+
+def test_a_start_while_another_process_holds_the_lock_waits_for_it(tmp_path: Path) -> None:
+    """The demo's chaos locks the projection and SIGKILLs the consumer; a
+    consumer restarted while the lock was held failed its start ("database
+    is locked", 0.05 s into ``PRAGMA journal_mode``) and exited, and the
+    demo was not verified (once, in a full test run). The start waits for
+    the lock instead. Here the start meets a file another connection holds
+    locked before it is in WAL mode, where the same pragma needs the lock."""
+    import threading
+
+    path = tmp_path / "p.db"
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("CREATE TABLE other (x)")
+    locker.execute("BEGIN EXCLUSIVE")
+    outcome: list[BaseException | Projection] = []
+
+    def start() -> None:
+        try:
+            outcome.append(Projection(path))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    try:
+        thread.join(0.5)
+        assert not outcome, f"the start did not wait for the lock: {outcome}"
+    finally:
+        locker.execute("COMMIT")
+        locker.close()
+    thread.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], Projection), outcome
+    outcome[0].close()

@@ -59,6 +59,12 @@ BUSY_TIMEOUT = 0.05
 """How long a handler waits on a locked projection (seconds) before the
 classifier turns "database is locked" into Transient."""
 
+SETUP_TIMEOUT = 60.0
+"""How long the consumer's start waits on a locked projection (seconds).
+Nothing retries the setup as the engine retries a Transient handler: a
+consumer the chaos restarted while the lock was held failed its start
+("database is locked" at ``PRAGMA journal_mode``) and exited."""
+
 
 @event("demo.plane-registered", key="tailnum", algebra="idempotent")
 class PlaneRegistered(msgspec.Struct, frozen=True):
@@ -167,7 +173,7 @@ class Projection:
         self._known: set[str] = set()
         self._complete = False
         self._writer = _GroupCommit(self)
-        conn = self._open()
+        conn = self._open(SETUP_TIMEOUT)
         try:
             conn.executescript(SCHEMA)
         finally:
@@ -177,9 +183,9 @@ class Projection:
         """Stop the writer thread (after the writes handed to it)."""
         self._writer.close()
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self, timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+            self.path, timeout=timeout, isolation_level=None, check_same_thread=False
         )
         conn.execute("PRAGMA journal_mode=WAL")
         # OFF is still safe against a killed process (the OS keeps the writes);
