@@ -87,13 +87,25 @@ def _handled(paths: list[Path]) -> dict[Path, list[tuple[str, int, float, float]
 
 def _check_key_order(handled: dict[Path, list[tuple[str, int, float, float]]]) -> None:
     """Each process handles a key's events in order: a step back is a
-    redelivery after a rebalance (at-least-once), never a skip."""
-    for rows in handled.values():
-        last: dict[str, int] = {}
-        for key, n, _, _ in rows:
-            if key in last:
-                assert n <= last[key] + 1, f"{key}: {n} after {last[key]}"
-            last[key] = n
+    redelivery after a rebalance (at-least-once); a step forward only over
+    events another process handled in between (the partition went there and
+    came back: seen, member 1 handled k34 0-5, member 0 6-18 and was
+    killed, and member 1 went on at 15, after member 0's last commit)."""
+    starts: dict[tuple[str, int], list[tuple[Path, float]]] = defaultdict(list)
+    for path, rows in handled.items():
+        for key, n, start, _ in rows:
+            starts[(key, n)].append((path, start))
+    for path, rows in handled.items():
+        last: dict[str, tuple[int, float]] = {}
+        for key, n, start, _ in rows:
+            if key in last and n > last[key][0] + 1:
+                before, since = last[key]
+                for skipped in range(before + 1, n):
+                    assert any(
+                        other != path and since <= at <= start
+                        for other, at in starts[(key, skipped)]
+                    ), f"{key}: {n} after {before}, and no other member ran {skipped} between"
+            last[key] = (n, start)
 
 
 def _check_no_key_ran_twice_at_once(
