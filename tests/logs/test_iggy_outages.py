@@ -19,7 +19,7 @@ from apache_iggy import IggyClient
 
 from wakuwaku import LogError, LogUnavailableError, UnknownTopicError
 from wakuwaku.logs.iggy import IggyLog
-from wakuwaku.logs.iggy._server import Server
+from wakuwaku.logs.iggy._server import IDLE_CHECK, Server
 
 from ..conftest import IGGY_URL
 from ..faults.servers import IggyServer
@@ -78,20 +78,18 @@ async def test_an_idle_log_answers_its_first_read_after_a_server_restart(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=LogUnavailableError,
-    reason="known fault, cause found, not fixed: the broken connection is found only by "
-    "sending on it, and a write that met it cannot be told from one a server stored and "
-    "died before answering, so it is not sent again; a ping before a call on an idle "
-    "connection fixed it, but 2 of 5 full runs beside CPU burners with that ping crashed "
-    "pytest workers in Iggy tests (cause not found), so it was withdrawn",
-)
 async def test_an_idle_log_stores_its_first_append_after_a_server_restart(
     iggy_server: IggyServer,
 ) -> None:
+    """The first append after a restart met the broken idle connection and
+    raised: a write cannot be sent again (it may have been stored). A
+    connection idle for ``IDLE_CHECK`` is now checked with a read before
+    the write (a restart faster than that is not caught: see IDLE_CHECK)."""
     log = await _restart_while_idle(iggy_server)
     try:
+        # The restart took longer than IDLE_CHECK here; make sure of it.
+        idle = time.monotonic() - log._server._answered_at
+        await asyncio.sleep(max(0.0, IDLE_CHECK - idle) + 0.01)
         assert await log.append("orders", 0, [({"wk-key": b"k"}, b"b")]) == [1]
     finally:
         await log.close()
@@ -157,14 +155,33 @@ def test_the_cli_exits_with_its_status_when_the_login_is_refused() -> None:
     assert codes == [3] * 10
 
 
-def _fake_server(monkeypatch: pytest.MonkeyPatch) -> tuple[Server, list[object]]:
-    """A Server whose connections are plain objects (no server), and the list
-    of connections it made."""
-    server = Server("127.0.0.1:1", "u", "p", "s", timeout=0.05, url="iggy://test")
-    made: list[object] = []
+class _FakeConnection:
+    """A connection of :func:`_fake_server`: answers ``get_stream`` (the idle
+    check) until it is ``broken``."""
 
-    async def connect() -> object:
-        made.append(object())
+    def __init__(self, checks: list[object], broken: bool) -> None:
+        self.broken = broken
+        self._checks = checks
+
+    async def get_stream(self, name: str) -> object:
+        self._checks.append(self)
+        if self.broken:
+            raise RuntimeError("Disconnected")
+        return name
+
+
+def _fake_server(
+    monkeypatch: pytest.MonkeyPatch, checks: list[object] | None = None
+) -> tuple[Server, list[_FakeConnection]]:
+    """A Server whose connections are :class:`_FakeConnection` (no server),
+    and the list of connections it made; idle checks are listed in ``checks``.
+    Connections are made broken once ``server.down`` is set (the fake's own)."""
+    server = Server("127.0.0.1:1", "u", "p", "s", timeout=0.05, url="iggy://test")
+    made: list[_FakeConnection] = []
+
+    async def connect() -> _FakeConnection:
+        down = getattr(server, "down", False)
+        made.append(_FakeConnection([] if checks is None else checks, down))
         return made[-1]
 
     monkeypatch.setattr(server, "connect", connect)
@@ -242,3 +259,46 @@ async def test_only_a_call_that_changes_nothing_is_sent_again_and_only_once(
     with pytest.raises(LogUnavailableError, match="Disconnected"):
         await server.call("append", broken)
     assert len(sent) == 1
+
+
+async def test_a_write_on_an_idle_connection_checks_it_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write after ``IDLE_CHECK`` seconds of quiet first asks for the
+    stream, which replaces a connection a restart broke, so the write is
+    sent once, on a working connection; a connection in use is not checked."""
+    checks: list[object] = []
+    server, made = _fake_server(monkeypatch, checks)
+    writes: list[object] = []
+
+    async def write(client: object) -> str:
+        writes.append(client)
+        return "stored"
+
+    assert await server.call("append", write) == "stored"  # a new connection: no check
+    assert await server.call("append", write) == "stored"  # just answered: no check
+    assert checks == [] and writes == [made[0], made[0]]
+    # Idle past the bound, and broken meanwhile.
+    made[0].broken = True
+    server._answered_at -= IDLE_CHECK + 1.0
+    writes.clear()
+    assert await server.call("append", write) == "stored"
+    assert checks == [made[0], made[1]]
+    assert writes == [made[1]]
+    # Idle again, still working: checked, then written on the same connection.
+    checks.clear()
+    writes.clear()
+    server._answered_at -= IDLE_CHECK + 1.0
+    assert await server.call("append", write) == "stored"
+    assert checks == [made[1]] and writes == [made[1]]
+    # Idle, and the server gone: the check raises and nothing is written.
+    checks.clear()
+    writes.clear()
+    for connection in made:
+        connection.broken = True
+    server.down = True  # type: ignore[attr-defined]
+    server._answered_at -= IDLE_CHECK + 1.0
+    made_before = len(made)
+    with pytest.raises(LogUnavailableError, match="Disconnected"):
+        await server.call("append", write)
+    assert writes == [] and len(checks) == 2 and len(made) == made_before + 1
