@@ -113,13 +113,7 @@ FAULTS = ("kill", "freeze", "restart_twice")
 
 # Cases that fail today, each with the symptom seen: none. A case added here
 # is a fault being fixed, never a design decision.
-KNOWN: dict[tuple[str, str], str] = {
-    ("iggy", "freeze"): (
-        "intermittent, cause not found: failed once in a fresh clone's full run on a heavily "
-        "loaded machine (its output was not captured); passed 5 of 5 alone and 3 of 3 "
-        "beside two CPU burners"
-    ),
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def cases() -> list[object]:

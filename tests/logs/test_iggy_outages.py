@@ -18,7 +18,7 @@ import pytest
 from apache_iggy import IggyClient
 
 from wakuwaku import LogError, LogUnavailableError, UnknownTopicError
-from wakuwaku.logs.iggy import IggyLog
+from wakuwaku.logs.iggy import IggyLog, _server
 from wakuwaku.logs.iggy._server import IDLE_CHECK, Server
 
 from ..conftest import IGGY_URL
@@ -302,3 +302,61 @@ async def test_a_write_on_an_idle_connection_checks_it_first(
     with pytest.raises(LogUnavailableError, match="Disconnected"):
         await server.call("append", write)
     assert writes == [] and len(checks) == 2 and len(made) == made_before + 1
+
+
+@pytest.mark.slow
+async def test_an_append_whose_answer_a_freeze_lost_is_stored_once_when_sent_again(
+    iggy_server: IggyServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send that timed out on a frozen server was carried out once the
+    server went on, and the append sent again with its token (as the
+    consumer's outbox does for a dead letter) stored the records a second
+    time: the token's promise (``Log.append``) did not hold on Iggy. (No
+    idle check here: the send itself must meet the frozen server.)"""
+    monkeypatch.setattr(_server, "IDLE_CHECK", 3600.0)
+    log = IggyLog(
+        f"127.0.0.1:{iggy_server.port}", username="iggy", password="iggy", stream="s", timeout=1.0
+    )
+    try:
+        await log.create_topic("dead", 1)
+        assert await log.append("dead", 0, [({"wk-key": b"k"}, b"before")]) == [0]
+        records = [({"wk-key": b"k"}, b"a"), ({"wk-key": b"k"}, b"b")]
+        await asyncio.to_thread(iggy_server.freeze)
+        try:
+            with pytest.raises(LogUnavailableError, match="append to dead/0"):
+                await log.append("dead", 0, records, token="letter-1")
+        finally:
+            await asyncio.to_thread(iggy_server.thaw)
+        offsets = await log.append("dead", 0, records, token="letter-1")
+        stored = [(r.offset, r.body) for r in await log.read("dead", 0, 0)]
+        assert stored == [(0, b"before"), (1, b"a"), (2, b"b")]
+        assert offsets == [1, 2]
+    finally:
+        await log.close()
+
+
+@pytest.mark.slow
+async def test_an_append_a_stopped_server_never_got_is_sent_when_sent_again(
+    iggy_server: IggyServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look for an unanswered append finds nothing when the server never
+    got it (it was down), and the append is sent and stored once. (No idle
+    check here: the send itself must meet the stopped server.)"""
+    monkeypatch.setattr(_server, "IDLE_CHECK", 3600.0)
+    log = IggyLog(
+        f"127.0.0.1:{iggy_server.port}", username="iggy", password="iggy", stream="s", timeout=1.0
+    )
+    try:
+        await log.create_topic("dead", 1)
+        assert await log.append("dead", 0, [({"wk-key": b"k"}, b"before")]) == [0]
+        records = [({"wk-key": b"k"}, b"a"), ({"wk-key": b"k"}, b"b")]
+        await asyncio.to_thread(iggy_server.kill)
+        with pytest.raises(LogUnavailableError, match="append to dead/0"):
+            await log.append("dead", 0, records, token="letter-1")
+        await asyncio.to_thread(iggy_server.start)
+        await _until_it_takes_logins(iggy_server)
+        assert await log.append("dead", 0, records, token="letter-1") == [1, 2]
+        stored = [(r.offset, r.body) for r in await log.read("dead", 0, 0)]
+        assert stored == [(0, b"before"), (1, b"a"), (2, b"b")]
+    finally:
+        await log.close()

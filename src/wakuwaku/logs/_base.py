@@ -345,8 +345,10 @@ class Log(abc.ABC):
             (a key beside the partition); memory, SQLite and Kafka remember
             the tokens of the appends that answered in this process, for 5
             minutes (their appends store all or nothing, or, on Kafka, the
-            idempotent producer resends within the call). A retry after the
-            window may store the records again.
+            idempotent producer resends within the call); Iggy remembers
+            them too, and looks for the records of an append that raised
+            by message ids made from its token (this process only). A retry
+            after the window may store the records again.
         :returns: the offsets given to the records, in order.
         :raises UnknownTopicError: when the topic does not exist.
         :raises UnknownPartitionError: when the partition does not exist.

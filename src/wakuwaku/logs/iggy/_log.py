@@ -53,7 +53,7 @@ from .._url import (
     parse_log_url,
 )
 from ._groups import Groups, Member
-from ._messages import HEADER_ROOM, MAX_PAYLOAD, Messages
+from ._messages import HEADER_ROOM, MAX_PAYLOAD, Messages, batch_ids
 from ._offsets import Offsets
 from ._server import MAX_NAME, TLS, Server, check_group, check_name
 
@@ -340,9 +340,11 @@ class IggyLog(Log):
 
         With ``fence``, the member must own the fence's partition now (asked
         of the server right before the send). A ``token`` is remembered by
-        this instance once the server confirmed the batch; Iggy keeps no
-        token: a send whose answer was lost may have been stored, and
-        sending it again may store it twice.
+        this instance once the server confirmed the batch, and names the
+        records' Iggy message ids: an append whose send raised
+        :class:`~wakuwaku.LogUnavailableError`, sent again with its token,
+        is first looked for on the partition (Iggy keeps no token; see
+        :meth:`~._messages.Messages.send`).
 
         :raises ConfigError: for a record over the topic's limit (naming it);
             nothing is written.
@@ -359,10 +361,16 @@ class IggyLog(Log):
             if fence is not None:
                 await self._groups.fence_owner(fence)
             return done
-        messages = [self._messages.message(topic, partition, h, bytes(b)) for h, b in checked]
+        ids: Sequence[int | None] = (
+            [None] * len(checked) if token is None else batch_ids(token, len(checked))
+        )
+        messages = [
+            self._messages.message(topic, partition, h, bytes(b), ident)
+            for (h, b), ident in zip(checked, ids, strict=True)
+        ]
         if fence is not None:
             await self._groups.fence_owner(fence)
-        offsets = await self._messages.send(topic, partition, messages)
+        offsets = await self._messages.send(topic, partition, messages, token, ids[0])
         self._tokens.put(topic, partition, token, offsets)
         return offsets
 

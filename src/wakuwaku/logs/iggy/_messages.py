@@ -18,6 +18,7 @@ Called by the log (:mod:`._log`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Mapping
@@ -49,6 +50,16 @@ _HEADER_FRAMING = 16  # per header: kinds and lengths, counted generously
 _READ_PAUSE = 0.02  # seconds between polls of a waiting read
 _SAY_AGAIN = 60.0  # seconds between warnings about one partition's foreign records
 _READER = "wakuwaku-reader"
+_FIND_PAGE = 1_000  # records per poll when looking for an unanswered send
+
+
+def batch_ids(token: str, count: int) -> list[int]:
+    """The Iggy message ids of an append named by ``token``: a 96-bit hash of
+    the token above each record's index (from 1), so a send whose answer was
+    lost can be looked for by its first id."""
+    digest = hashlib.blake2b(token.encode("ascii"), digest_size=12).digest()
+    base = int.from_bytes(digest, "big") << 32
+    return [base + n for n in range(1, count + 1)]
 
 
 def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
@@ -110,6 +121,12 @@ class Messages:
         self._derived: set[str] = set()
         self._reader = Consumer.Single(_READER)
         self._foreign_said: dict[tuple[str, int], float] = {}
+        # Per partition, an offset below every record this instance sends
+        # next (one past its last confirmed send, or the end asked once).
+        self._ends: dict[tuple[str, int], int] = {}
+        # Per (topic, partition, token) whose send raised LogUnavailableError:
+        # the offset its records would be at or after.
+        self._unanswered: dict[tuple[str, int, str], int] = {}
 
     def mark_derived(self, topic: str) -> None:
         """``topic`` is an engine-made one: it takes :data:`HEADER_ROOM` more bytes per record."""
@@ -118,12 +135,26 @@ class Messages:
     def forget(self, topic: str) -> None:
         """``topic`` was deleted."""
         self._derived.discard(topic)
+        for key in [k for k in self._ends if k[0] == topic]:
+            del self._ends[key]
+        for lost in [k for k in self._unanswered if k[0] == topic]:
+            del self._unanswered[lost]
 
     def _limit(self, topic: str) -> int:
         return MAX_PAYLOAD if topic in self._derived else MAX_PAYLOAD - HEADER_ROOM
 
-    def message(self, topic: str, partition: int, headers: Mapping[str, bytes], body: bytes) -> Any:
+    def message(
+        self,
+        topic: str,
+        partition: int,
+        headers: Mapping[str, bytes],
+        body: bytes,
+        ident: int | None = None,
+    ) -> Any:
         """The Iggy message of one record (:data:`ENVELOPE` for what headers cannot carry).
+
+        :param ident: its Iggy message id (:func:`batch_ids`); None lets the
+            server choose one.
 
         :raises ConfigError: for a record over the topic's limit, naming it.
         """
@@ -150,7 +181,7 @@ class Messages:
             else:
                 extra[name] = value
         if not extra and body:
-            return SendMessage(body, plain or None)
+            return SendMessage(body, plain or None, ident)
         payload = msgspec.msgpack.encode([extra, body])
         if len(payload) > MAX_PAYLOAD:
             raise ConfigError(
@@ -158,14 +189,46 @@ class Messages:
                 f"{MAX_PAYLOAD} bytes once its long headers are moved into the payload"
             )
         plain[ENVELOPE] = b"1"
-        return SendMessage(payload, plain)
+        return SendMessage(payload, plain, ident)
 
-    async def send(self, topic: str, partition: int, messages: list[Any]) -> list[int]:
+    async def send(
+        self,
+        topic: str,
+        partition: int,
+        messages: list[Any],
+        token: str | None = None,
+        first_id: int | None = None,
+    ) -> list[int]:
         """Send ``messages`` (made by :meth:`message`) to one partition as one Iggy batch.
+
+        An append named by ``token`` (its messages carry :func:`batch_ids`
+        of it, the first being ``first_id``) whose send raised
+        :class:`LogUnavailableError` is looked for when sent again: a send
+        that timed out may still be carried out (a frozen server stored it
+        once it went on), and Iggy keeps no token nor drops a duplicate, so
+        sending it again stored its records twice. The records are looked
+        for from where this instance knew the partition ended before the
+        first send, by the first message's id (a batch is stored whole or
+        not at all); when found, their offsets are returned and nothing is
+        sent. The lower bound is one past this instance's last confirmed
+        send to the partition, or the partition's end asked once before the
+        first send named by a token.
 
         :returns: their offsets.
         :raises UnknownTopicError: when the send was refused and the topic is gone.
         """
+        lost_key = None if token is None else (topic, partition, token)
+        since: int | None = None
+        if lost_key is not None and first_id is not None:
+            since = self._unanswered.get(lost_key)
+            if since is not None:
+                found = await self._find(topic, partition, since, first_id, len(messages))
+                if found is not None:
+                    del self._unanswered[lost_key]
+                    self._ends[(topic, partition)] = max(since, found[-1] + 1)
+                    return found
+            else:
+                since = await self._end(topic, partition)
         stream = self._server.stream
         try:
             answer = await self._server.call(
@@ -173,6 +236,8 @@ class Messages:
                 lambda c: c.send_messages(stream, topic, partition, messages),
             )
         except LogUnavailableError:
+            if lost_key is not None and since is not None:
+                self._unanswered[lost_key] = since
             raise
         except LogError:
             await self._server.unknown_topic(topic)
@@ -182,7 +247,35 @@ class Messages:
                 f"Iggy log {self._server.url}: append to {topic}/{partition} got no offset"
             )
         base = int(answer.confirmations[0].base_offset)
+        if lost_key is not None:
+            self._unanswered.pop(lost_key, None)
+        self._ends[(topic, partition)] = base + len(messages)
         return list(range(base, base + len(messages)))
+
+    async def _end(self, topic: str, partition: int) -> int:
+        """An offset at or below where this instance's next send to ``partition`` lands."""
+        known = self._ends.get((topic, partition))
+        if known is None:
+            known = (await self._server.end_offsets(topic)).get(partition, 0)
+            self._ends[(topic, partition)] = known
+        return known
+
+    async def _find(
+        self, topic: str, partition: int, since: int, first_id: int, count: int
+    ) -> list[int] | None:
+        """The offsets of the ``count`` records of a batch whose first message
+        has id ``first_id``, looked for from ``since`` to the end; None when
+        it is not there."""
+        offset = since
+        while found := await self._own_poll(
+            topic, partition, PollingStrategy.Offset(offset), _FIND_PAGE
+        ):
+            for message in found:
+                if message.id() == first_id:
+                    start = message.offset()
+                    return list(range(start, start + count))
+            offset = found[-1].offset() + 1
+        return None
 
     async def read(
         self, topic: str, partition: int, offset: int, max_records: int, wait: float
