@@ -39,6 +39,8 @@ they may call):
   the topics and their cache, Iggy's identifiers;
 - ``_messages``: records as Iggy messages (headers, the envelope, size
   limits), sends, reads, start offsets;
+- ``_unanswered``: appends whose answer was lost, and where to look for
+  their records before one is sent again;
 - ``_offsets``: the groups' stored offsets (the binary offset commands),
   commits through the consumer-group offset fence, their deletion;
 - ``_groups``: the group members, their Iggy consumer-group memberships and

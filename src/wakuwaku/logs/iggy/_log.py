@@ -10,7 +10,8 @@ closing; it hands each contract call to the part that does it:
 
 - :mod:`._server`: the connection, bounded calls and their errors, the
   stream, the topics and their cache, end offsets;
-- :mod:`._messages`: records as Iggy messages, sends, reads, start offsets;
+- :mod:`._messages`: records as Iggy messages, sends, reads, start offsets,
+  and (:mod:`._unanswered`) the appends whose answer was lost;
 - :mod:`._offsets`: the groups' stored offsets, commits, their deletion;
 - :mod:`._groups`: the members, their Iggy consumer groups, who owns which
   partition.
@@ -53,9 +54,10 @@ from .._url import (
     parse_log_url,
 )
 from ._groups import Groups, Member
-from ._messages import HEADER_ROOM, MAX_PAYLOAD, Messages, batch_ids
+from ._messages import HEADER_ROOM, MAX_PAYLOAD, Messages
 from ._offsets import Offsets
 from ._server import MAX_NAME, TLS, Server, check_group, check_name
+from ._unanswered import batch_ids
 
 __all__ = (
     "PASSWORD_ENV",
@@ -368,6 +370,12 @@ class IggyLog(Log):
             self._messages.message(topic, partition, h, bytes(b), ident)
             for (h, b), ident in zip(checked, ids, strict=True)
         ]
+        if token is not None:
+            # Stored by a try whose answer was lost (under the fence then).
+            found = await self._messages.unanswered.find(topic, partition, token, len(checked))
+            if found is not None:
+                self._tokens.put(topic, partition, token, found)
+                return found
         if fence is not None:
             await self._groups.fence_owner(fence)
         offsets = await self._messages.send(topic, partition, messages, token, ids[0])

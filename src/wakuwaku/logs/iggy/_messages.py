@@ -11,14 +11,14 @@ and the offsets they got, and the log's polls: by offset as a plain
 consumer that stores nothing (:data:`_READER`), for reads and for the first
 offset of each partition.
 
-May call: :mod:`._server` (the log's connection, the topic cache).
+May call: :mod:`._server` (the log's connection, the topic cache),
+:mod:`._unanswered` (which it hands its poll and the end offsets).
 Called by the log (:mod:`._log`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Mapping
@@ -30,6 +30,7 @@ from apache_iggy import Consumer, PollingStrategy, ReceiveMessage, SendMessage
 from ..._errors import ConfigError, LogError, LogUnavailableError
 from ..._records import H_KEY, Record, unreadable_record
 from ._server import Server, end_of
+from ._unanswered import Unanswered
 
 __all__ = ("ENVELOPE", "HEADER_ROOM", "MAX_PAYLOAD", "Messages", "to_record")
 
@@ -50,16 +51,6 @@ _HEADER_FRAMING = 16  # per header: kinds and lengths, counted generously
 _READ_PAUSE = 0.02  # seconds between polls of a waiting read
 _SAY_AGAIN = 60.0  # seconds between warnings about one partition's foreign records
 _READER = "wakuwaku-reader"
-_FIND_PAGE = 1_000  # records per poll when looking for an unanswered send
-
-
-def batch_ids(token: str, count: int) -> list[int]:
-    """The Iggy message ids of an append named by ``token``: a 96-bit hash of
-    the token above each record's index (from 1), so a send whose answer was
-    lost can be looked for by its first id."""
-    digest = hashlib.blake2b(token.encode("ascii"), digest_size=12).digest()
-    base = int.from_bytes(digest, "big") << 32
-    return [base + n for n in range(1, count + 1)]
 
 
 def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
@@ -121,12 +112,7 @@ class Messages:
         self._derived: set[str] = set()
         self._reader = Consumer.Single(_READER)
         self._foreign_said: dict[tuple[str, int], float] = {}
-        # Per partition, an offset below every record this instance sends
-        # next (one past its last confirmed send, or the end asked once).
-        self._ends: dict[tuple[str, int], int] = {}
-        # Per (topic, partition, token) whose send raised LogUnavailableError:
-        # the offset its records would be at or after.
-        self._unanswered: dict[tuple[str, int, str], int] = {}
+        self.unanswered = Unanswered(self._poll_from, server.end_offsets)
 
     def mark_derived(self, topic: str) -> None:
         """``topic`` is an engine-made one: it takes :data:`HEADER_ROOM` more bytes per record."""
@@ -135,10 +121,7 @@ class Messages:
     def forget(self, topic: str) -> None:
         """``topic`` was deleted."""
         self._derived.discard(topic)
-        for key in [k for k in self._ends if k[0] == topic]:
-            del self._ends[key]
-        for lost in [k for k in self._unanswered if k[0] == topic]:
-            del self._unanswered[lost]
+        self.unanswered.forget(topic)
 
     def _limit(self, topic: str) -> int:
         return MAX_PAYLOAD if topic in self._derived else MAX_PAYLOAD - HEADER_ROOM
@@ -201,43 +184,28 @@ class Messages:
     ) -> list[int]:
         """Send ``messages`` (made by :meth:`message`) to one partition as one Iggy batch.
 
-        An append named by ``token`` (its messages carry :func:`batch_ids`
-        of it, the first being ``first_id``) whose send raised
-        :class:`LogUnavailableError` is looked for when sent again: a send
-        that timed out may still be carried out (a frozen server stored it
-        once it went on), and Iggy keeps no token nor drops a duplicate, so
-        sending it again stored its records twice. The records are looked
-        for from where this instance knew the partition ended before the
-        first send, by the first message's id (a batch is stored whole or
-        not at all); when found, their offsets are returned and nothing is
-        sent. The lower bound is one past this instance's last confirmed
-        send to the partition, or the partition's end asked once before the
-        first send named by a token.
+        A send of an append named by ``token`` (its messages carry
+        :func:`batch_ids` of it, the first being ``first_id``) that raises
+        :class:`LogUnavailableError` or is cancelled is remembered as
+        unanswered (:mod:`._unanswered`): it may still be stored, and the
+        caller looks for it (:meth:`Unanswered.find`) before it sends the
+        append again.
 
         :returns: their offsets.
         :raises UnknownTopicError: when the send was refused and the topic is gone.
         """
-        lost_key = None if token is None else (topic, partition, token)
-        since: int | None = None
-        if lost_key is not None and first_id is not None:
-            since = self._unanswered.get(lost_key)
-            if since is not None:
-                found = await self._find(topic, partition, since, first_id, len(messages))
-                if found is not None:
-                    del self._unanswered[lost_key]
-                    self._ends[(topic, partition)] = max(since, found[-1] + 1)
-                    return found
-            else:
-                since = await self._end(topic, partition)
+        since = None
+        if token is not None and first_id is not None:
+            since = await self.unanswered.since(topic, partition, token)
         stream = self._server.stream
         try:
             answer = await self._server.call(
                 f"append to {topic}/{partition}",
                 lambda c: c.send_messages(stream, topic, partition, messages),
             )
-        except LogUnavailableError:
-            if lost_key is not None and since is not None:
-                self._unanswered[lost_key] = since
+        except (LogUnavailableError, asyncio.CancelledError):
+            if token is not None and first_id is not None and since is not None:
+                self.unanswered.failed(topic, partition, token, since, len(messages), first_id)
             raise
         except LogError:
             await self._server.unknown_topic(topic)
@@ -247,35 +215,14 @@ class Messages:
                 f"Iggy log {self._server.url}: append to {topic}/{partition} got no offset"
             )
         base = int(answer.confirmations[0].base_offset)
-        if lost_key is not None:
-            self._unanswered.pop(lost_key, None)
-        self._ends[(topic, partition)] = base + len(messages)
+        self.unanswered.stored(topic, partition, token, base + len(messages))
         return list(range(base, base + len(messages)))
 
-    async def _end(self, topic: str, partition: int) -> int:
-        """An offset at or below where this instance's next send to ``partition`` lands."""
-        known = self._ends.get((topic, partition))
-        if known is None:
-            known = (await self._server.end_offsets(topic)).get(partition, 0)
-            self._ends[(topic, partition)] = known
-        return known
-
-    async def _find(
-        self, topic: str, partition: int, since: int, first_id: int, count: int
-    ) -> list[int] | None:
-        """The offsets of the ``count`` records of a batch whose first message
-        has id ``first_id``, looked for from ``since`` to the end; None when
-        it is not there."""
-        offset = since
-        while found := await self._own_poll(
-            topic, partition, PollingStrategy.Offset(offset), _FIND_PAGE
-        ):
-            for message in found:
-                if message.id() == first_id:
-                    start = message.offset()
-                    return list(range(start, start + count))
-            offset = found[-1].offset() + 1
-        return None
+    async def _poll_from(
+        self, topic: str, partition: int, offset: int, count: int
+    ) -> list[ReceiveMessage]:
+        """Iggy messages of ``partition`` from ``offset`` on (the partition's own only)."""
+        return await self._own_poll(topic, partition, PollingStrategy.Offset(offset), count)
 
     async def read(
         self, topic: str, partition: int, offset: int, max_records: int, wait: float

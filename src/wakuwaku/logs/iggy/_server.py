@@ -261,8 +261,9 @@ class Server:
         connection broken, nothing tells the client until it sends, and a
         write that meets it cannot be sent again (it may have been carried
         out), so the first append of a producer that paused across a restart
-        failed. The check costs one round trip per write after a pause; a
-        connection in use is never checked.
+        failed. The check costs one round trip per write after a pause (and
+        a new connection and the check again when it finds one broken); a
+        connection that answered within :data:`IDLE_CHECK` is not checked.
 
         :raises LogUnavailableError: when the server does not answer within
             ``timeout`` or the connection breaks (the call may have been
@@ -270,7 +271,12 @@ class Server:
         :raises LogError: when the server refuses it.
         """
         if self._client is not None and time.monotonic() - self._answered_at > IDLE_CHECK:
-            await self.ask("check the connection", lambda c: c.get_stream(self.stream))
+            try:
+                await self.ask("check the connection", lambda c: c.get_stream(self.stream))
+            except LogUnavailableError:
+                raise
+            except LogError:
+                pass  # refused, so answered: the connection works; the write says the rest
         return await self._send(what, call)
 
     async def _send(self, what: str, call: Callable[[IggyClient], Awaitable[_T]]) -> _T:
