@@ -179,6 +179,29 @@ async def test_headers_iggy_cannot_carry_travel_in_the_payload(log: IggyLog) -> 
     assert (second.headers, second.body) == ({"wk-key": b"k"}, b"plain")
 
 
+async def test_headers_of_every_iggy_kind_are_read_as_text_names_and_bytes(
+    log: IggyLog,
+) -> None:
+    """Another Iggy producer may send names as bytes and values as text,
+    numbers or booleans: each is read as ``str -> bytes`` (numbers and
+    booleans as their text), as the headers this log writes are."""
+    await log.create_topic("orders", 1)
+    client = IggyClient.from_connection_string(IGGY_URL)
+    await client.connect()
+    sent: list[dict[object, object]] = [
+        {"wk-key": b"k", "wk-v": b"1"},
+        {"wk-key": "text", b"raw-name": b"raw"},
+        {"count": 7, "ok": True, "wk-key": b"k"},
+    ]
+    await client.send_messages(log.stream, "orders", 0, [SendMessage(b"{}", h) for h in sent])
+    read = [r.headers for r in await log.read("orders", 0, 0)]
+    assert read == [
+        {"wk-key": b"k", "wk-v": b"1"},
+        {"wk-key": b"text", "raw-name": b"raw"},
+        {"count": b"7", "ok": b"True", "wk-key": b"k"},
+    ]
+
+
 async def test_a_record_over_the_topic_limit_is_refused_naming_it(log: IggyLog) -> None:
     log = iggy_log(log.stream, timeout=60.0)  # 63 MB through a loaded shared machine
     await log.create_topic("orders", 1)

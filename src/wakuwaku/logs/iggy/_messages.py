@@ -56,18 +56,25 @@ _READER = "wakuwaku-reader"
 def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
     """A message's Iggy user headers as ``str -> bytes``.
 
-    The usual case (text names, raw values, as this log writes them) is one
-    comprehension and one type check per header: this runs once per record
-    read, and was the consumer's largest cost on Iggy. Other kinds (a
-    name in bytes, a value Iggy typed as text or a number) are turned into
-    the same shape; a name that is not UTF-8 keeps its bytes as ``\ufffd``.
+    The usual case (text names, raw values, as this log writes them) is the
+    client's own conversion and two joins that raise ``TypeError`` unless
+    every name is text and every value bytes: this runs once per record
+    read, and was the consumer's largest cost on Iggy. Other kinds (a name
+    in bytes, a value Iggy typed as text or a number, two typed names the
+    client's conversion cannot tell apart) are turned into the same shape;
+    a name that is not UTF-8 keeps its bytes as ``\ufffd``.
     """
     found = message.user_headers()
     if not found:
         return {}
-    plain = {key.value: value.value for key, value in found.items()}
-    if all(type(k) is str and type(v) is bytes for k, v in plain.items()):
-        return plain
+    try:
+        plain = found.to_scalar_dict()
+        "".join(plain)  # type: ignore[arg-type]
+        b"".join(plain.values())  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        pass
+    else:
+        return plain  # type: ignore[return-value]
     out: dict[str, bytes] = {}
     for key, value in found.items():
         name = key.value
@@ -84,7 +91,7 @@ def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
 
 def to_record(message: ReceiveMessage) -> Record:
     """The record an Iggy message holds (an unreadable record for a bad envelope or headers)."""
-    offset = int(message.offset())
+    offset = message.offset()
     stamp = message.timestamp() / 1_000_000
     body = message.payload()
     try:
@@ -233,7 +240,9 @@ class Messages:
         strategy = PollingStrategy.Offset(max(offset, 0))
         while True:
             found = await self._own_poll(topic, partition, strategy, max(1, max_records))
-            records = [to_record(m) for m in found if m.offset() >= offset]
+            if found and found[0].offset() < offset:  # in offset order: the rest are later
+                found = [m for m in found if m.offset() >= offset]
+            records = [to_record(m) for m in found]
             if records or time.monotonic() >= deadline:
                 return records[:max_records]
             await asyncio.sleep(min(_READ_PAUSE, max(0.0, deadline - time.monotonic())))
