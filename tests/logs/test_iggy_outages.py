@@ -95,9 +95,9 @@ async def test_an_idle_log_stores_its_first_append_after_a_server_restart(
         await log.close()
 
 
-def _idle_log(server: IggyServer) -> IggyLog:
+def _idle_log(server: IggyServer, timeout: float = 5.0) -> IggyLog:
     return IggyLog(
-        f"127.0.0.1:{server.port}", username="iggy", password="iggy", stream="idle", timeout=5.0
+        f"127.0.0.1:{server.port}", username="iggy", password="iggy", stream="idle", timeout=timeout
     )
 
 
@@ -304,59 +304,49 @@ async def test_a_write_on_an_idle_connection_checks_it_first(
     assert writes == [] and len(checks) == 2 and len(made) == made_before + 1
 
 
+async def _freeze_during(server: IggyServer, append: Awaitable[object]) -> None:
+    """``append`` meets a frozen server; the server then goes on."""
+    await asyncio.to_thread(server.freeze)
+    try:
+        with pytest.raises(LogUnavailableError, match="append to dead/0"):
+            await append
+    finally:
+        await asyncio.to_thread(server.thaw)
+
+
+async def _kill_during(server: IggyServer, append: Awaitable[object]) -> None:
+    """``append`` meets a killed server, which is then started again."""
+    await asyncio.to_thread(server.kill)
+    with pytest.raises(LogUnavailableError, match="append to dead/0"):
+        await append
+    await asyncio.to_thread(server.start)
+    await _until_it_takes_logins(server)
+
+
 @pytest.mark.slow
-async def test_an_append_whose_answer_a_freeze_lost_is_stored_once_when_sent_again(
-    iggy_server: IggyServer, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("fault", [_freeze_during, _kill_during], ids=["freeze", "kill"])
+async def test_an_append_whose_answer_was_lost_is_stored_once_when_sent_again(
+    iggy_server: IggyServer,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: Callable[[IggyServer, Awaitable[object]], Awaitable[None]],
 ) -> None:
-    """A send that timed out on a frozen server was carried out once the
-    server went on, and the append sent again with its token (as the
+    """freeze: a send that timed out on a frozen server was carried out once
+    the server went on, and the append sent again with its token (as the
     consumer's outbox does for a dead letter) stored the records a second
-    time: the token's promise (``Log.append``) did not hold on Iggy. (No
-    idle check here: the send itself must meet the frozen server.)"""
+    time: the token's promise (``Log.append``) did not hold on Iggy. kill:
+    the look for the unanswered append finds nothing (the server never got
+    it), and the append is sent and stored once. (No idle check here: the
+    send itself must meet the fault.)"""
     monkeypatch.setattr(_server, "IDLE_CHECK", 3600.0)
-    log = IggyLog(
-        f"127.0.0.1:{iggy_server.port}", username="iggy", password="iggy", stream="s", timeout=1.0
-    )
+    log = _idle_log(iggy_server, timeout=1.0)
     try:
         await log.create_topic("dead", 1)
         assert await log.append("dead", 0, [({"wk-key": b"k"}, b"before")]) == [0]
         records = [({"wk-key": b"k"}, b"a"), ({"wk-key": b"k"}, b"b")]
-        await asyncio.to_thread(iggy_server.freeze)
-        try:
-            with pytest.raises(LogUnavailableError, match="append to dead/0"):
-                await log.append("dead", 0, records, token="letter-1")
-        finally:
-            await asyncio.to_thread(iggy_server.thaw)
+        await fault(iggy_server, log.append("dead", 0, records, token="letter-1"))
         offsets = await log.append("dead", 0, records, token="letter-1")
         stored = [(r.offset, r.body) for r in await log.read("dead", 0, 0)]
         assert stored == [(0, b"before"), (1, b"a"), (2, b"b")]
         assert offsets == [1, 2]
-    finally:
-        await log.close()
-
-
-@pytest.mark.slow
-async def test_an_append_a_stopped_server_never_got_is_sent_when_sent_again(
-    iggy_server: IggyServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The look for an unanswered append finds nothing when the server never
-    got it (it was down), and the append is sent and stored once. (No idle
-    check here: the send itself must meet the stopped server.)"""
-    monkeypatch.setattr(_server, "IDLE_CHECK", 3600.0)
-    log = IggyLog(
-        f"127.0.0.1:{iggy_server.port}", username="iggy", password="iggy", stream="s", timeout=1.0
-    )
-    try:
-        await log.create_topic("dead", 1)
-        assert await log.append("dead", 0, [({"wk-key": b"k"}, b"before")]) == [0]
-        records = [({"wk-key": b"k"}, b"a"), ({"wk-key": b"k"}, b"b")]
-        await asyncio.to_thread(iggy_server.kill)
-        with pytest.raises(LogUnavailableError, match="append to dead/0"):
-            await log.append("dead", 0, records, token="letter-1")
-        await asyncio.to_thread(iggy_server.start)
-        await _until_it_takes_logins(iggy_server)
-        assert await log.append("dead", 0, records, token="letter-1") == [1, 2]
-        stored = [(r.offset, r.body) for r in await log.read("dead", 0, 0)]
-        assert stored == [(0, b"before"), (1, b"a"), (2, b"b")]
     finally:
         await log.close()
