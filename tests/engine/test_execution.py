@@ -132,6 +132,32 @@ async def test_5_4_as_many_keys_run_at_once_as_max_concurrency_allows(
     assert order == {f"k{k}": [0, 1, 2] for k in range(10)}
 
 
+async def test_5_4_once_handlers_wait_the_keys_with_most_events_start_first(
+    memory_log: Log, clock: FakeClock
+) -> None:
+    # A batch ends when its last lane does: a long key started last would
+    # keep the other lane idle for its whole length.
+    log = memory_log
+    producer = await setup_topic(log)
+    await producer.publish_many(
+        [Item(f"s{k}", 0) for k in range(4)] + [Item("long", n) for n in range(6)]
+    )
+    started: list[str] = []
+    order: dict[str, list[int]] = {}
+
+    async def slow(run: Sequence[Item]) -> None:
+        key = run[0].key
+        if key not in order:
+            started.append(key)
+        order.setdefault(key, []).extend(e.n for e in run)
+        await clock.sleep(1.0)
+
+    await consumer(log, clock, [Handler(Item, slow)], max_concurrency=2).drain()
+    # The first key starts before any handler waited; then the longest.
+    assert started == ["s0", "long", "s1", "s2", "s3"]
+    assert order["long"] == list(range(6))
+
+
 async def test_a_lane_that_crashes_ends_its_sibling_lanes_before_the_partition_restarts(
     memory_log: Log, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
