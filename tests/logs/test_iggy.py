@@ -202,6 +202,24 @@ async def test_headers_of_every_iggy_kind_are_read_as_text_names_and_bytes(
     ]
 
 
+async def test_records_of_one_read_with_equal_headers_share_one_dict(log: IggyLog) -> None:
+    """Iggy hands out a new header map per message; equal headers read
+    together become one dict (as SQLiteLog's), so the consumer checks them
+    once per read. Unequal headers of the same key stay apart."""
+    await log.create_topic("orders", 1)
+    a = {"wk-key": b"k1", "wk-type": b"order"}
+    b = {"wk-key": b"k1", "wk-type": b"refund"}
+    c = {"wk-key": b"k2", "wk-type": b"order"}
+    plain = {"note": b"no key"}
+    sent = [a, dict(a), b, dict(a), c, plain, dict(plain)]
+    await log.append("orders", 0, [(h, b"{}") for h in sent])
+    read = [r.headers for r in await log.read("orders", 0, 0)]
+    assert read == sent
+    assert read[0] is read[1] is read[3]
+    assert read[2] is not read[0] and read[4] is not read[0]
+    assert read[5] is not read[6]  # without a key nothing is shared
+
+
 async def test_a_record_over_the_topic_limit_is_refused_naming_it(log: IggyLog) -> None:
     log = iggy_log(log.stream, timeout=60.0)  # 63 MB through a loaded shared machine
     await log.create_topic("orders", 1)

@@ -89,8 +89,18 @@ def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
     return out
 
 
-def to_record(message: ReceiveMessage) -> Record:
-    """The record an Iggy message holds (an unreadable record for a bad envelope or headers)."""
+def to_record(
+    message: ReceiveMessage, shared: dict[bytes, dict[str, bytes]] | None = None
+) -> Record:
+    """The record an Iggy message holds (an unreadable record for a bad envelope or headers).
+
+    :param shared: the headers of earlier records of the same read, by their
+        ``wk-key``: a record whose headers equal the ones kept for its key
+        gets that same dict (records are read-only, and SQLiteLog shares
+        equal headers too), so the consumer checks one set of headers once
+        per read instead of once per record. Iggy hands out a new header
+        map for every message.
+    """
     offset = message.offset()
     stamp = message.timestamp() / 1_000_000
     body = message.payload()
@@ -99,6 +109,12 @@ def to_record(message: ReceiveMessage) -> Record:
     except (ValueError, UnicodeError) as exc:
         return unreadable_record(offset, f"Iggy user headers not decodable: {exc}", body)
     if ENVELOPE not in headers:
+        if shared is not None and (key := headers.get(H_KEY)) is not None:
+            seen = shared.get(key)
+            if seen is None:
+                shared[key] = headers
+            elif seen == headers:
+                headers = seen
         return Record(offset, headers, body, stamp)
     headers.pop(ENVELOPE)
     try:
@@ -242,7 +258,8 @@ class Messages:
             found = await self._own_poll(topic, partition, strategy, max(1, max_records))
             if found and found[0].offset() < offset:  # in offset order: the rest are later
                 found = [m for m in found if m.offset() >= offset]
-            records = [to_record(m) for m in found]
+            shared: dict[bytes, dict[str, bytes]] = {}
+            records = [to_record(m, shared) for m in found]
             if records or time.monotonic() >= deadline:
                 return records[:max_records]
             await asyncio.sleep(min(_READ_PAUSE, max(0.0, deadline - time.monotonic())))
