@@ -164,7 +164,22 @@ class Messages:
 
         :raises ConfigError: for a record over the topic's limit, naming it.
         """
-        size = len(body) + sum(len(k.encode()) + len(v) for k, v in headers.items())
+        # One pass: the record's size, and which headers Iggy can carry (the
+        # rest goes into an envelope). This runs once per record sent.
+        size = len(body)
+        plain: dict[str, bytes] = {}
+        extra: dict[str, bytes] = {}
+        room = _MAX_HEADERS
+        for name, value in headers.items():
+            width = len(name) if name.isascii() else len(name.encode("utf-8"))
+            length = len(value)
+            size += width + length
+            cost = width + length + _HEADER_FRAMING
+            if 0 < length <= _MAX_HEADER and width <= _MAX_HEADER and cost <= room:
+                plain[name] = value
+                room -= cost
+            else:
+                extra[name] = value
         limit = self._limit(topic)
         if size > limit:
             key = headers.get(H_KEY, b"")
@@ -175,17 +190,6 @@ class Messages:
                 + ("" if topic in self._derived else f", less {HEADER_ROOM} for retry headers")
                 + ")"
             )
-        plain: dict[str, bytes] = {}
-        extra: dict[str, bytes] = {}
-        room = _MAX_HEADERS
-        for name, value in headers.items():
-            width = len(name.encode("utf-8"))
-            cost = width + len(value) + _HEADER_FRAMING
-            if 0 < len(value) <= _MAX_HEADER and width <= _MAX_HEADER and cost <= room:
-                plain[name] = value
-                room -= cost
-            else:
-                extra[name] = value
         if not extra and body:
             return SendMessage(body, plain or None, ident)
         payload = msgspec.msgpack.encode([extra, body])
