@@ -307,3 +307,92 @@ async def test_a_lease_renewer_whose_cancel_the_log_swallowed_still_ends() -> No
     consumer = Consumer(_config(lease_ttl=0.6), [Handler(Item, handle)], leases)  # type: ignore[arg-type]
     await asyncio.wait_for(consumer.drain(), 10)
     assert seen == [1] and leases.acquired >= 2
+
+
+class ScriptedLeases:
+    """``inner``, except that ``acquire_partition`` follows ``script`` first:
+    ``"down"`` raises LogUnavailableError, ``"lost"`` answers None (another
+    member holds the partition), ``"ok"`` asks ``inner``."""
+
+    def __init__(self, inner: Log, script: list[str]) -> None:
+        self.inner = inner
+        self.script = script
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def acquire_partition(self, *args: Any, **kwargs: Any) -> Any:
+        step = self.script.pop(0) if self.script else "ok"
+        if step == "down":
+            raise wk.LogUnavailableError("memory log down (scripted)")
+        if step == "lost":
+            return None
+        return await self.inner.acquire_partition(*args, **kwargs)
+
+
+def _ownership_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    said = {
+        "cannot take partition lease; retrying",
+        "partition owned by another member; waiting for its lease",
+        "partition lease taken",
+        "partition lease lost; stopping its worker",
+    }
+    return [r.getMessage() for r in caplog.records if r.getMessage() in said]
+
+
+async def test_an_unreachable_log_is_never_said_to_be_another_members_lease(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Seen against an Iggy server that was down: every failed take was
+    # followed by "owned by another member", and there was no other member.
+    log = wk.MemoryLog()
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    leases = ScriptedLeases(log, ["down", "down"])
+    consumer = Consumer(_config(lease_ttl=0.06), [Handler(Item, _noop)], leases)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="wakuwaku"):
+        await asyncio.wait_for(consumer.drain(), 10)
+    assert consumer.stats.handled == 1
+    assert _ownership_lines(caplog) == [
+        "cannot take partition lease; retrying",
+        "cannot take partition lease; retrying",
+        "partition lease taken",
+    ]
+
+
+async def test_a_partition_taken_back_after_it_was_lost_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Seen after an outage: "partition lost" was logged, the partition was
+    # owned again and consumed, and nothing said so.
+    log = wk.MemoryLog()
+    await setup_topic(log)
+    # The first take, a renewal that finds another member's lease, then
+    # the next take of the supervisor (and every later renewal) succeed.
+    leases = ScriptedLeases(log, ["ok", "lost"])
+    consumer = Consumer(_config(lease_ttl=0.06), [Handler(Item, _noop)], leases)  # type: ignore[arg-type]
+    retaken = asyncio.Event()
+
+    class Retaken(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "partition lease taken":
+                retaken.set()
+
+    watcher = Retaken()
+    logging.getLogger("wakuwaku").addHandler(watcher)
+    with caplog.at_level(logging.INFO, logger="wakuwaku"):
+        task = asyncio.create_task(consumer.run())
+        try:
+            await asyncio.wait_for(retaken.wait(), 10)
+        finally:
+            logging.getLogger("wakuwaku").removeHandler(watcher)
+            consumer.stop()
+            await asyncio.wait_for(task, 10)
+    assert _ownership_lines(caplog)[:2] == [
+        "partition lease lost; stopping its worker",
+        "partition lease taken",
+    ]
+
+
+async def _noop(run: Sequence[Item]) -> None:
+    return None

@@ -469,17 +469,22 @@ class Consumer:
         """Own the partition while alive: take it, run a worker while it is ours (design §15)."""
         clock = self.config.clock
         ttl = self.config.lease_ttl
-        waiting = False
+        # waiting: a take is logged (the partition was not ours, or was lost);
+        # said_owned: "owned by another member" was said in this wait.
+        waiting = said_owned = False
         while not self._stop.is_set():
             sent = clock.monotonic()
             lease = await self._ownership.acquire(topic, partition)
             if lease is None:
-                if not waiting:  # once per wait: a dead member's lease runs out by itself
+                waiting = True
+                # An unreachable log was logged by acquire: nobody else owns it.
+                if not said_owned and (topic, partition) not in self._ownership.unreachable:
+                    # Once per wait: a dead member's lease runs out by itself.
                     logger.info(
                         "partition owned by another member; waiting for its lease",
                         extra={"topic": topic, "partition": partition, "lease_ttl": ttl},
                     )
-                    waiting = True
+                    said_owned = True
                 await self._until_stop(self._ownership.wait(topic, partition))
                 continue
             if waiting:
@@ -487,7 +492,7 @@ class Consumer:
                     "partition lease taken",
                     extra={"topic": topic, "partition": partition, "generation": lease.generation},
                 )
-                waiting = False
+                waiting = said_owned = False
             worker = PartitionWorker(
                 log=self.log,
                 config=self.config,
@@ -527,6 +532,7 @@ class Consumer:
             if lost:
                 # Revoked: the worker stored what was done; let the partition go now.
                 await self._ownership.release(lease)
+                waiting = True  # taking it back is logged
             await clock.sleep(0)
 
     async def _run_worker(self, worker: PartitionWorker, lease: Lease) -> bool:

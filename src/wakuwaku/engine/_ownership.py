@@ -68,6 +68,10 @@ class Ownership(abc.ABC):
     def __init__(self, log: Log, config: ConsumerConfig) -> None:
         self.log = log
         self.config = config
+        #: Partitions whose last :meth:`acquire` failed on the log (None for
+        #: an unreachable log, not for another member's lease): the
+        #: supervisor then does not say another member owns them.
+        self.unreachable: set[tuple[str, int]] = set()
 
     async def acquire(self, topic: str, partition: int) -> Lease | None:
         """The lease when this member owns the partition now, else None
@@ -77,10 +81,11 @@ class Ownership(abc.ABC):
             (a refused credential or permission).
         """
         try:
-            return await self.log.acquire_partition(
+            lease = await self.log.acquire_partition(
                 self.config.group, topic, partition, self.config.member_id, self.config.lease_ttl
             )
         except Exception as exc:
+            self.unreachable.add((topic, partition))
             fault = setup_fault(exc)
             if fault is not None and fault.tries == 1:  # no retry fixes it (design §7)
                 raise SetupError(
@@ -91,6 +96,8 @@ class Ownership(abc.ABC):
                 extra={"topic": topic, "partition": partition, "error": str(exc)},
             )
             return None
+        self.unreachable.discard((topic, partition))
+        return lease
 
     @abc.abstractmethod
     async def wait(self, topic: str, partition: int) -> None:
