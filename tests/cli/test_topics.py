@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from wakuwaku import UnknownTopicError, partition_for
-from wakuwaku.cli import ExitCode, main
+from wakuwaku import LogUnavailableError, UnknownTopicError, partition_for
+from wakuwaku.cli import ExitCode, _topics, main
 from wakuwaku.logs.sqlite import SQLiteLog
 
 
@@ -331,3 +331,40 @@ def test_deleting_a_dead_letter_topic_deletes_its_replay_ledger(cli: CLI) -> Non
     )
     code, out, _ = cli("topic", "list", "--json")
     assert [json.loads(line)["topic"] for line in out.splitlines()] == ["wk-replayed.h.orders"]
+
+
+class _FlakyReads:
+    """``inner``, except that its first ``failures`` reads raise LogUnavailableError."""
+
+    def __init__(self, inner: Any, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise LogUnavailableError("log down (scripted)")
+        return await self.inner.read(*args, **kwargs)
+
+
+async def test_tail_follow_rides_out_an_unreachable_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen: `tail -f` on an Iggy log ended with exit 3 when the server was
+    # restarted, though it promises to print new records until Ctrl-C.
+    monkeypatch.setattr(_topics, "_FOLLOW_RETRY", 0.01)
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        await log.create_topic("orders", 1)
+        await log.append("orders", 0, [({}, b"1"), ({}, b"2")])
+        flaky = _FlakyReads(log, failures=3)
+        await asyncio.wait_for(_topics._tail(flaky, "orders", 0, "beginning", True, 2), 10)  # type: ignore[arg-type]
+        out, err = capsys.readouterr()
+        assert [r["body"] for r in tailed(out)] == [1, 2]
+        assert err.count("log down (scripted); reading again every") == 1
+        assert "the log answers again after" in err and "offset 0 of partition 0" in err
+        # Without --follow the same outage ends the command (exit 3, as before).
+        with pytest.raises(LogUnavailableError):
+            await _topics._tail(_FlakyReads(log, failures=1), "orders", 0, "beginning", False, None)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from .._errors import ConfigError, UnknownTopicError
+from .._errors import ConfigError, LogUnavailableError, UnknownTopicError
 from .._events import Algebra
 from .._records import Record
 from .._text import counted
@@ -49,6 +50,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _PRODUCE_BATCH = 500
 _TAIL_DEFAULT = 10
 _FOLLOW_POLL = 0.2
+_FOLLOW_RETRY = 1.0
+"""Seconds between reads while ``tail --follow`` finds the log unavailable."""
 _ALGEBRAS = click.Choice([a.value for a in Algebra])
 
 
@@ -349,9 +352,40 @@ def record_json(topic: str, partition: int, record: Record) -> str:
     return json.dumps(out, ensure_ascii=False)
 
 
-async def _tail(
-    log: Log, topic: str, partition: int | None, start: str | int, follow: bool, limit: int | None
-) -> None:
+class _Outage:
+    """``tail --follow`` riding out an unreachable log, as a consumer does:
+    said once when reads begin to fail, read again every
+    :data:`_FOLLOW_RETRY` seconds, and said when the log answers again."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    async def failed(self, exc: LogUnavailableError) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            click.echo(
+                f"warning: {exc}; reading again every {_FOLLOW_RETRY:g} s (Ctrl-C stops)",
+                err=True,
+            )
+        await asyncio.sleep(_FOLLOW_RETRY)
+
+    def answered(self, partition: int, offset: int) -> None:
+        if self.since is not None:
+            click.echo(
+                f"the log answers again after {time.monotonic() - self.since:.1f} s; "
+                f"going on from offset {offset} of partition {partition}",
+                err=True,
+            )
+            self.since = None
+
+
+async def _start_positions(
+    log: Log, topic: str, partition: int | None, start: str | int
+) -> dict[int, int]:
+    """The offset ``tail`` starts at in each chosen partition (all, or ``partition``).
+
+    :raises ConfigError: when ``partition`` is not one of the topic's.
+    """
     info = await log.describe_topic(topic)
     if partition is not None and not 0 <= partition < info.partitions:
         raise ConfigError(
@@ -369,12 +403,28 @@ async def _tail(
         else:
             assert isinstance(start, int)
             position[p] = start
+    return position
+
+
+async def _tail(
+    log: Log, topic: str, partition: int | None, start: str | int, follow: bool, limit: int | None
+) -> None:
+    position = await _start_positions(log, topic, partition, start)
+    chosen = list(position)
     printed = 0
+    outage = _Outage()
     while True:
         got_any = False
         for p in chosen:
             want = 500 if limit is None else min(500, limit - printed)
-            records = await log.read(topic, p, position[p], max_records=want)
+            try:
+                records = await log.read(topic, p, position[p], max_records=want)
+            except LogUnavailableError as exc:
+                if not follow:
+                    raise
+                await outage.failed(exc)
+                break
+            outage.answered(p, position[p])
             for record in records:
                 click.echo(record_json(topic, p, record))
             if records:
@@ -405,7 +455,12 @@ async def _tail(
     default=None,
     help="Start at this offset in each chosen partition.",
 )
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new records until Ctrl-C.")
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing new records until Ctrl-C (an unreachable log is read again every second).",
+)
 @click.option(
     "--max", "limit", type=click.IntRange(min=1), default=None, help="Stop after this many records."
 )
