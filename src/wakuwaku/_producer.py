@@ -106,6 +106,15 @@ class Producer:
         :meth:`Log.append` says: all or nothing on memory, SQLite and Redis,
         possibly a prefix on NATS and Kafka).
 
+        Publishing the same events again after an error can store some of
+        them twice: the other partitions' records, and a failed append's own
+        when the log stored it but its answer was lost (a server that froze
+        past the call's time limit: ``LogUnavailableError``). This is
+        at-least-once, as a Kafka producer's retries across calls are; keys
+        keep their order (a copy follows its original). A consumer drops
+        such copies only for event types that declare their own id
+        (``@event(..., id=...)``), through a handler's inbox (design §9).
+
         :raises MissingKeyError: naming the first event without a usable key.
         :raises UnknownTopicError: when the topic does not exist.
         :raises ConfigError: when a record is larger than the log's

@@ -266,6 +266,33 @@ async def test_cli_prints_the_plan_and_a_dry_run_stores_nothing(
     assert [await sqlite_log.committed(GROUP, TOPIC, p) for p in (0, 1, 2)] == [7, 5, None]
 
 
+async def test_a_reset_to_offset_0_says_when_the_log_stores_it_as_no_offset(
+    log: Log, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Seen on Iggy: after --to-earliest, `status` said the group had never
+    # committed (Iggy stores "the last record consumed", so 0 is no offset).
+    await fill(log, [3, 2])
+    await log.create_topic(dead_letter_topic_name(TOPIC, GROUP), 2, derived_from=TOPIC)
+    await log.commit(GROUP, TOPIC, 0, 3)
+    await log.commit(GROUP, TOPIC, 1, 1)
+    code = await asyncio.to_thread(
+        cli, "-g", GROUP, "--topic", TOPIC, "--to-earliest", "--log", log.url
+    )
+    assert code == ExitCode.OK
+    out = capsys.readouterr().out.splitlines()
+    assert "stored the new offsets of 2 partitions" in out
+    said = [line for line in out if line.startswith("note: this log stores offset 0")]
+    if log.commits_zero:
+        assert said == []
+        assert [await log.committed(GROUP, TOPIC, p) for p in (0, 1)] == [0, 0]
+    else:
+        assert said == [
+            "note: this log stores offset 0 as no offset: `status` shows the group as not "
+            "committed on partitions 0, 1 until it commits again; it reads from the start"
+        ]
+        assert [await log.committed(GROUP, TOPIC, p) for p in (0, 1)] == [None, None]
+
+
 async def test_offsets_below_the_start_are_clamped_to_it(
     sqlite_log: Log, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -97,3 +97,12 @@ def test_a_log_url_names_every_option_it_was_opened_with(url: str) -> None:
     log = open_log(url)
     assert log.url == url
     assert open_log(log.url).url == url
+
+
+@pytest.mark.parametrize("scheme", ["nats", "kafka", "iggy"])
+def test_a_path_after_the_servers_is_refused_as_a_path(scheme: str) -> None:
+    # iggy://u:pw@127.0.0.1:8090/somepath said the port was not a number.
+    with pytest.raises(ConfigError, match=r"is followed by a path \('/somepath'\)") as caught:
+        open_log(f"{scheme}://u:s3cret@127.0.0.1:8090/somepath?timeout=1")
+    assert "takes none" in str(caught.value)
+    assert "s3cret" not in str(caught.value)

@@ -184,6 +184,15 @@ def reset_offsets_command(
             return ExitCode.FAILURE
         moved = sum(p.moves for p in done.partitions)
         click.echo(f"stored the new offsets of {moved} partition{'s' * (moved != 1)}")
+        zeros = [p.partition for p in done.partitions if p.moves and p.offset == 0]
+        if zeros and not log.commits_zero:
+            # Iggy stores "the last record consumed": an offset of 0 is stored
+            # as none, which status then shows as never committed.
+            click.echo(
+                f"note: this log stores offset 0 as no offset: `status` shows the group as "
+                f"not committed on partition{'s' * (len(zeros) != 1)} "
+                f"{', '.join(map(str, zeros))} until it commits again; it reads from the start"
+            )
         if done.running_after:
             click.echo(
                 "warning: members started while the offsets were stored: "

@@ -502,7 +502,9 @@ def produce_command(
     A line is an envelope {"type": ..., "key": ..., "body": {...}, "props": {...},
     "alg": ...} or, with --type and --key-field, the body object itself. The
     algebra comes from --app's types, else "alg" or --algebra. The partition
-    is murmur2(key) like every producer's. Every line is checked before
+    is the log's own for the key, as the library's producer picks it
+    (murmur2 like Kafka's producers; xxHash32 on Iggy, as Iggy's message-key
+    partitioning). Every line is checked before
     anything is written: a bad line is reported with its number and key, and
     then nothing is written (exit status 1). Interrupted or failing while
     writing, it says which lines were written.

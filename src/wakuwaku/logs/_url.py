@@ -221,13 +221,20 @@ def check_servers(kind: str, hosts: str, example: str) -> list[str]:
     :param kind: the log's name for the error (``NATS``, ``Kafka``).
     :param hosts: what lies between ``@`` (or ``://``) and ``?``.
     :param example: the URL form the error shows (``nats://host:port``).
-    :raises ConfigError: for an empty list or entry, a missing host, or a
-        port that is not a number in 1..65535 (named, with the entry).
+    :raises ConfigError: for an empty list or entry, a missing host, a
+        path after the servers (these URLs take none), or a port that is
+        not a number in 1..65535 (named, with the entry).
     """
     entries = [h.strip() for h in hosts.split(",")]
     if not hosts or not all(entries):
         raise ConfigError(f"bad {kind} log URL: it names no server; use {example}")
     for entry in entries:
+        if "/" in entry:
+            server, _, path = entry.partition("/")
+            raise ConfigError(
+                f"bad {kind} log URL: {server[:80]!r} is followed by a path ({'/' + path[:40]!r}); "
+                f"a {kind} URL takes none: use {example}"
+            )
         host, colon, port = entry.rpartition(":")
         bracketed = host.startswith("[") or host.endswith("]")
         if bracketed and not (host.startswith("[") and host.endswith("]") and len(host) > 2):
