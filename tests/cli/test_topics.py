@@ -334,20 +334,22 @@ def test_deleting_a_dead_letter_topic_deletes_its_replay_ledger(cli: CLI) -> Non
 
 
 class _FlakyReads:
-    """``inner``, except that its first ``failures`` reads raise LogUnavailableError."""
+    """``inner``, except that the first ``failures`` reads of ``partitions``
+    (all when None) raise LogUnavailableError."""
 
-    def __init__(self, inner: Any, failures: int) -> None:
+    def __init__(self, inner: Any, failures: int, partitions: set[int] | None = None) -> None:
         self.inner = inner
         self.failures = failures
+        self.partitions = partitions
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def read(self, *args: Any, **kwargs: Any) -> Any:
-        if self.failures:
+    async def read(self, topic: str, partition: int, *args: Any, **kwargs: Any) -> Any:
+        if self.failures and (self.partitions is None or partition in self.partitions):
             self.failures -= 1
             raise LogUnavailableError("log down (scripted)")
-        return await self.inner.read(*args, **kwargs)
+        return await self.inner.read(topic, partition, *args, **kwargs)
 
 
 async def test_tail_follow_rides_out_an_unreachable_log(
@@ -357,14 +359,35 @@ async def test_tail_follow_rides_out_an_unreachable_log(
     # restarted, though it promises to print new records until Ctrl-C.
     monkeypatch.setattr(_topics, "_FOLLOW_RETRY", 0.01)
     async with SQLiteLog(tmp_path / "log.db") as log:
-        await log.create_topic("orders", 1)
-        await log.append("orders", 0, [({}, b"1"), ({}, b"2")])
+        await log.create_topic("orders", 3)
+        for p in range(3):
+            await log.append("orders", p, [({}, str(10 * p + n).encode()) for n in range(2)])
         flaky = _FlakyReads(log, failures=3)
-        await asyncio.wait_for(_topics._tail(flaky, "orders", 0, "beginning", True, 2), 10)  # type: ignore[arg-type]
+        await asyncio.wait_for(
+            _topics._tail(flaky, "orders", 0, "beginning", True, 2),  # type: ignore[arg-type]
+            10,
+        )
         out, err = capsys.readouterr()
-        assert [r["body"] for r in tailed(out)] == [1, 2]
+        assert [r["body"] for r in tailed(out)] == [0, 1]
         assert err.count("log down (scripted); reading again every") == 1
-        assert "the log answers again after" in err and "offset 0 of partition 0" in err
+        assert err.count("the log answers again after") == 1
+        # One partition down: the others keep printing, and it is said once.
+        flaky = _FlakyReads(log, failures=4, partitions={1})
+        await asyncio.wait_for(
+            _topics._tail(flaky, "orders", None, "beginning", True, 6),  # type: ignore[arg-type]
+            10,
+        )
+        out, err = capsys.readouterr()
+        assert sorted(r["body"] for r in tailed(out)) == [0, 1, 10, 11, 20, 21]
+        assert err.count("log down (scripted); reading again every") == 1
+        assert err.count("the log answers again after") == 1
         # Without --follow the same outage ends the command (exit 3, as before).
         with pytest.raises(LogUnavailableError):
-            await _topics._tail(_FlakyReads(log, failures=1), "orders", 0, "beginning", False, None)  # type: ignore[arg-type]
+            await _topics._tail(
+                _FlakyReads(log, failures=1),  # type: ignore[arg-type]
+                "orders",
+                0,
+                "beginning",
+                False,
+                None,
+            )

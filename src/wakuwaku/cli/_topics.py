@@ -354,8 +354,9 @@ def record_json(topic: str, partition: int, record: Record) -> str:
 
 class _Outage:
     """``tail --follow`` riding out an unreachable log, as a consumer does:
-    said once when reads begin to fail, read again every
-    :data:`_FOLLOW_RETRY` seconds, and said when the log answers again."""
+    said once when reads begin to fail, every partition read again every
+    :data:`_FOLLOW_RETRY` seconds (the ones that answer keep printing), and
+    said when a round reads every partition again."""
 
     def __init__(self) -> None:
         self.since: float | None = None
@@ -369,11 +370,23 @@ class _Outage:
             )
         await asyncio.sleep(_FOLLOW_RETRY)
 
-    def answered(self, partition: int, offset: int) -> None:
+    async def after_round(self, failed: LogUnavailableError | None, done: bool) -> bool:
+        """After reading every chosen partition once: True when a read failed
+        (said, and waited for), so the caller reads again; a round that
+        reached ``--max`` (``done``) ends the command instead."""
+        if failed is not None and not done:
+            await self.failed(failed)
+            return True
+        if failed is None:
+            self.answered()
+        return False
+
+    def answered(self) -> None:
+        """Every chosen partition was read in the last round."""
         if self.since is not None:
             click.echo(
                 f"the log answers again after {time.monotonic() - self.since:.1f} s; "
-                f"going on from offset {offset} of partition {partition}",
+                f"going on from the next record of each partition",
                 err=True,
             )
             self.since = None
@@ -415,6 +428,7 @@ async def _tail(
     outage = _Outage()
     while True:
         got_any = False
+        failed: LogUnavailableError | None = None
         for p in chosen:
             want = 500 if limit is None else min(500, limit - printed)
             try:
@@ -422,9 +436,8 @@ async def _tail(
             except LogUnavailableError as exc:
                 if not follow:
                     raise
-                await outage.failed(exc)
-                break
-            outage.answered(p, position[p])
+                failed = failed or exc  # the other partitions are still read
+                continue
             for record in records:
                 click.echo(record_json(topic, p, record))
             if records:
@@ -432,7 +445,12 @@ async def _tail(
                 printed += len(records)
                 position[p] = records[-1].offset + 1
             if limit is not None and printed >= limit:
-                return
+                break
+        done = limit is not None and printed >= limit
+        if await outage.after_round(failed, done):
+            continue  # a read failed: every partition is read again
+        if done:
+            return
         if not got_any:
             if not follow:
                 return
