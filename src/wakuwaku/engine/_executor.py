@@ -39,11 +39,6 @@ from ._shared import Abandon, PartitionServices, logger
 _count = attrgetter("count")
 
 
-def _events_in(segment: Segment) -> int:
-    """How many events ``segment`` holds (its length, for longest-first order)."""
-    return sum(len(run.events) for run in segment.runs)
-
-
 class SegmentOutcome:
     """How one key's segment ended, when a chunk failed or for a retry attempt.
 
@@ -106,25 +101,20 @@ class ChunkExecutor:
         and each main-batch outcome that stopped on a Retryable failure.
         ``handled`` gets every chunk that succeeded, in order per key.
 
-        Once a handler waits (a second lane starts), the segments not started
-        yet run longest first (most events first): a batch ends when its
-        last lane does, and a long key started last would keep the others
-        idle (longest-processing-time-first scheduling). Keys are
-        independent, so only the order across keys changes.
-
         :raises Abandon: when a stop or a lost lease ended a lane early.
         """
+        pending = iter(segments)
         width = max(1, min(len(segments), self.services.config.max_concurrency))
         if width == 1:
-            finished = [await self._lane(iter(segments), after, handled, attempts)]
+            finished = [await self._lane(pending, after, handled, attempts)]
         else:
-            finished = await self._spread(list(segments), width, after, handled, attempts)
+            finished = await self._spread(pending, width, after, handled, attempts)
         if not all(finished):
             raise Abandon
 
     async def _spread(
         self,
-        segments: list[Segment],
+        pending: Iterator[Segment],
         width: int,
         after: After,
         handled: list[Run],
@@ -133,19 +123,12 @@ class ChunkExecutor:
         """Run up to ``width`` lanes on ``pending``, starting one more each
         time the running ones all wait while segments are left: handlers that
         never wait are run by one lane, without a task per idle lane."""
-        pending = iter(segments)
         lanes = [asyncio.ensure_future(self._lane(pending, after, handled, attempts))]
         try:
             while len(lanes) < width:
                 await asyncio.sleep(0)  # the lanes run until they wait
-                left = length_hint(pending)
-                if not left or all(lane.done() for lane in lanes):
+                if not length_hint(pending) or all(lane.done() for lane in lanes):
                     break
-                if len(lanes) == 1 and left > width:
-                    # The list iterator reads the list as it is: the rest is
-                    # reordered in place, longest first (see run_segments).
-                    start = len(segments) - left
-                    segments[start:] = sorted(segments[start:], key=_events_in, reverse=True)
                 lanes.append(asyncio.ensure_future(self._lane(pending, after, handled, attempts)))
             await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
             for lane in lanes:
