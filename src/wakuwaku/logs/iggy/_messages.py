@@ -53,22 +53,30 @@ _SAY_AGAIN = 60.0  # seconds between warnings about one partition's foreign reco
 _READER = "wakuwaku-reader"
 
 
-def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
+def _headers_of(
+    message: ReceiveMessage, shared: dict[Any, dict[str, bytes]] | None = None
+) -> dict[str, bytes]:
     """A message's Iggy user headers as ``str -> bytes``.
 
     The usual case (text names, raw values, as this log writes them) is the
     client's own conversion and two joins that raise ``TypeError`` unless
     every name is text and every value bytes: this runs once per record
-    read, and was the consumer's largest cost on Iggy. Other kinds (a name
-    in bytes, a value Iggy typed as text or a number, two typed names the
-    client's conversion cannot tell apart) are turned into the same shape;
-    a name that is not UTF-8 keeps its bytes as ``\ufffd``.
+    read, and was the consumer's largest cost on Iggy. Headers equal to
+    ones of ``shared`` (see :func:`to_record`) are that dict, checked
+    already: equal values are of equal kinds. Other kinds (a name in bytes,
+    a value Iggy typed as text or a number, two typed names the client's
+    conversion cannot tell apart) are turned into the same shape; a name
+    that is not UTF-8 keeps its bytes as ``\ufffd``.
     """
     found = message.user_headers()
     if not found:
         return {}
     try:
         plain = found.to_scalar_dict()
+        if shared is not None:
+            seen = shared.get(plain.get(H_KEY))
+            if seen is not None and seen == plain:
+                return seen
         "".join(plain)  # type: ignore[arg-type]
         b"".join(plain.values())  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -89,32 +97,27 @@ def _headers_of(message: ReceiveMessage) -> dict[str, bytes]:
     return out
 
 
-def to_record(
-    message: ReceiveMessage, shared: dict[bytes, dict[str, bytes]] | None = None
-) -> Record:
+def to_record(message: ReceiveMessage, shared: dict[Any, dict[str, bytes]] | None = None) -> Record:
     """The record an Iggy message holds (an unreadable record for a bad envelope or headers).
 
     :param shared: the headers of earlier records of the same read, by their
         ``wk-key``: a record whose headers equal the ones kept for its key
         gets that same dict (records are read-only, and SQLiteLog shares
-        equal headers too), so the consumer checks one set of headers once
-        per read instead of once per record. Iggy hands out a new header
-        map for every message.
+        equal headers too), so its headers are neither checked here nor by
+        the consumer's planner again: once per read instead of once per
+        record. Iggy hands out a new header map for every message.
     """
     offset = message.offset()
     stamp = message.timestamp() / 1_000_000
     body = message.payload()
     try:
-        headers = _headers_of(message)
+        headers = _headers_of(message, shared)
     except (ValueError, UnicodeError) as exc:
         return unreadable_record(offset, f"Iggy user headers not decodable: {exc}", body)
     if ENVELOPE not in headers:
+        # A dict of shared is never an envelope's: those are changed below.
         if shared is not None and (key := headers.get(H_KEY)) is not None:
-            seen = shared.get(key)
-            if seen is None:
-                shared[key] = headers
-            elif seen == headers:
-                headers = seen
+            shared.setdefault(key, headers)
         return Record(offset, headers, body, stamp)
     headers.pop(ENVELOPE)
     try:
@@ -262,7 +265,7 @@ class Messages:
             found = await self._own_poll(topic, partition, strategy, max(1, max_records))
             if found and found[0].offset() < offset:  # in offset order: the rest are later
                 found = [m for m in found if m.offset() >= offset]
-            shared: dict[bytes, dict[str, bytes]] = {}
+            shared: dict[Any, dict[str, bytes]] = {}
             records = [to_record(m, shared) for m in found]
             if records or time.monotonic() >= deadline:
                 return records[:max_records]
