@@ -187,6 +187,32 @@ async def test_a_write_lock_held_too_long_is_log_unavailable(tmp_path: Path) -> 
         blocker.close()
 
 
+async def test_an_append_its_caller_stopped_waiting_for_is_stored_once_when_sent_again(
+    tmp_path: Path,
+) -> None:
+    # The worker thread commits an append whose caller timed out; its token
+    # was remembered on the caller's side only, so the same append sent
+    # again was stored a second time.
+    path = tmp_path / "log.db"
+    async with SQLiteLog(path) as log:
+        await log.create_topic("orders", 1)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        async with SQLiteLog(path) as log:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):  # the write waits for the lock
+                    await log.append("orders", 0, [(HEADERS, b"x")], token="t1")
+            blocker.execute("ROLLBACK")
+            assert await log.append("orders", 0, [(HEADERS, b"x")], token="t1") == [0]
+            assert await log.end_offsets("orders") == {0: 1}
+            with pytest.raises(ConfigError, match="another number of records|records"):
+                await log.append("orders", 0, [(HEADERS, b"x")] * 2, token="t1")
+            assert await log.end_offsets("orders") == {0: 1}
+    finally:
+        blocker.close()
+
+
 async def test_close_is_idempotent_and_final(log: SQLiteLog) -> None:
     await log.create_topic("orders", 1)
     await log.close()

@@ -229,23 +229,39 @@ class SQLiteLog(Log):
         The fence is checked inside the write transaction. A ``token`` is
         remembered by this instance once the transaction committed (one
         that failed stored nothing), so an append sent again with it
-        returns the first one's offsets and writes nothing.
+        returns the first one's offsets and writes nothing. Both happen on
+        the log's one worker thread, in order with the writes: an append
+        whose caller stopped waiting (cancelled, timed out) still commits
+        there and is remembered, and an append sent again after it finds
+        its token (it was stored twice when the token was remembered only
+        on the caller's side).
 
         :raises ConfigError: when a header name is not a str or a header value
             or body is not bytes-like, or for a bad token; nothing is written then.
         """
         check_token(token)
         encoded = [encode_record(headers, body) for headers, body in records]
+        return await self._file.run(self._append, topic, partition, encoded, fence, token)
+
+    def _append(
+        self,
+        topic: str,
+        partition: int,
+        encoded: list[Row],
+        fence: Lease | None,
+        token: str | None = None,
+    ) -> list[int]:
+        """The append itself, on the worker thread (see :meth:`append`)."""
         done = self._tokens.get(topic, partition, token, len(encoded))
         if done is not None:
             # sent again: only check that the fence still holds
-            await self._file.run(self._append, topic, partition, [], fence)
+            self._write(topic, partition, [], fence)
             return done
-        offsets = await self._file.run(self._append, topic, partition, encoded, fence)
+        offsets = self._write(topic, partition, encoded, fence)
         self._tokens.put(topic, partition, token, offsets)
         return offsets
 
-    def _append(
+    def _write(
         self, topic: str, partition: int, encoded: list[Row], fence: Lease | None
     ) -> list[int]:
         db = self._file.db()
