@@ -12,7 +12,6 @@ import pytest
 
 from wakuwaku import (
     ConfigError,
-    LogUnavailableError,
     MemoryLog,
     MissingKeyError,
     Producer,
@@ -24,8 +23,6 @@ from wakuwaku import (
     partition_for,
 )
 from wakuwaku.logs.sqlite import SQLiteLog
-
-from .log_kit import ENGINES, fresh_log
 
 registry = Registry()
 
@@ -227,61 +224,3 @@ def test_sync_producer_raises_the_producers_errors(tmp_path: Path) -> None:
         producer.close()
         producer.close()  # closing twice is harmless
     assert asyncio.run(log.end_offsets("orders")) == {0: 0}
-
-
-@pytest.fixture(params=ENGINES)
-async def any_log(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    async with fresh_log(request.param, tmp_path) as created:
-        yield created
-
-
-class _LostAnswer:
-    """``inner``, except that the first append to ``partition`` is stored and
-    then raises LogUnavailableError, as when a server's answer is lost."""
-
-    def __init__(self, inner: Any, partition: int) -> None:
-        self.inner = inner
-        self.partition = partition
-        self.lost = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def append(self, topic: str, partition: int, records: Any, **kwargs: Any) -> Any:
-        offsets = await self.inner.append(topic, partition, records, **kwargs)
-        if partition == self.partition and not self.lost:
-            self.lost = True
-            raise LogUnavailableError("answer lost (scripted)")
-        return offsets
-
-
-async def test_a_publish_sent_again_with_its_token_is_stored_once(any_log: Any) -> None:
-    # Seen on Iggy: publish_many retried after LogUnavailableError stored
-    # the partitions that had answered, and the one whose answer was lost,
-    # a second time.
-    await any_log.create_topic("orders", 3)
-    events = [Placed(f"o{n}", n) for n in range(30)]
-    flaky = _LostAnswer(any_log, partition=1)
-    producer = Producer(flaky, "orders")  # type: ignore[arg-type]
-    with pytest.raises(LogUnavailableError):
-        await producer.publish_many(events, token="batch-7")
-    ends = await any_log.end_offsets("orders")
-    again = await producer.publish_many(events, token="batch-7")
-    assert await any_log.end_offsets("orders") == ends  # nothing stored twice
-    assert sum(ends.values()) == 30
-    assert [(p.key, p.partition) for p in again] == [
-        (f"o{n}", any_log.partition_for(f"o{n}", 3)) for n in range(30)
-    ]
-    assert len({(p.partition, p.offset) for p in again}) == 30
-    # One event, the same way.
-    first = await producer.publish(Placed("solo", 1), token="solo-1")
-    assert await producer.publish(Placed("solo", 1), token="solo-1") == first
-
-
-@pytest.mark.parametrize("token", ["", "x" * 49, "has space", "naïve", 7])
-async def test_a_publish_token_that_breaks_its_rule_is_refused_before_writing(
-    log: MemoryLog, token: Any
-) -> None:
-    with pytest.raises(ConfigError, match="a publish token must be 1-48 characters"):
-        await Producer(log, "orders").publish_many([Placed("o", 1)], token=token)
-    assert set((await log.end_offsets("orders")).values()) == {0}

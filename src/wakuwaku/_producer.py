@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,42 +75,25 @@ class Producer:
         return key, record
 
     async def publish(
-        self,
-        event: Any,
-        *,
-        properties: Mapping[str, str] | None = None,
-        token: str | None = None,
+        self, event: Any, *, properties: Mapping[str, str] | None = None
     ) -> Published:
         """Write one event; returns where it went.
 
         :param properties: string properties (tenant, trace id...) for ``wk-props``;
             with the ``otel`` extra the current trace context is added
             (``traceparent``, :mod:`wakuwaku.tracing`).
-        :param token: makes a retry after an error safe, as for
-            :meth:`publish_many`.
         :raises MissingKeyError: when the event has no usable key; nothing is written.
         :raises UnknownTopicError: when the topic does not exist.
         """
-        return (await self.publish_many([event], properties=properties, token=token))[0]
+        return (await self.publish_many([event], properties=properties))[0]
 
     async def publish_many(
         self,
         events: Iterable[Any],
         *,
         properties: Mapping[str, str] | None = None,
-        token: str | None = None,
     ) -> list[Published]:
         """Write several events, one append per partition; returns one entry per event.
-
-        :param token: names this call (1-48 characters of
-            ``[A-Za-z0-9_-]``, a fresh one per batch of events, such as a
-            uuid4 hex): called again after an error with the same token and
-            the same events in the same order, each partition's append is
-            stored once where the log can tell (the token table of
-            docs/logs.md, "Appends sent again": memory, SQLite, Redis, NATS
-            and Iggy within their windows; not a Kafka append that raised)
-            and the call returns the offsets the records have. Never reuse
-            a token for other events.
 
         Every event is encoded and checked before anything is written, so one
         bad event refuses the whole call and writes nothing. The partitions'
@@ -124,32 +106,22 @@ class Producer:
         :meth:`Log.append` says: all or nothing on memory, SQLite and Redis,
         possibly a prefix on NATS and Kafka).
 
-        Without a ``token``, publishing the same events again after an
-        error can store some of them twice: the other partitions' records,
-        and a failed append's own when the log stored it but its answer was
-        lost (a server that froze past the call's time limit:
-        ``LogUnavailableError``). This is at-least-once, as a Kafka
-        producer's retries across calls are; keys keep their order (a copy
-        follows its original). A consumer drops such copies only for event
-        types that declare their own id (``@event(..., id=...)``), through
-        a handler's inbox (design §9).
+        Publishing the same events again after an error can store some of
+        them twice: the other partitions' records, and a failed append's own
+        when the log stored it but its answer was lost (a server that froze
+        past the call's time limit: ``LogUnavailableError``). This is
+        at-least-once, as a Kafka producer's retries across calls are; keys
+        keep their order (a copy follows its original). A consumer drops
+        such copies only for event types that declare their own id
+        (``@event(..., id=...)``), through a handler's inbox (design §9).
 
         :raises MissingKeyError: naming the first event without a usable key.
         :raises UnknownTopicError: when the topic does not exist.
-        :raises ConfigError: for a token that breaks its rule; and (some
-            logs, see the token table) for a token sent again with another
-            number of records for a partition.
         :raises ConfigError: when a record is larger than the log's
             ``max_record_size`` (logs that have one, such as NATS: the
             server's message limit less room for retry headers); the error
             names the size and the limit, and nothing is written.
         """
-        if token is not None and (
-            not isinstance(token, str) or not _CALL_TOKEN_RE.fullmatch(token)
-        ):
-            raise ConfigError(
-                f"a publish token must be 1-48 characters of [A-Za-z0-9_-], got {token!r}"
-            )
         partitions = await self.partitions()
         properties = inject(properties)  # the current trace context, when tracing (otel extra)
         limit = self.log.max_record_size
@@ -166,11 +138,7 @@ class Producer:
         results: list[Published | None] = [None] * count
 
         async def append(partition: int, items: list[tuple[int, str, OutgoingRecord]]) -> None:
-            # One append per partition, each named by the call's token.
-            named = None if token is None else f"{token}-p{partition}"
-            offsets = await self.log.append(
-                self.topic, partition, [r for _, _, r in items], token=named
-            )
+            offsets = await self.log.append(self.topic, partition, [r for _, _, r in items])
             for (index, key, _), offset in zip(items, offsets, strict=True):
                 results[index] = Published(self.topic, partition, offset, key)
 
@@ -255,29 +223,17 @@ class SyncProducer:
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def publish(
-        self,
-        event: Any,
-        *,
-        properties: Mapping[str, str] | None = None,
-        token: str | None = None,
-    ) -> Published:
+    def publish(self, event: Any, *, properties: Mapping[str, str] | None = None) -> Published:
         """Blocking :meth:`Producer.publish`."""
-        result: Published = self._run(
-            self._producer.publish(event, properties=inject(properties), token=token)
-        )
+        result: Published = self._run(self._producer.publish(event, properties=inject(properties)))
         return result
 
     def publish_many(
-        self,
-        events: Sequence[Any],
-        *,
-        properties: Mapping[str, str] | None = None,
-        token: str | None = None,
+        self, events: Sequence[Any], *, properties: Mapping[str, str] | None = None
     ) -> list[Published]:
         """Blocking :meth:`Producer.publish_many`."""
         result: list[Published] = self._run(
-            self._producer.publish_many(events, properties=inject(properties), token=token)
+            self._producer.publish_many(events, properties=inject(properties))
         )
         return result
 
@@ -295,11 +251,6 @@ class SyncProducer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_CALL_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,48}")
-"""A publish token: the log's token rule (64 characters) less ``-p<partition>``
-(up to 14 digits), which names each partition's append."""
 
 
 def _check_json_body(
