@@ -206,7 +206,7 @@ async def test_an_append_its_caller_stopped_waiting_for_is_stored_once_when_sent
             blocker.execute("ROLLBACK")
             assert await log.append("orders", 0, [(HEADERS, b"x")], token="t1") == [0]
             assert await log.end_offsets("orders") == {0: 1}
-            with pytest.raises(ConfigError, match="another number of records|records"):
+            with pytest.raises(ConfigError, match="records"):
                 await log.append("orders", 0, [(HEADERS, b"x")] * 2, token="t1")
             assert await log.end_offsets("orders") == {0: 1}
     finally:
