@@ -355,7 +355,10 @@ class Log(abc.ABC):
         :raises FencedError: when ``fence`` is no longer the current lease of
             its partition; nothing is written.
         :raises ConfigError: for a bad token, or a token sent again with
-            another number of records (memory, SQLite, Kafka).
+            another number of records (memory, SQLite, Redis, Kafka, Iggy;
+            not NATS). No log compares the records: a token sent again with
+            as many other records returns the first append's offsets and
+            stores nothing, so a token is never reused.
         """
 
     @abc.abstractmethod
