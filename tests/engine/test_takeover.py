@@ -32,11 +32,13 @@ import asyncio
 import itertools
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,6 +177,43 @@ async def until(
     return time.monotonic()
 
 
+def freeze_between_writes(member: Member, url: str) -> None:
+    """SIGSTOP ``member`` (returning once it has stopped: nothing it writes
+    later is missed), at a moment it holds no SQLite write lock.
+
+    Frozen inside a write transaction (a lease renewal, about a millisecond
+    every ``lease_ttl / 3``; seen once beside two CPU burners), a member
+    keeps the file's one write lock, and nobody can take its partitions
+    over until it goes on (docs/logs.md, SQLite): the takeover this test is
+    about cannot happen then. So a freeze that caught it holding the lock
+    is undone once the lock is free, and tried again.
+    """
+    for _ in range(50):
+        stop(member.proc)
+        if not url.startswith("sqlite:") or not _write_locked(url):
+            return
+        member.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + DEADLINE
+        while _write_locked(url):
+            assert time.monotonic() < deadline, "the SQLite write lock was never let go"
+            time.sleep(0.001)
+    raise AssertionError("the member held the SQLite write lock at 50 freezes in a row")
+
+
+def _write_locked(url: str) -> bool:
+    """True when another connection holds the SQLite file's write lock."""
+    with closing(sqlite3.connect(url.removeprefix("sqlite:///"), timeout=0)) as probe:
+        probe.isolation_level = None
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc):
+                return True
+            raise
+        probe.execute("ROLLBACK")
+        return False
+
+
 def stop_all(members: Sequence[Member]) -> None:
     for m in members:
         if m.proc.poll() is None:
@@ -297,7 +336,7 @@ async def test_stopped_members_late_writes_are_fenced_after_a_takeover(
         count = len(victim.ids())
         await until("the victim to handle a batch", lambda: len(victim.ids()) > count, members)
         await asyncio.sleep(0.1)
-        stop(victim.proc)  # returns once it has stopped: nothing it writes later is missed
+        freeze_between_writes(victim, log_url)
         stopped = time.monotonic()
         before_stop = victim.ids()
         samples.append(await committed_offsets(log_url))
