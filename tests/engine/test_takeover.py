@@ -181,8 +181,8 @@ def freeze_between_writes(member: Member, url: str) -> None:
     """SIGSTOP ``member`` (returning once it has stopped: nothing it writes
     later is missed), at a moment it holds no SQLite write lock.
 
-    Frozen inside a write transaction (a lease renewal, about a millisecond
-    every ``lease_ttl / 3``; seen once beside two CPU burners), a member
+    Frozen inside a write transaction (a lease renewal or a batch's store,
+    about a millisecond each; seen once beside two CPU burners), a member
     keeps the file's one write lock, and nobody can take its partitions
     over until it goes on (docs/logs.md, SQLite): the takeover this test is
     about cannot happen then. So a freeze that caught it holding the lock
