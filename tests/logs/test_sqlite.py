@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 import sqlite3
@@ -169,22 +170,26 @@ async def test_two_instances_on_one_file_share_everything(tmp_path: Path) -> Non
         assert await one.committed("g", "orders", 0) == 3
 
 
-async def test_a_write_lock_held_too_long_is_log_unavailable(tmp_path: Path) -> None:
-    path = tmp_path / "log.db"
+@contextlib.asynccontextmanager
+async def _write_locked(path: Path) -> AsyncIterator[sqlite3.Connection]:
+    """A log file with topic ``orders`` (1 partition) whose write lock another
+    connection holds until it rolls back (the connection yielded)."""
     async with SQLiteLog(path) as log:
         await log.create_topic("orders", 1)
-    blocker = sqlite3.connect(path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")
-    try:
-        async with SQLiteLog(path, busy_timeout=0.05) as log:
-            with pytest.raises(LogUnavailableError, match="locked"):
-                await log.append("orders", 0, [(HEADERS, b"x")])
-            # Reads go on while another connection writes (WAL).
-            assert await log.read("orders", 0, 0) == []
-            blocker.execute("ROLLBACK")
-            assert await log.append("orders", 0, [(HEADERS, b"x")]) == [0]
-    finally:
-        blocker.close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as blocker:
+        blocker.execute("BEGIN IMMEDIATE")
+        yield blocker
+
+
+async def test_a_write_lock_held_too_long_is_log_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with _write_locked(path) as blocker, SQLiteLog(path, busy_timeout=0.05) as log:
+        with pytest.raises(LogUnavailableError, match="locked"):
+            await log.append("orders", 0, [(HEADERS, b"x")])
+        # Reads go on while another connection writes (WAL).
+        assert await log.read("orders", 0, 0) == []
+        blocker.execute("ROLLBACK")
+        assert await log.append("orders", 0, [(HEADERS, b"x")]) == [0]
 
 
 async def test_an_append_its_caller_stopped_waiting_for_is_stored_once_when_sent_again(
@@ -194,23 +199,16 @@ async def test_an_append_its_caller_stopped_waiting_for_is_stored_once_when_sent
     # was remembered on the caller's side only, so the same append sent
     # again was stored a second time.
     path = tmp_path / "log.db"
-    async with SQLiteLog(path) as log:
-        await log.create_topic("orders", 1)
-    blocker = sqlite3.connect(path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")
-    try:
-        async with SQLiteLog(path) as log:
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.2):  # the write waits for the lock
-                    await log.append("orders", 0, [(HEADERS, b"x")], token="t1")
-            blocker.execute("ROLLBACK")
-            assert await log.append("orders", 0, [(HEADERS, b"x")], token="t1") == [0]
-            assert await log.end_offsets("orders") == {0: 1}
-            with pytest.raises(ConfigError, match="records"):
-                await log.append("orders", 0, [(HEADERS, b"x")] * 2, token="t1")
-            assert await log.end_offsets("orders") == {0: 1}
-    finally:
-        blocker.close()
+    async with _write_locked(path) as blocker, SQLiteLog(path) as log:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):  # the write waits for the lock
+                await log.append("orders", 0, [(HEADERS, b"x")], token="t1")
+        blocker.execute("ROLLBACK")
+        assert await log.append("orders", 0, [(HEADERS, b"x")], token="t1") == [0]
+        assert await log.end_offsets("orders") == {0: 1}
+        with pytest.raises(ConfigError, match="records"):
+            await log.append("orders", 0, [(HEADERS, b"x")] * 2, token="t1")
+        assert await log.end_offsets("orders") == {0: 1}
 
 
 async def test_close_is_idempotent_and_final(log: SQLiteLog) -> None:

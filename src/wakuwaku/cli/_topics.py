@@ -359,37 +359,29 @@ class _Outage:
     said when a round reads every partition again."""
 
     def __init__(self) -> None:
-        self.since: float | None = None
-
-    async def failed(self, exc: LogUnavailableError) -> None:
-        if self.since is None:
-            self.since = time.monotonic()
-            click.echo(
-                f"warning: {exc}; reading again every {_FOLLOW_RETRY:g} s (Ctrl-C stops)",
-                err=True,
-            )
-        await asyncio.sleep(_FOLLOW_RETRY)
+        self.since: float | None = None  # when reads began to fail
 
     async def after_round(self, failed: LogUnavailableError | None, done: bool) -> bool:
         """After reading every chosen partition once: True when a read failed
         (said, and waited for), so the caller reads again; a round that
         reached ``--max`` (``done``) ends the command instead."""
         if failed is not None and not done:
-            await self.failed(failed)
+            if self.since is None:
+                self.since = time.monotonic()
+                click.echo(
+                    f"warning: {failed}; reading again every {_FOLLOW_RETRY:g} s (Ctrl-C stops)",
+                    err=True,
+                )
+            await asyncio.sleep(_FOLLOW_RETRY)
             return True
-        if failed is None:
-            self.answered()
-        return False
-
-    def answered(self) -> None:
-        """Every chosen partition was read in the last round."""
-        if self.since is not None:
+        if failed is None and self.since is not None:
             click.echo(
                 f"the log answers again after {time.monotonic() - self.since:.1f} s; "
                 f"going on from the next record of each partition",
                 err=True,
             )
             self.since = None
+        return False
 
 
 async def _start_positions(
