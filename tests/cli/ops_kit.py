@@ -65,6 +65,10 @@ def make_consumer(
         "group": GROUP,
         "clock": clock or FakeClock(T0),
         "retry_delays": (10.0, 20.0),
+        # A failed log call (a server slow to answer on a loaded machine) is
+        # tried again at once: on a clock moved by hand, a wait on the
+        # handlers' schedule would last until the test moved it.
+        "log_retry_delays": (0.0,),
         "lease_ttl": 3600.0,
     }
     options.update(overrides)

@@ -119,6 +119,7 @@ async def build(url: str, **names: object) -> Built:
             group=GROUP,
             clock=clock,
             retry_delays=(3600.0,),
+            log_retry_delays=(0.0,),  # a failed log call must not wait on the still clock
             lease_ttl=3600.0,
             **names,  # type: ignore[arg-type]
         )

@@ -654,7 +654,11 @@ async def test_drain_returns_when_caught_up_without_waiting_for_its_next_tick(
     # seen once on Iggy beside two CPU burners) is retried after a delay on
     # the consumer's clock, which never comes on this one: retried at once.
     c = consumer(
-        log, still, [Handler(Item, script, max_batch=3)], poll_interval=30.0, retry_delays=[0.0]
+        log,
+        still,
+        [Handler(Item, script, max_batch=3)],
+        poll_interval=30.0,
+        log_retry_delays=[0.0],
     )
     stats = await asyncio.wait_for(c.drain(), timeout=20.0)
     assert stats.handled == 40

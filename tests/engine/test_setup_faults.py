@@ -255,6 +255,69 @@ async def test_a_consumer_started_during_an_outage_starts_when_the_log_answers(
     assert [getattr(r, "operation", None) for r in waits] == ["describe topic"] * 2
 
 
+async def test_failed_log_calls_wait_the_log_schedule_not_the_handlers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With ``log_retry_delays``, a failed log call (here the start's topic
+    lookup, and a poll) waits that schedule, not ``retry_delays``: a
+    broker back after an outage is polled again after seconds, not after
+    the handlers' hour. On a clock that never moves, only a zero wait
+    lets the drain end."""
+
+    class Flaky:
+        """Fails its first topic lookup and its first read of ``t``."""
+
+        def __init__(self, inner: Log) -> None:
+            self.inner = inner
+            self.failing = {"describe": 1, "read": 1}
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        def _fail(self, call: str) -> None:
+            if self.failing[call]:
+                self.failing[call] -= 1
+                raise LogUnavailableError("no answer within 1 s")
+
+        async def describe_topic(self, topic: str) -> object:
+            self._fail("describe")
+            return await self.inner.describe_topic(topic)
+
+        async def read(self, topic: str, *args: Any, **kwargs: Any) -> object:
+            if topic == "t":
+                self._fail("read")
+            return await self.inner.read(topic, *args, **kwargs)
+
+    log, handled, apply = await _one_event()
+    flaky = Flaky(log)
+    still = FakeClock(autojump=False)
+    drain = consumer(
+        flaky,  # type: ignore[arg-type]
+        still,
+        [Handler(Item, apply)],
+        retry_delays=[3600.0],
+        log_retry_delays=[0.0],
+    ).drain()
+    with caplog.at_level(logging.WARNING, logger="wakuwaku"):
+        await asyncio.wait_for(drain, timeout=20.0)
+    assert handled == [1]
+    assert flaky.failing == {"describe": 0, "read": 0}
+    waits = [r for r in caplog.records if "call failed; retrying" in r.getMessage()]
+    assert sorted(getattr(r, "operation", "") for r in waits) == ["describe topic", "poll"]
+    assert {getattr(r, "delay", None) for r in waits} == {0.0}
+    assert still.monotonic() == 0.0
+
+
+def test_a_log_schedule_is_checked_like_the_handlers_schedule() -> None:
+    with pytest.raises(wk.ConfigError, match=r"log_retry_delays must be a non-empty"):
+        wk.ConsumerConfig(topic="t", group="g", log_retry_delays=[])
+    with pytest.raises(wk.ConfigError, match=r"log_retry_delays must each be at most"):
+        wk.ConsumerConfig(topic="t", group="g", log_retry_delays=[1e9])
+    config = wk.ConsumerConfig(topic="t", group="g", retry_delays=[5.0], log_retry_delays=[1, 2])
+    assert [config.log_retry_delay(n) for n in (1, 2, 3)] == [1.0, 2.0, 2.0]
+    assert wk.ConsumerConfig(topic="t", group="g", retry_delays=[5.0]).log_retry_delay(1) == 5.0
+
+
 @pytest.mark.parametrize(
     "engine",
     [pytest.param("redis", marks=pytest.mark.redis), pytest.param("nats", marks=pytest.mark.nats)],

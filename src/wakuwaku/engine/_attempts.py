@@ -305,7 +305,7 @@ class Attempts:
             held = {offset: key for offset, key in absent.items() if offset >= start}
             if not held:
                 break
-            delay = services.config.retry_delay(failures)
+            delay = services.config.log_retry_delay(failures)
             logger.warning(
                 "pending retry records not read; reading them again",
                 extra={

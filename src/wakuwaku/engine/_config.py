@@ -127,14 +127,16 @@ def check_configured_topic_name(name: object, what: str) -> str:
     return name
 
 
-def check_retry_delays(value: Any) -> tuple[float, ...]:
+def check_retry_delays(value: Any, name: str = "retry_delays") -> tuple[float, ...]:
     """``value`` as a retry schedule: a non-empty sequence of finite seconds
     ``>= 0``, each at most :data:`MAX_RETRY_DELAY` (design §6).
 
     The one check of every schedule: ``ConsumerConfig`` and the CLI's
     ``--retry-delays`` options.
 
-    :raises ConfigError: naming the value and the rule it breaks.
+    :param name: the schedule's name in the error (``retry_delays`` or
+        ``log_retry_delays``).
+    :raises ConfigError: naming the schedule, the value and the rule it breaks.
     """
     try:
         if isinstance(value, str | bytes):
@@ -144,11 +146,11 @@ def check_retry_delays(value: Any) -> tuple[float, ...]:
         delays = ()
     if not delays or any(not math.isfinite(d) or d < 0 for d in delays):
         raise ConfigError(
-            f"retry_delays must be a non-empty sequence of finite seconds >= 0, got {value!r}"
+            f"{name} must be a non-empty sequence of finite seconds >= 0, got {value!r}"
         )
     if max(delays) > MAX_RETRY_DELAY:
         raise ConfigError(
-            f"retry_delays must each be at most {MAX_RETRY_DELAY:.0f} seconds (30 days), "
+            f"{name} must each be at most {MAX_RETRY_DELAY:.0f} seconds (30 days), "
             f"got {max(delays)!r}"
         )
     return delays
@@ -263,6 +265,15 @@ class ConsumerConfig:
         applies to every wait on the schedule (Retryable attempts, Transient
         retries in place, retried log calls); the stored due time includes it,
         so a restart keeps it.
+    :param log_retry_delays: the schedule (seconds) of the consumer's own
+        log and inbox calls after a failure (poll, offset store, retry and
+        dead-letter writes, lease calls), the last delay repeating forever;
+        None (default) uses ``retry_delays``, as design §5.6 says. Set it
+        when the handlers' schedule is long (minutes or hours between
+        Retryable attempts) and a broker outage should not keep a
+        partition waiting that long once the broker is back: a failed poll
+        then waits this schedule's delay, not the handlers'. Checked like
+        ``retry_delays``; ``retry_jitter`` applies to it too.
     :param jitter_source: returns ``u`` in ``[0, 1)`` (default
         :func:`random.random`); pass ``random.Random(seed).random`` for a
         reproducible schedule. A value outside ``[0, 1]`` is clamped.
@@ -312,7 +323,8 @@ class ConsumerConfig:
         consumer does not read, or equals any other topic of the consumer
         (a main topic, another retry, dead-letter or replay-ledger topic),
         a topic name longer than 200 characters once derived or qualified,
-        an empty or negative retry schedule, a delay above
+        an empty or negative retry schedule (``retry_delays`` or
+        ``log_retry_delays``), a delay above
         :data:`MAX_RETRY_DELAY`, a ``retry_jitter`` outside ``[0, 1]``, a
         ``jitter_source`` that is not callable, or a non-positive bound.
     """
@@ -325,6 +337,7 @@ class ConsumerConfig:
     partitions: Sequence[int] | None = None
     retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS
     retry_jitter: float = 0.0
+    log_retry_delays: Sequence[float] | None = None
     jitter_source: Callable[[], float] = random.random
     max_pending_retry: int = 100_000
     delivery_mode: DeliveryMode = DeliveryMode.NO_EVENT_LOSE
@@ -428,6 +441,12 @@ class ConsumerConfig:
 
     def _check_schedule(self) -> None:
         object.__setattr__(self, "retry_delays", check_retry_delays(self.retry_delays))
+        if self.log_retry_delays is not None:
+            object.__setattr__(
+                self,
+                "log_retry_delays",
+                check_retry_delays(self.log_retry_delays, "ConsumerConfig.log_retry_delays"),
+            )
         jitter = self.retry_jitter
         if (
             not isinstance(jitter, int | float)
@@ -539,7 +558,17 @@ class ConsumerConfig:
         """The wait (seconds) to schedule after the ``failures``-th failure in a
         row: :meth:`delay` plus the jitter, ``delay * retry_jitter * u``, which
         only adds (design §6). Without jitter, :meth:`delay`."""
-        delay = self.delay(failures)
+        return self._jittered(self.delay(failures))
+
+    def log_retry_delay(self, failures: int) -> float:
+        """The wait (seconds) before the consumer's own log or inbox call is
+        tried again after its ``failures``-th failure in a row: the
+        ``log_retry_delays`` schedule (``retry_delays`` when None), last
+        delay repeating, plus the jitter."""
+        delays = tuple(self.log_retry_delays or self.retry_delays)
+        return self._jittered(delays[min(max(failures, 1), len(delays)) - 1])
+
+    def _jittered(self, delay: float) -> float:
         if not self.retry_jitter or not delay:
             return delay
         u = min(max(float(self.jitter_source()), 0.0), 1.0)

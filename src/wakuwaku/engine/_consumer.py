@@ -186,7 +186,7 @@ class Consumer:
                 if self._stop.is_set():
                     raise
                 failures += 1
-                delay = self.config.retry_delay(failures)
+                delay = self.config.log_retry_delay(failures)
                 logger.warning(
                     "log call failed; retrying",
                     extra={

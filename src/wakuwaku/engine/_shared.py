@@ -326,7 +326,7 @@ class PartitionServices:
                     setup_failures = setup_failures + 1 if fault is not None else 0
                     if fault is not None and setup_failures >= fault.tries:
                         self._setup_failed(operation, service, fault, error, exc)
-                    delay = self.config.retry_delay(failures)
+                    delay = self.config.log_retry_delay(failures)
                     logger.warning(
                         f"{service} call failed; retrying",
                         extra={
