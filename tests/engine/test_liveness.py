@@ -22,6 +22,7 @@ import pytest
 
 import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.engine._balance import MEMBERS_SUFFIX
 from wakuwaku.logs import Log
 
 from .conftest import Item, setup_topic
@@ -275,14 +276,19 @@ class CancelSwallowingLeases:
     def __init__(self, inner: Log) -> None:
         self.inner = inner
         self.acquired = 0
+        self.calls: dict[tuple[Any, ...], int] = {}
         self.renewing = asyncio.Event()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     async def acquire_partition(self, *args: Any, **kwargs: Any) -> Any:
+        # Per lease: the partition's, and the member's place in the group
+        # (engine/_balance.py), renewed by a task of its own.
+        lease = args[:3]
+        self.calls[lease] = self.calls.get(lease, 0) + 1
         self.acquired += 1
-        if self.acquired > 1:  # a renewal
+        if self.calls[lease] > 1:  # a renewal
             self.renewing.set()
             with contextlib.suppress(asyncio.CancelledError):  # swallowed
                 await asyncio.Event().wait()
@@ -322,6 +328,8 @@ class ScriptedLeases:
         return getattr(self.inner, name)
 
     async def acquire_partition(self, *args: Any, **kwargs: Any) -> Any:
+        if args[0].endswith(MEMBERS_SUFFIX):  # a place among the members: not scripted
+            return await self.inner.acquire_partition(*args, **kwargs)
         step = self.script.pop(0) if self.script else "ok"
         if step == "down":
             raise wk.LogUnavailableError("memory log down (scripted)")

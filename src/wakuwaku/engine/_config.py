@@ -251,6 +251,11 @@ class ConsumerConfig:
         ``wk-dlq.<group>.<topic>``); the replay ledger follows the
         dead-letter topic's name (``<name>.replayed``).
     :param partitions: the partitions to consume, or None for all of them.
+        None: on a lease log the group's members balance the topic's
+        partitions between them (each takes its share, gives back what it
+        holds beyond it). Given: this member takes exactly those partitions,
+        first come, first served, and takes no part in the balance (as
+        Kafka's ``assign()`` beside ``subscribe()``).
     :param retry_delays: the schedule (seconds) of both the in-place Transient
         retries (last delay repeating forever) and the Retryable attempts
         (one attempt per delay, then give up). Default 2, 4, 8, 16. Each

@@ -153,6 +153,11 @@ class Consumer:
                 except PartitionCountMismatch as exc:
                     raise PartitionCountMismatch(extra, exc.existing, partitions) from None
             wanted = self.config.partitions
+            if wanted is None:
+                # Members that consume a whole topic balance it (leases:
+                # _balance.py); one given partitions takes those, as
+                # Kafka's assign() does.
+                self._ownership.balance(topic, partitions)
             parts = range(partitions) if wanted is None else wanted
             for p in parts:
                 if not 0 <= p < partitions:
@@ -255,6 +260,9 @@ class Consumer:
             max_workers=self.config.max_concurrency * max(1, len(self._assignment)),
             thread_name_prefix=f"wakuwaku-{self.config.group}",
         )
+        # The group's members are seen once before any partition is asked
+        # for (members started together split the partitions at once).
+        member = asyncio.create_task(self._ownership.maintain(self._stop), name="wakuwaku:members")
         self._supervisors = {
             asyncio.create_task(self._supervise(topic, p), name=f"wakuwaku:{topic}/{p}"): (topic, p)
             for topic, p in self._assignment
@@ -286,10 +294,14 @@ class Consumer:
                     raise task.exception()  # type: ignore[misc]
         finally:
             follower.cancel()
+            member.cancel()
             for task in supervisors:
                 task.cancel()
-            await asyncio.gather(follower, *supervisors, return_exceptions=True)
+            await asyncio.gather(follower, member, *supervisors, return_exceptions=True)
             self._supervisors = {}
+            # After the partitions were let go: the others' shares grow now.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ownership.leave(), _RELEASE_LIMIT)
             loop = asyncio.get_running_loop()
             for sig in installed:
                 loop.remove_signal_handler(sig)
@@ -481,7 +493,9 @@ class Consumer:
                 if not said_owned and (topic, partition) not in self._ownership.unreachable:
                     # Once per wait: a dead member's lease runs out by itself.
                     logger.info(
-                        "partition owned by another member; waiting for its lease",
+                        "partition left to another member: this one holds its share"
+                        if (topic, partition) in self._ownership.deferred
+                        else "partition owned by another member; waiting for its lease",
                         extra={"topic": topic, "partition": partition, "lease_ttl": ttl},
                     )
                     said_owned = True
@@ -533,6 +547,11 @@ class Consumer:
                 # Revoked: the worker stored what was done; let the partition go now.
                 await self._ownership.release(lease)
                 waiting = True  # taking it back is logged
+                if (topic, partition) in self._ownership.handed_over:
+                    # Given back for balance: no longer this member's (a
+                    # lost lease's worker stays listed until taken again).
+                    self._ownership.handed_over.discard((topic, partition))
+                    self.workers.pop((topic, partition), None)
             await clock.sleep(0)
 
     async def _run_worker(self, worker: PartitionWorker, lease: Lease) -> bool:

@@ -16,7 +16,10 @@ Two implementations behind that one interface:
 - :class:`LeaseOwnership` for logs whose ownership is a lease of ours
   (memory, SQLite, Redis, NATS): take the lease, renew it every
   ``lease_ttl / 3``, stop the worker when a renewal says another member
-  holds it or the lease ran out while the log was unreachable;
+  holds it or the lease ran out while the log was unreachable; the
+  members balance the partitions between them (:mod:`._balance`): a
+  member takes no more than its share while another member wants one,
+  and gives back what it holds beyond its share;
 - :class:`AssignedOwnership` for logs whose members are given partitions by
   a coordinator (Kafka's consumer group, cooperative-sticky): the log pushes
   each change (:meth:`AssignmentLog.ownership_changed`); a *revoked*
@@ -29,11 +32,13 @@ Two implementations behind that one interface:
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
 from typing import Protocol, runtime_checkable
 
 from .._errors import SetupError
 from ..logs import Lease, Log
+from ._balance import Membership
 from ._config import ConsumerConfig
 from ._partition import PartitionWorker
 from ._setup import setup_fault
@@ -72,6 +77,25 @@ class Ownership(abc.ABC):
         #: an unreachable log, not for another member's lease): the
         #: supervisor then does not say another member owns them.
         self.unreachable: set[tuple[str, int]] = set()
+        #: Partitions whose last :meth:`acquire` was not even asked: this
+        #: member holds its share and another member wants them (balance).
+        self.deferred: set[tuple[str, int]] = set()
+        #: Partitions whose worker :meth:`watch` stopped to give them back
+        #: for balance (the supervisor forgets them once released).
+        self.handed_over: set[tuple[str, int]] = set()
+
+    def balance(self, topic: str, partitions: int) -> None:  # noqa: B027 - optional hook
+        """Take part in balancing ``topic``'s ``partitions`` between the
+        group's members (logs whose coordinator balances: nothing to do)."""
+
+    async def maintain(self, stopped: asyncio.Event) -> None:  # noqa: B027 - optional hook
+        """Keep this member's place in the group until ``stopped`` is set or
+        the task is cancelled (the first look comes before :meth:`acquire`
+        answers). The flag, not only the cancel, ends it: a log client can
+        swallow a cancel delivered during a call (redis-py was seen to)."""
+
+    async def leave(self) -> None:  # noqa: B027 - optional hook
+        """Give this member's place up (at a stop); errors are logged, not raised."""
 
     async def acquire(self, topic: str, partition: int) -> Lease | None:
         """The lease when this member owns the partition now, else None
@@ -119,7 +143,81 @@ class Ownership(abc.ABC):
 
 
 class LeaseOwnership(Ownership):
-    """Leases of ours, renewed every ``lease_ttl / 3`` (memory, SQLite, Redis, NATS)."""
+    """Leases of ours, renewed every ``lease_ttl / 3``, balanced between the
+    members (memory, SQLite, Redis, NATS)."""
+
+    def __init__(self, log: Log, config: ConsumerConfig) -> None:
+        super().__init__(log, config)
+        self.memberships: dict[str, Membership] = {}
+        # Partitions of each topic this member holds a lease on.
+        self.held: dict[str, set[int]] = {}
+        self._unseen = False  # the last look failed (logged once per outage)
+        # Set once the first look is done (or given up): acquire waits for it.
+        self._joined = asyncio.Event()
+
+    def balance(self, topic: str, partitions: int) -> None:
+        self.memberships[topic] = Membership(self.log, self.config, topic, partitions)
+
+    async def maintain(self, stopped: asyncio.Event) -> None:
+        try:
+            await self._look()
+        finally:
+            self._joined.set()
+        while not stopped.is_set():
+            await self.config.clock.sleep(self.config.lease_ttl / 3)
+            await self._look()
+
+    async def _look(self) -> None:
+        for membership in self.memberships.values():
+            try:
+                await membership.look()
+            except Exception as exc:  # noqa: BLE001 - the view lapses; leases go on
+                if not self._unseen:
+                    logger.warning(
+                        "cannot read the group's members; balancing waits for the log",
+                        extra={"topic": membership.topic, "error": str(exc)},
+                    )
+                self._unseen = True
+                continue
+            if self._unseen:
+                logger.info("group's members read again", extra={"topic": membership.topic})
+                self._unseen = False
+
+    async def leave(self) -> None:
+        for membership in self.memberships.values():
+            try:
+                await membership.leave()
+            except Exception as exc:  # noqa: BLE001 - the slot lapses by itself
+                logger.warning(
+                    "cannot leave the group's members; the place lapses with its lease",
+                    extra={"topic": membership.topic, "error": str(exc)},
+                )
+
+    async def acquire(self, topic: str, partition: int) -> Lease | None:
+        membership = self.memberships.get(topic)
+        if membership is not None:
+            await self._joined.wait()
+        held = self.held.setdefault(topic, set())
+        if (
+            membership is not None
+            and partition not in held
+            and not membership.may_take(partition, held)
+        ):
+            self.deferred.add((topic, partition))
+            return None
+        self.deferred.discard((topic, partition))
+        # Counted while asked: the other partitions' supervisors ask at the
+        # same time, and each must see this one when it checks the share.
+        already = partition in held
+        held.add(partition)
+        lease = await super().acquire(topic, partition)
+        if lease is None and not already:
+            held.discard(partition)
+        return lease
+
+    async def release(self, lease: Lease) -> None:
+        self.held.get(lease.topic, set()).discard(lease.partition)
+        await super().release(lease)
 
     async def wait(self, topic: str, partition: int) -> None:
         await self.config.clock.sleep(self.config.lease_ttl / 3)
@@ -154,6 +252,10 @@ class LeaseOwnership(Ownership):
                 renewed = None
             if renewed is not None and renewed.generation == lease.generation:
                 worker.lease_deadline = sent + ttl
+                if self._hand_over(lease):
+                    self.handed_over.add((lease.topic, lease.partition))
+                    worker.stop()
+                    return
                 continue
             logger.warning(
                 "partition lease lost; stopping its worker",
@@ -161,6 +263,25 @@ class LeaseOwnership(Ownership):
             )
             worker.stop()
             return
+
+    def _hand_over(self, lease: Lease) -> bool:
+        """Whether to give ``lease``'s partition back for balance (logged)."""
+        membership = self.memberships.get(lease.topic)
+        if membership is None:
+            return False
+        held = self.held.get(lease.topic, set())
+        if lease.partition not in membership.excess(held):
+            return False
+        logger.info(
+            "partition handed over to balance the group; stopping its worker",
+            extra={
+                "topic": lease.topic,
+                "partition": lease.partition,
+                "members": len(membership.members),
+                "share": membership.shares().get(self.config.member_id, 0),
+            },
+        )
+        return True
 
 
 class AssignedOwnership(Ownership):

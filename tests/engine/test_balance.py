@@ -1,0 +1,205 @@
+"""design §15: the members of one group balance a topic's partitions.
+
+On the lease logs the members balance themselves (``engine/_balance.py``):
+a member that joins gets its share from the others, which give back their
+highest partitions beyond theirs; one that leaves lets the others take
+its share. Kafka's and Iggy's consumer groups balance on the server
+(their own tests and ``benchmarks/bench_scale_out.py``), so the contract
+here runs on the logs whose leases are the consumer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+import wakuwaku as wk
+from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.engine._balance import MEMBERS_SUFFIX, fair_shares
+from wakuwaku.logs import Lease, Log, open_log
+
+from ..log_kit import fresh_log
+from .conftest import Item
+
+LEASE_LOGS = [
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("nats", marks=pytest.mark.nats),
+]
+
+TTL = 0.6
+
+
+def test_shares_split_evenly_and_the_remainder_stays_with_who_owns_most() -> None:
+    assert fair_shares(4, ["a", "b"], {"a": 4}) == {"a": 2, "b": 2}
+    # 5 over 2: the extra one stays with the member that owns 3 now.
+    assert fair_shares(5, ["a", "b"], {"b": 3, "a": 2}) == {"b": 3, "a": 2}
+    assert fair_shares(5, ["a", "b"], {}) == {"a": 3, "b": 2}  # then by name
+    assert fair_shares(2, ["a", "b", "c"], {"c": 1}) == {"c": 1, "a": 1, "b": 0}
+    assert fair_shares(3, ["a", "a"], {}) == {"a": 3}
+    assert fair_shares(3, [], {}) == {}
+
+
+def member(log: Log, name: str, seen: list[tuple[str, int]], **overrides: object) -> Consumer:
+    async def handle(run: Sequence[Item]) -> None:
+        seen.extend((name, e.n) for e in run)
+
+    options: dict[str, object] = {
+        "topic": "t",
+        "group": "g",
+        "member_id": name,
+        "lease_ttl": TTL,
+        "poll_interval": 0.01,
+        "shutdown_timeout": 5.0,
+    }
+    options.update(overrides)
+    return Consumer(ConsumerConfig(**options), [Handler(Item, handle)], log)  # type: ignore[arg-type]
+
+
+async def wait_for(what: str, condition: Callable[[], bool], *checks: Callable[[], None]) -> None:
+    """Wait until ``condition``, running ``checks`` at every look (they assert)."""
+    deadline = asyncio.get_running_loop().time() + 30.0
+    while not condition():
+        for check in checks:
+            check()
+        assert asyncio.get_running_loop().time() < deadline, f"waited too long for {what}"
+        await asyncio.sleep(0.01)
+
+
+def owned(consumer: Consumer) -> set[int]:
+    return {p for _, p in consumer.assignment()}
+
+
+@pytest.mark.parametrize("engine", LEASE_LOGS)
+async def test_a_member_that_joins_gets_its_share_and_one_that_leaves_gives_it_back(
+    engine: str, tmp_path: Path
+) -> None:
+    async with fresh_log(engine, tmp_path) as log:
+        other = log if isinstance(log, wk.MemoryLog) else open_log(log.url)
+        try:
+            await log.create_topic("t", 4)
+            producer = wk.Producer(log, "t")
+            seen: list[tuple[str, int]] = []
+            a = member(log, "a", seen)
+            b = member(other, "b", seen)
+
+            def one_owner_each() -> None:
+                assert not owned(a) & owned(b), "a partition listed by both members"
+
+            tasks = [asyncio.create_task(a.run(install_signal_handlers=False))]
+            await wait_for("a to own all four", lambda: owned(a) == {0, 1, 2, 3})
+            await producer.publish_many([Item(f"k{i}", i) for i in range(200)])
+            tasks.append(asyncio.create_task(b.run(install_signal_handlers=False)))
+            await wait_for(
+                "two partitions each",
+                lambda: len(owned(a)) == len(owned(b)) == 2,
+                one_owner_each,
+            )
+            # a gave back its highest partitions; what it keeps stays put.
+            assert owned(a) == {0, 1} and owned(b) == {2, 3}
+            await producer.publish_many([Item(f"k{i}", i) for i in range(200, 400)])
+            await wait_for("every event", lambda: {n for _, n in seen} >= set(range(400)))
+            assert {name for name, n in seen if n >= 200} == {"a", "b"}
+
+            b.stop()
+            await tasks.pop()
+            await wait_for("a to own all four again", lambda: owned(a) == {0, 1, 2, 3})
+            await producer.publish_many([Item(f"k{i}", i) for i in range(400, 500)])
+            await wait_for("every event", lambda: {n for _, n in seen} >= set(range(500)))
+            a.stop()
+            await asyncio.gather(*tasks)
+        finally:
+            if other is not log:
+                await other.close()
+    # At-least-once: a handed-over batch may come again, but nothing is lost
+    # and the members' leases never overlapped (checked while waiting).
+    assert {n for _, n in seen} == set(range(500))
+
+
+@pytest.mark.parametrize("engine", LEASE_LOGS)
+async def test_a_member_given_partitions_takes_no_part_in_the_balance(
+    engine: str, tmp_path: Path
+) -> None:
+    """``partitions=[...]``: those partitions, first come, first served (as
+    Kafka's assign()): such a member holds no place among the members, so
+    the others do not give it a share, nor keep one for it."""
+    async with fresh_log(engine, tmp_path) as log:
+        other = log if isinstance(log, wk.MemoryLog) else open_log(log.url)
+        try:
+            await log.create_topic("t", 4)
+            seen: list[tuple[str, int]] = []
+            a = member(log, "a", seen)
+            c = member(other, "c", seen, partitions=[0, 1])
+            tasks = [asyncio.create_task(a.run(install_signal_handlers=False))]
+            await wait_for("a to own all four", lambda: owned(a) == {0, 1, 2, 3})
+            tasks.append(asyncio.create_task(c.run(install_signal_handlers=False)))
+            # Several lease looks: a gives nothing back, c takes nothing.
+            for _ in range(int(3 * TTL / 0.01)):
+                assert owned(a) == {0, 1, 2, 3} and owned(c) == set()
+                await asyncio.sleep(0.01)
+            members = await log.partition_owners("g" + MEMBERS_SUFFIX, "t")
+            assert members is not None
+            assert {lease.member for lease in members.values()} == {"a"}
+            for consumer in (c, a):
+                consumer.stop()
+            await asyncio.gather(*tasks)
+        finally:
+            if other is not log:
+                await other.close()
+
+
+async def test_a_log_that_cannot_list_leases_is_shared_first_come_first_served() -> None:
+    """No :meth:`Log.partition_owners`: the members cannot see each other,
+    so they do not balance (nothing is given back on a guess)."""
+
+    class Unlisted:
+        def __init__(self, inner: Log) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        async def partition_owners(self, group: str, topic: str) -> dict[int, Lease] | None:
+            return None
+
+    log = wk.MemoryLog()
+    await log.create_topic("t", 2)
+    seen: list[tuple[str, int]] = []
+    a = member(Unlisted(log), "a", seen)  # type: ignore[arg-type]
+    b = member(Unlisted(log), "b", seen)  # type: ignore[arg-type]
+    tasks = [asyncio.create_task(a.run(install_signal_handlers=False))]
+    await wait_for("a to own both", lambda: owned(a) == {0, 1})
+    tasks.append(asyncio.create_task(b.run(install_signal_handlers=False)))
+    for _ in range(int(3 * TTL / 0.01)):
+        assert owned(a) == {0, 1} and owned(b) == set()
+        await asyncio.sleep(0.01)
+    for consumer in (b, a):
+        consumer.stop()
+    await asyncio.gather(*tasks)
+
+
+async def test_a_partition_given_back_and_never_taken_is_taken_again() -> None:
+    """The member a partition was given back for never takes it (a place
+    still counted, its partitions' calls failing): the partition stays
+    free for ``lease_ttl``, then a member above its share takes it back,
+    and gives nothing back again while the members stay the same."""
+    log = wk.MemoryLog()
+    await log.create_topic("t", 2)
+    seen: list[tuple[str, int]] = []
+    a = member(log, "a", seen)
+    task = asyncio.create_task(a.run(install_signal_handlers=False))
+    await wait_for("a to own both", lambda: owned(a) == {0, 1})
+    # A member that holds a place and never asks for a partition.
+    ghost = await log.acquire_partition("g" + MEMBERS_SUFFIX, "t", 1, "ghost", 3600.0)
+    assert ghost is not None
+    await wait_for("a to give one back", lambda: owned(a) == {0})
+    await wait_for("a to take it again", lambda: owned(a) == {0, 1})
+    for _ in range(int(3 * TTL / 0.01)):
+        assert owned(a) == {0, 1}
+        await asyncio.sleep(0.01)
+    a.stop()
+    await task
