@@ -23,13 +23,15 @@ records of and counts the events handled more than once.
 (c) Join: a member A starts alone (I/O handler, fresh group); once it has
 handled its first event, member B starts. The run reports when B's
 ``Consumer.start()`` returned, when B first owned a partition and when it
-handled its first event (seconds from B's start; "never" within the run on
-a log that does not move partitions to a new member), and goes on
+handled its first event (seconds from B's start; "never" when the backlog
+was drained before a partition moved to B), and goes on
 until every event is handled and ``--join-wait`` seconds have passed since B
 started. Over that run, each member counts in its own process the calls that
 keep or seek ownership: ``Log.acquire_partition`` (a lease taken, renewed or
 refused: SQLite, Redis and NATS; on Kafka and Iggy the supervisors' look at
-the assignment) and ``release_partition``; on Kafka the group requests its
+the assignment) and ``release_partition``; on the lease logs the renewals
+of the member's place among the group's members and the ``partition_owners``
+listings the balance reads (``engine/_balance.py``); on Kafka the group requests its
 librdkafka member consumer sent (``Heartbeat``, ``JoinGroup``,
 ``SyncGroup``...: librdkafka's own statistics); on Iggy the assignment syncs
 (``SyncConsumerGroup``: every 0.5 s and before each fenced write); and its
@@ -74,6 +76,7 @@ from urllib.parse import urlsplit
 
 from _ticks import TOPIC, Tick, fill, ticks
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
+from wakuwaku.engine._balance import MEMBERS_SUFFIX
 from wakuwaku.logs import Lease, Log, open_log
 
 LOGS = ("sqlite", "redis", "nats", "kafka", "iggy")
@@ -146,10 +149,14 @@ def topic_role(topic: str) -> str:
 def count_calls(log: Log, traffic: Traffic) -> None:
     """Count ``log``'s acquire, release and read calls (the log itself is unchanged)."""
     acquire, release, read = log.acquire_partition, log.release_partition, log.read
+    owners = log.partition_owners
 
     async def acquire_counted(
         group: str, topic: str, partition: int, member: str, ttl: float
     ) -> Lease | None:
+        if group.endswith(MEMBERS_SUFFIX):  # the member's place, not a partition
+            traffic.calls["place"] += 1
+            return await acquire(group, topic, partition, member, ttl)
         traffic.calls["acquire"] += 1
         held = traffic.owned.get(partition, False)
         started = time.perf_counter()
@@ -162,7 +169,14 @@ def count_calls(log: Log, traffic: Traffic) -> None:
         traffic.held(partition, lease is not None)
         return lease
 
+    async def owners_counted(group: str, topic: str) -> dict[int, Lease] | None:
+        traffic.calls["owners"] += 1
+        return await owners(group, topic)
+
     async def release_counted(lease: Lease) -> None:
+        if lease.group.endswith(MEMBERS_SUFFIX):
+            await release(lease)
+            return
         traffic.calls["release"] += 1
         traffic.held(lease.partition, False)
         await release(lease)
@@ -175,6 +189,7 @@ def count_calls(log: Log, traffic: Traffic) -> None:
 
     log.acquire_partition = acquire_counted  # type: ignore[method-assign]
     log.release_partition = release_counted  # type: ignore[method-assign]
+    log.partition_owners = owners_counted  # type: ignore[method-assign]
     log.read = read_counted  # type: ignore[method-assign]
 
 
@@ -805,6 +820,8 @@ TRAFFIC = (
     ("acquire renewed", "  of which renewals"),
     ("acquire refused", "  of which refused"),
     ("release", "release_partition"),
+    ("place", "place among the members (lease logs)"),
+    ("owners", "partition_owners (members and owners)"),
     ("Heartbeat", "Kafka Heartbeat"),
     ("JoinGroup", "Kafka JoinGroup"),
     ("SyncGroup", "Kafka SyncGroup"),

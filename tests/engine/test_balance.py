@@ -11,6 +11,7 @@ here runs on the logs whose leases are the consumer's.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -203,3 +204,60 @@ async def test_a_partition_given_back_and_never_taken_is_taken_again() -> None:
         await asyncio.sleep(0.01)
     a.stop()
     await task
+
+
+async def test_a_partition_given_back_finishes_its_batch_so_nothing_comes_twice(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker giving its partition back runs the batch it is in to its end
+    and stores it whole; the new owner starts after it. (A graceful stop
+    would cut the batch and deliver its undone records again.)"""
+    log = wk.MemoryLog()
+    await log.create_topic("t", 2)
+    producer = wk.Producer(log, "t")
+    keys = [k for k in (f"k{i}" for i in range(100)) if log.partition_for(k, 2) == 1][:20]
+    await producer.publish_many([Item(key, n) for n, key in enumerate(keys)])
+    gate = asyncio.Event()
+    handed = asyncio.Event()
+
+    class Handed(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("partition handed over"):
+                handed.set()
+
+    seen: list[tuple[str, int]] = []
+
+    def consumer(name: str) -> Consumer:
+        async def handle(run: Sequence[Item]) -> None:
+            if name == "a":
+                await gate.wait()  # the batch is in flight when b joins
+            seen.extend((name, e.n) for e in run)
+
+        config = ConsumerConfig(
+            topic="t", group="g", member_id=name, lease_ttl=3.0, poll_interval=0.01
+        )
+        return Consumer(config, [Handler(Item, handle)], log)
+
+    a, b = consumer("a"), consumer("b")
+    watcher = Handed()
+    logging.getLogger("wakuwaku").addHandler(watcher)
+    caplog.set_level(logging.INFO, logger="wakuwaku")
+    try:
+        tasks = [asyncio.create_task(a.run(install_signal_handlers=False))]
+        await wait_for("a to own both", lambda: owned(a) == {0, 1})
+        tasks.append(asyncio.create_task(b.run(install_signal_handlers=False)))
+        await asyncio.wait_for(handed.wait(), 30)
+        gate.set()  # the batch ends well before a's next look would cut it
+        await wait_for("b to own partition 1", lambda: owned(b) == {1})
+        await producer.publish_many([Item(key, 100 + n) for n, key in enumerate(keys)])
+        await wait_for(
+            "every event", lambda: {n for _, n in seen} >= {*range(20), *range(100, 120)}
+        )
+        for c in (b, a):
+            c.stop()
+        await asyncio.gather(*tasks)
+    finally:
+        logging.getLogger("wakuwaku").removeHandler(watcher)
+    assert sorted(n for name, n in seen if name == "a") == list(range(20))
+    assert sorted(n for name, n in seen if name == "b") == list(range(100, 120))
+    assert await log.committed("g", "t", 1) == 40

@@ -22,10 +22,13 @@ Redis, NATS) the members balance themselves, with nothing but leases:
   so that a partition does not go back and forth. A partition is never
   taken from a live owner: leases run out or are given back.
 - **Giving back**: a member that owns more than its share, while another
-  member owns fewer than its own, stops the workers of its highest
-  partitions beyond the share (a graceful stop: what is done is stored)
-  and releases them; the member below its share takes them at its next
-  ask, within ``lease_ttl / 3``.
+  member owns fewer than its own, lets the workers of its highest
+  partitions beyond the share finish the batch they run (nothing is
+  delivered twice) and releases them; a batch still running at the next
+  look is cut as a graceful stop cuts it (what is done is stored). A
+  member below its share looks every :data:`WANTING_LOOK` seconds while
+  a partition is free or another member holds more than its share, and
+  takes what was given back at that look.
 
 A member started with ``ConsumerConfig.partitions`` consumes those
 partitions, first come, first served, and takes no part (as Kafka's
@@ -49,6 +52,10 @@ logger = logging.getLogger("wakuwaku.consumer")
 
 MEMBERS_SUFFIX = ".members"
 """Appended to the group's name for its members' slot leases."""
+
+WANTING_LOOK = 0.5
+"""Seconds between the looks of a member waiting for a partition to be given
+back (at most ``lease_ttl / 3``, the look of a member that wants nothing)."""
 
 
 def fair_shares(
@@ -202,6 +209,23 @@ class Membership:
         if not any(counts.get(m, 0) < share for m, share in shares.items() if m != me):
             return []
         return owned[-over:]
+
+    def wanting(self, held: Iterable[int]) -> bool:
+        """Whether this member, holding ``held``, is below its share while a
+        partition is free or another member holds more than its own: a
+        partition is about to come its way, and it looks more often."""
+        if not self.active:
+            return False
+        shares = self.shares()
+        me = self.config.member_id
+        if len(set(held)) >= shares.get(me, 0):
+            return False
+        if len(self.owners) < self.partitions:
+            return True
+        counts: dict[str, int] = {}
+        for member in self.owners.values():
+            counts[member] = counts.get(member, 0) + 1
+        return any(counts.get(m, 0) > share for m, share in shares.items() if m != me)
 
     async def leave(self) -> None:
         """Release the slot (at a stop): the others' shares grow at once."""

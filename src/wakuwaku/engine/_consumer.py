@@ -543,15 +543,18 @@ class Consumer:
             if self._stop.is_set():
                 await self._ownership.release(lease)
                 return
-            if lost:
+            if (topic, partition) in self._ownership.handed_over:
+                # Given back for balance: the worker stored what was done; the
+                # partition is no longer this member's (a lost lease's worker
+                # stays listed until taken again).
+                await self._ownership.release(lease)
+                self._ownership.handed_over.discard((topic, partition))
+                self.workers.pop((topic, partition), None)
+                waiting = True
+            elif lost:
                 # Revoked: the worker stored what was done; let the partition go now.
                 await self._ownership.release(lease)
                 waiting = True  # taking it back is logged
-                if (topic, partition) in self._ownership.handed_over:
-                    # Given back for balance: no longer this member's (a
-                    # lost lease's worker stays listed until taken again).
-                    self._ownership.handed_over.discard((topic, partition))
-                    self.workers.pop((topic, partition), None)
             await clock.sleep(0)
 
     async def _run_worker(self, worker: PartitionWorker, lease: Lease) -> bool:

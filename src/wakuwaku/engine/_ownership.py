@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 
 from .._errors import SetupError
 from ..logs import Lease, Log
-from ._balance import Membership
+from ._balance import WANTING_LOOK, Membership
 from ._config import ConsumerConfig
 from ._partition import PartitionWorker
 from ._setup import setup_fault
@@ -80,8 +80,8 @@ class Ownership(abc.ABC):
         #: Partitions whose last :meth:`acquire` was not even asked: this
         #: member holds its share and another member wants them (balance).
         self.deferred: set[tuple[str, int]] = set()
-        #: Partitions whose worker :meth:`watch` stopped to give them back
-        #: for balance (the supervisor forgets them once released).
+        #: Partitions whose worker a look of the members stopped to give
+        #: them back for balance (the supervisor releases and forgets them).
         self.handed_over: set[tuple[str, int]] = set()
 
     def balance(self, topic: str, partitions: int) -> None:  # noqa: B027 - optional hook
@@ -154,6 +154,12 @@ class LeaseOwnership(Ownership):
         self._unseen = False  # the last look failed (logged once per outage)
         # Set once the first look is done (or given up): acquire waits for it.
         self._joined = asyncio.Event()
+        # Set (and replaced) by a look that found a partition free: the
+        # supervisors waiting to ask ask now, not at their next turn.
+        self._free = asyncio.Event()
+        # The workers running under our leases (watch registers them): a look
+        # stops those given back for balance.
+        self._running: dict[tuple[str, int], PartitionWorker] = {}
 
     def balance(self, topic: str, partitions: int) -> None:
         self.memberships[topic] = Membership(self.log, self.config, topic, partitions)
@@ -163,8 +169,12 @@ class LeaseOwnership(Ownership):
             await self._look()
         finally:
             self._joined.set()
+        every = self.config.lease_ttl / 3
         while not stopped.is_set():
-            await self.config.clock.sleep(self.config.lease_ttl / 3)
+            wanting = any(
+                m.wanting(self.held.get(topic, ())) for topic, m in self.memberships.items()
+            )
+            await self.config.clock.sleep(min(every, WANTING_LOOK) if wanting else every)
             await self._look()
 
     async def _look(self) -> None:
@@ -182,6 +192,35 @@ class LeaseOwnership(Ownership):
             if self._unseen:
                 logger.info("group's members read again", extra={"topic": membership.topic})
                 self._unseen = False
+            self._rebalance(membership)
+
+    def _rebalance(self, membership: Membership) -> None:
+        """Give back what this member holds beyond its share (a graceful stop
+        of those workers; the supervisor releases them), and wake the
+        supervisors waiting to ask when a partition is free."""
+        topic = membership.topic
+        for partition in membership.excess(self.held.get(topic, set())):
+            worker = self._running.get((topic, partition))
+            if worker is None:
+                continue
+            if (topic, partition) in self.handed_over:
+                # Still in the batch it had to finish, a look later: cut it.
+                worker.stop()
+                continue
+            logger.info(
+                "partition handed over to balance the group; its worker stops after its batch",
+                extra={
+                    "topic": topic,
+                    "partition": partition,
+                    "members": len(membership.members),
+                    "share": membership.shares().get(self.config.member_id, 0),
+                },
+            )
+            self.handed_over.add((topic, partition))
+            worker.finish()
+        if membership.active and len(membership.owners) < membership.partitions:
+            self._free.set()
+            self._free = asyncio.Event()
 
     async def leave(self) -> None:
         for membership in self.memberships.values():
@@ -220,9 +259,26 @@ class LeaseOwnership(Ownership):
         await super().release(lease)
 
     async def wait(self, topic: str, partition: int) -> None:
-        await self.config.clock.sleep(self.config.lease_ttl / 3)
+        """``lease_ttl / 3``, or less: until a look of the group's members
+        finds a partition free (one given back for balance is taken at once)."""
+        sleeper = asyncio.ensure_future(self.config.clock.sleep(self.config.lease_ttl / 3))
+        freed = asyncio.ensure_future(self._free.wait())
+        try:
+            await asyncio.wait({sleeper, freed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            freed.cancel()
 
     async def watch(self, lease: Lease, worker: PartitionWorker) -> None:
+        where = (lease.topic, lease.partition)
+        self._running[where] = worker
+        try:
+            await self._renew(lease, worker)
+        finally:
+            if self._running.get(where) is worker:
+                del self._running[where]
+
+    async def _renew(self, lease: Lease, worker: PartitionWorker) -> None:
         """Renew ``lease``; stop ``worker`` once it is lost.
 
         Each renewal moves the worker's lease deadline to the time the
@@ -252,10 +308,6 @@ class LeaseOwnership(Ownership):
                 renewed = None
             if renewed is not None and renewed.generation == lease.generation:
                 worker.lease_deadline = sent + ttl
-                if self._hand_over(lease):
-                    self.handed_over.add((lease.topic, lease.partition))
-                    worker.stop()
-                    return
                 continue
             logger.warning(
                 "partition lease lost; stopping its worker",
@@ -263,25 +315,6 @@ class LeaseOwnership(Ownership):
             )
             worker.stop()
             return
-
-    def _hand_over(self, lease: Lease) -> bool:
-        """Whether to give ``lease``'s partition back for balance (logged)."""
-        membership = self.memberships.get(lease.topic)
-        if membership is None:
-            return False
-        held = self.held.get(lease.topic, set())
-        if lease.partition not in membership.excess(held):
-            return False
-        logger.info(
-            "partition handed over to balance the group; stopping its worker",
-            extra={
-                "topic": lease.topic,
-                "partition": lease.partition,
-                "members": len(membership.members),
-                "share": membership.shares().get(self.config.member_id, 0),
-            },
-        )
-        return True
 
 
 class AssignedOwnership(Ownership):

@@ -185,6 +185,7 @@ class PartitionWorker:
         self.caught_up = False
         self._on_caught_up = on_caught_up
         self.started = False
+        self._finishing = False  # finish(): no batch after the running one
         # Set by the consumer's watchdog when it cancels this worker as stalled.
         self.stalled = False
         # The handled chunks of the current main batch: a graceful stop stores
@@ -215,6 +216,13 @@ class PartitionWorker:
     def stop(self) -> None:
         """Ask the worker to stop: no new chunk starts, waits are abandoned."""
         self.services.stop()
+
+    def finish(self) -> None:
+        """Ask the worker to stop after the batch it runs: no batch starts
+        after it, and the one running is stored whole (nothing of it is
+        delivered again, unlike a :meth:`stop` in its middle). A partition
+        given back for balance ends so."""
+        self._finishing = True
 
     @property
     def stopping(self) -> bool:
@@ -247,7 +255,7 @@ class PartitionWorker:
         try:
             await self._restore()
             self.started = True
-            while not services.stop_requested():
+            while not services.stop_requested() and not self._finishing:
                 if self.control.pauses.version != self._pauses_seen:
                     self._follow_pauses()
                 if self.paused_by is not None:
