@@ -17,6 +17,7 @@ from wakuwaku import ConfigError, LogError, LogUnavailableError, open_log, parti
 from wakuwaku.engine import Consumer as WkConsumer
 from wakuwaku.engine import ConsumerConfig, Handler
 from wakuwaku.logs import BatchWrite, Log, OutgoingRecord
+from wakuwaku.logs._base import check_record, check_records
 from wakuwaku.logs.kafka import _FENCED_CODES, HEADER_ROOM, PASSWORD_ENV, KafkaLog
 
 from ..conftest import KAFKA_BOOTSTRAP
@@ -211,6 +212,26 @@ async def test_a_failed_delivery_fails_the_append_naming_topic_and_partition() -
     _, task = await _scripted_append([0, 1, 2, 3], failed=2)
     with pytest.raises(LogError, match="append to orders/2"):
         await task
+
+
+def test_an_appends_records_are_checked_as_one_by_one() -> None:
+    # The Kafka append checks its records in one pass (check_records); what
+    # it gives, and refuses, is what check_record gives for each.
+    plain: Any = [({"wk-key": b"k", "h": b"v"}, b"body"), ({"wk-key": b"j"}, b"")]
+    assert check_records(plain) == plain
+    assert check_records(iter(plain)) == plain  # read once, even from an iterator
+    as_lists: Any = [list(r) for r in plain]
+    assert check_records(as_lists) == plain
+    mixed: Any = [({"wk-key": bytearray(b"k")}, memoryview(b"body")), plain[0]]
+    checked = check_records(mixed)
+    assert checked == [(check_record(h, b), b) for h, b in mixed]
+    assert type(checked[0][0]["wk-key"]) is bytes
+    bad_value: Any = [plain[0], ({"wk-key": "k"}, b"")]
+    with pytest.raises(ConfigError, match="must map str to bytes"):
+        check_records(bad_value)
+    bad_body: Any = [plain[0], ({"wk-key": b"k"}, "body")]
+    with pytest.raises(ConfigError, match="body must be bytes"):
+        check_records(bad_body)
 
 
 async def test_our_keys_land_where_the_java_partitioner_puts_them(log: KafkaLog) -> None:
