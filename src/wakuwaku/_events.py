@@ -70,7 +70,9 @@ class JsonCodec(Generic[T]):
             None if self._pydantic else msgspec.json.Decoder(cls)
         )
         if self._decoder is not None:
-            # The decoder's own method: no Python frame per record on the hot path.
+            # The msgspec encoder's and decoder's own methods: no Python frame
+            # per record on the hot path.
+            self.encode = self._encoder.encode  # type: ignore[method-assign,assignment]
             self.decode = self._decoder.decode  # type: ignore[method-assign,assignment]
 
     def encode(self, value: T) -> bytes:

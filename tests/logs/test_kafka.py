@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Sequence
+from types import SimpleNamespace
+from typing import Any
 
 import msgspec
 import pytest
@@ -15,6 +17,7 @@ from wakuwaku import ConfigError, LogError, LogUnavailableError, open_log, parti
 from wakuwaku.engine import Consumer as WkConsumer
 from wakuwaku.engine import ConsumerConfig, Handler
 from wakuwaku.logs import BatchWrite, Log, OutgoingRecord
+from wakuwaku.logs._base import check_record, check_records
 from wakuwaku.logs.kafka import _FENCED_CODES, HEADER_ROOM, PASSWORD_ENV, KafkaLog
 
 from ..conftest import KAFKA_BOOTSTRAP
@@ -152,6 +155,83 @@ async def test_a_plain_kafka_producers_record_is_handled(log: KafkaLog) -> None:
     for name in ("o0", "o1"):
         assert [n for k, n in seen if k == name] == [n for n in range(6) if f"o{n % 2}" == name]
     assert await log.committed("interop", "orders", partition_for("o0", 3)) is not None
+
+
+class ReportingProducer:
+    """Stands in for the log's idempotent producer: takes the records, and
+    :meth:`deliver` serves their delivery reports from another thread (as the
+    poll thread does), in the order given, offsets 100, 101... in produce order."""
+
+    def __init__(self) -> None:
+        self.produced: list[tuple[str, bytes, Any, int, Any]] = []
+
+    def produce(self, topic: str, value: bytes, key: Any, partition: int, **kw: Any) -> None:
+        self.produced.append((topic, value, key, partition, kw["on_delivery"]))
+
+    def deliver(self, order: Sequence[int], failed: int | None = None) -> None:
+        def serve() -> None:
+            for i in order:
+                report = self.produced[i][4]
+                if i == failed:
+                    report(KafkaError(KafkaError.INVALID_RECORD, "refused"), None)
+                else:
+                    report(None, SimpleNamespace(offset=lambda i=i: 100 + i))
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        thread.join()
+
+
+async def _scripted_append(
+    order: Sequence[int], failed: int | None = None
+) -> tuple[ReportingProducer, asyncio.Task[list[int]]]:
+    log = KafkaLog("127.0.0.1:9", timeout=1.0)  # never connects: the producer is scripted
+    producer = ReportingProducer()
+    log._appender._producer = producer
+    records = [({"wk-key": b"k", "h": bytes([i])}, bytes([i])) for i in range(len(order))]
+    task = asyncio.create_task(log._appender.append("orders", 2, records))
+    await asyncio.sleep(0)  # the append produces every record before its first wait
+    assert len(producer.produced) == len(order)
+    producer.deliver(order, failed)
+    return producer, task
+
+
+async def test_an_appends_offsets_follow_its_records_whatever_order_reports_come_in() -> None:
+    # One delivery callback for all of an append's records: the offsets are
+    # matched to the records by their order (the idempotent producer writes a
+    # partition's records in produce order), not by the order of the reports.
+    producer, task = await _scripted_append([3, 0, 4, 1, 2])
+    assert await task == [100, 101, 102, 103, 104]
+    assert [(p[1], p[2], p[3]) for p in producer.produced] == [
+        (bytes([i]), b"k", 2) for i in range(5)
+    ]
+    assert len({id(p[4]) for p in producer.produced}) == 1  # one callback, not one per record
+
+
+async def test_a_failed_delivery_fails_the_append_naming_topic_and_partition() -> None:
+    _, task = await _scripted_append([0, 1, 2, 3], failed=2)
+    with pytest.raises(LogError, match="append to orders/2"):
+        await task
+
+
+def test_an_appends_records_are_checked_as_one_by_one() -> None:
+    # The Kafka append checks its records in one pass (check_records); what
+    # it gives, and refuses, is what check_record gives for each.
+    plain: Any = [({"wk-key": b"k", "h": b"v"}, b"body"), ({"wk-key": b"j"}, b"")]
+    assert check_records(plain) == plain
+    assert check_records(iter(plain)) == plain  # read once, even from an iterator
+    as_lists: Any = [list(r) for r in plain]
+    assert check_records(as_lists) == plain
+    mixed: Any = [({"wk-key": bytearray(b"k")}, memoryview(b"body")), plain[0]]
+    checked = check_records(mixed)
+    assert checked == [(check_record(h, b), b) for h, b in mixed]
+    assert type(checked[0][0]["wk-key"]) is bytes
+    bad_value: Any = [plain[0], ({"wk-key": "k"}, b"")]
+    with pytest.raises(ConfigError, match="must map str to bytes"):
+        check_records(bad_value)
+    bad_body: Any = [plain[0], ({"wk-key": b"k"}, "body")]
+    with pytest.raises(ConfigError, match="body must be bytes"):
+        check_records(bad_body)
 
 
 async def test_our_keys_land_where_the_java_partitioner_puts_them(log: KafkaLog) -> None:

@@ -38,6 +38,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from types import TracebackType
 
 from .._errors import ConfigError, UnknownPartitionError
@@ -124,6 +125,9 @@ def check_topic_name(topic: str) -> None:
 
 _STR = frozenset({str})
 _BYTES = frozenset({bytes})
+_DICT = frozenset({dict})
+_TUPLE = frozenset({tuple})
+_values = operator.methodcaller("values")
 
 
 def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
@@ -158,6 +162,31 @@ def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
             )
         plain[str(name)] = bytes(value)
     return plain
+
+
+def check_records(records: Sequence[OutgoingRecord]) -> list[OutgoingRecord]:
+    """:func:`check_record` for every record of an append.
+
+    :returns: ``(headers, body)`` per record, the headers as
+        :func:`check_record` returns them (a dict of ``str`` to ``bytes``).
+    :raises ConfigError: for the first record :func:`check_record` refuses;
+        nothing is written then.
+    """
+    records = list(records)  # iterated more than once below
+    heads = [headers for headers, _ in records]
+    bodies = [body for _, body in records]
+    # The common case, one pass in C over the whole append (exact types, as
+    # check_record's own fast path): bytes bodies, dicts of str -> bytes.
+    if (
+        _BYTES.issuperset(map(type, bodies))
+        and _DICT.issuperset(map(type, heads))
+        and _STR.issuperset(map(type, chain.from_iterable(heads)))
+        and _BYTES.issuperset(map(type, chain.from_iterable(map(_values, heads))))
+    ):
+        if _TUPLE.issuperset(map(type, records)):
+            return records  # no new tuples: fewer objects for the collector
+        return list(zip(heads, bodies, strict=True))
+    return [(check_record(h, b), b) for h, b in zip(heads, bodies, strict=True)]
 
 
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -122,15 +122,17 @@ class Appender:
         """Hand ``outgoing`` to the idempotent producer; what collects their offsets."""
         producer = self._client()
         delivered = _Delivered(len(outgoing))
+        report = delivered.report  # one callback for every record of the append
+        produce = producer.produce
         name = self.cluster.name(topic)
-        for index, (headers, body) in enumerate(outgoing):
-            key, rest = to_message(headers)
-            callback = delivered.callback(index)
+        for headers, body in outgoing:
+            rest = dict(headers)  # to_message, inline: this loop is the append's cost
+            key = rest.pop(H_KEY, None)
+            if type(body) is not bytes:
+                body = bytes(body)
             while True:
                 try:
-                    producer.produce(
-                        name, bytes(body), key, partition, on_delivery=callback, headers=rest
-                    )
+                    produce(name, body, key, partition, on_delivery=report, headers=rest)
                     break
                 except BufferError:
                     await BLOCKING_CALLS.pause(0.01)
@@ -152,35 +154,42 @@ class _Delivered:
     the last one is in, or at the first error (one wake-up per append, not per
     record).
 
+    Every record of the append shares one callback, :meth:`report`, so the
+    offsets come in the order the reports are served. They are handed over
+    sorted: the idempotent producer writes one partition's records in the
+    order they were produced, so the ``i``-th smallest offset is the ``i``-th
+    record's, whatever order the reports came in.
+
     :param count: how many records the append produces.
     """
 
     def __init__(self, count: int) -> None:
         self._loop = asyncio.get_running_loop()
         self.done: asyncio.Future[list[int]] = self._loop.create_future()
-        self._offsets = [0] * count
-        self._remaining = count
-        self._lock = threading.Lock()  # reports may be served by flush() in another thread
+        self._offsets: list[int] = []
+        self._count = count
+        self._failed = False
         if count == 0:
             self.done.set_result([])
 
-    def callback(self, index: int) -> Callable[[Any, Any], None]:
-        """The delivery report callback of record ``index``."""
+    def report(self, err: Any, msg: Any) -> None:
+        """The delivery report callback of every record of the append.
 
-        def report(err: Any, msg: Any) -> None:
-            with self._lock:
-                if self._remaining <= 0:
-                    return  # finished already (an earlier error)
-                if err is not None:
-                    self._remaining = 0
-                    self._loop.call_soon_threadsafe(self._finish, KafkaException(err))
-                    return
-                self._offsets[index] = msg.offset()
-                self._remaining -= 1
-                if self._remaining == 0:
-                    self._loop.call_soon_threadsafe(self._finish, None)
-
-        return report
+        Reports may be served by two threads at once (the poll thread and a
+        ``flush()`` in another): no lock is needed, as ``list.append`` is
+        atomic and :meth:`_finish` acts once (two threads that both see the
+        last offset in schedule it twice).
+        """
+        if self._failed:
+            return  # finished already (an earlier error)
+        if err is not None:
+            self._failed = True
+            self._loop.call_soon_threadsafe(self._finish, KafkaException(err))
+            return
+        offsets = self._offsets
+        offsets.append(msg.offset())
+        if len(offsets) == self._count:
+            self._loop.call_soon_threadsafe(self._finish, None)
 
     def _finish(self, error: KafkaException | None) -> None:
         if self.done.done():
@@ -188,4 +197,5 @@ class _Delivered:
         if error is not None:
             self.done.set_exception(error)
         else:
+            self._offsets.sort()
             self.done.set_result(self._offsets)

@@ -21,9 +21,11 @@ of them.
 from __future__ import annotations
 
 import asyncio
+import operator
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
 from typing import Any, TypeVar
 
 import confluent_kafka.admin as _admin_module
@@ -66,6 +68,7 @@ LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
 ADMIN_RENEW = 2.0
 """Seconds without an answer after which a client that kept failing is made anew."""
 _BATCH_OVERHEAD = 512  # record batch and record framing, counted against the limit
+_values = operator.methodcaller("values")
 
 FENCED_CODES = frozenset(
     {
@@ -503,6 +506,19 @@ class Cluster:
         """:raises ConfigError: for a record over the topic's ``max.message.bytes``
         (less framing), or with a NUL in a header name."""
         limit = await self.max_message_bytes(topic)
+        # The common case in one pass in C: no NUL in any name and the whole
+        # append within the limit, so each of its records is. Otherwise the
+        # records one by one, to name the first one refused.
+        heads = [headers for headers, _ in records]
+        bodies = [body for _, body in records]
+        names = "".join(chain.from_iterable(heads))
+        total = (
+            len(names)
+            + sum(map(len, bodies))
+            + sum(map(len, chain.from_iterable(map(_values, heads))))
+        )
+        if "\x00" not in names and total + _BATCH_OVERHEAD <= limit:
+            return
         for headers, body in records:
             names = "".join(headers)  # one pass in C: the names' NULs and length
             if "\x00" in names:

@@ -41,7 +41,7 @@ from .._base import (
     TopicInfo,
     check_commit,
     check_partition,
-    check_record,
+    check_records,
     check_token,
 )
 from .._url import (
@@ -299,7 +299,7 @@ class KafkaLog(Log):
             within ``timeout``.
         """
         check_token(token)
-        outgoing = [(check_record(h, b), b) for h, b in records]
+        outgoing = check_records(records)
         count = await self._cluster.partitions(topic)
         check_partition(topic, partition, count)
         if not outgoing:
