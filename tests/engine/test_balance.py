@@ -21,6 +21,7 @@ import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.engine._balance import MEMBERS_SUFFIX, fair_shares
 from wakuwaku.logs import Lease, Log, open_log
+from wakuwaku.testing import FakeClock
 
 from ..log_kit import fresh_log
 from .conftest import Item
@@ -261,3 +262,30 @@ async def test_a_partition_given_back_finishes_its_batch_so_nothing_comes_twice(
     assert sorted(n for name, n in seen if name == "a") == list(range(20))
     assert sorted(n for name, n in seen if name == "b") == list(range(100, 120))
     assert await log.committed("g", "t", 1) == 40
+
+
+async def test_members_started_together_split_within_their_first_fast_looks() -> None:
+    """Started together (b a second after a), the first member to look sees
+    only itself and takes every partition; both look every 0.5 s during
+    their first ``lease_ttl / 3``, so the split comes then, not at a's slow
+    look 5 s after its last (time here is a fake clock moved by hand)."""
+    log = wk.MemoryLog()
+    await log.create_topic("t", 4)
+    clock = FakeClock(autojump=False)
+    seen: list[tuple[str, int]] = []
+    a = member(log, "a", seen, lease_ttl=15.0, clock=clock)
+    b = member(log, "b", seen, lease_ttl=15.0, clock=clock)
+    tasks = [asyncio.create_task(a.run(install_signal_handlers=False))]
+    await wait_for("a to own all four", lambda: owned(a) == {0, 1, 2, 3})
+    while clock.monotonic() < 1.0:  # a's looks of a member that wants nothing more
+        clock.advance(0.05)
+        await asyncio.sleep(0.005)
+    tasks.append(asyncio.create_task(b.run(install_signal_handlers=False)))
+    await wait_for("b to take its place", lambda: b._ownership.memberships.get("t") is not None)  # type: ignore[attr-defined]
+    while not len(owned(a)) == len(owned(b)) == 2:
+        assert clock.monotonic() < 4.5, "split only at the slow look"
+        clock.advance(0.05)
+        await asyncio.sleep(0.005)
+    for c in (b, a):
+        c.stop()
+    await asyncio.gather(*tasks)

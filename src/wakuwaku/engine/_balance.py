@@ -28,7 +28,9 @@ Redis, NATS) the members balance themselves, with nothing but leases:
   look is cut as a graceful stop cuts it (what is done is stored). A
   member below its share looks every :data:`WANTING_LOOK` seconds while
   a partition is free or another member holds more than its share, and
-  takes what was given back at that look.
+  takes what was given back at that look. Every member also looks that
+  often during its first ``lease_ttl / 3``: members started together
+  find each other at once, not a ``lease_ttl / 3`` later.
 
 A member started with ``ConsumerConfig.partitions`` consumes those
 partitions, first come, first served, and takes no part (as Kafka's

@@ -169,12 +169,15 @@ class LeaseOwnership(Ownership):
             await self._look()
         finally:
             self._joined.set()
-        every = self.config.lease_ttl / 3
+        clock, every = self.config.clock, self.config.lease_ttl / 3
+        # Fast looks during the first lease_ttl / 3: members started together
+        # find each other at once (the first one to look took everything).
+        joined = clock.monotonic()
         while not stopped.is_set():
-            wanting = any(
+            fast = clock.monotonic() - joined < every or any(
                 m.wanting(self.held.get(topic, ())) for topic, m in self.memberships.items()
             )
-            await self.config.clock.sleep(min(every, WANTING_LOOK) if wanting else every)
+            await clock.sleep(min(every, WANTING_LOOK) if fast else every)
             await self._look()
 
     async def _look(self) -> None:
