@@ -23,7 +23,7 @@ from wakuwaku.engine._balance import MEMBERS_SUFFIX, fair_shares
 from wakuwaku.logs import Lease, Log, open_log
 from wakuwaku.testing import FakeClock
 
-from ..log_kit import fresh_log
+from ..log_kit import ENGINES, fresh_log
 from .conftest import Item
 
 LEASE_LOGS = [
@@ -289,3 +289,60 @@ async def test_members_started_together_split_within_their_first_fast_looks() ->
     for c in (b, a):
         c.stop()
     await asyncio.gather(*tasks)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_members_draining_together_all_return_once_the_group_consumed_everything(
+    engine: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Parallel ``drain()`` workers of one group: each owns a share, so none
+    owns every partition; each returns once its own partitions are read to
+    their end and the others' are owned by a live member and committed to
+    their end. (With balance alone, both waited for ever.) On the lease
+    logs handlers wait until a partition is handed over, so that the group
+    is split before the backlog is consumed; Kafka's and Iggy's groups
+    move a partition only once its worker stops, so there they do not
+    wait, and the split may come before or after the backlog is gone."""
+    async with fresh_log(engine, tmp_path) as log:
+        other = log if isinstance(log, wk.MemoryLog) else open_log(log.url)
+        try:
+            await log.create_topic("t", 4)
+            producer = wk.Producer(log, "t")
+            await producer.publish_many([Item(f"k{i}", i) for i in range(400)])
+            seen: list[tuple[str, int]] = []
+            split = asyncio.Event()
+
+            class Handed(logging.Handler):
+                def emit(self, record: logging.LogRecord) -> None:
+                    if record.getMessage().startswith("partition handed over"):
+                        split.set()
+
+            def consumer(on: Log, name: str) -> Consumer:
+                async def handle(run: Sequence[Item]) -> None:
+                    await split.wait()
+                    seen.extend((name, e.n) for e in run)
+
+                config = ConsumerConfig(
+                    topic="t", group="g", member_id=name, lease_ttl=TTL, poll_interval=0.01
+                )
+                return Consumer(config, [Handler(Item, handle)], on)
+
+            a, b = consumer(log, "a"), consumer(other, "b")
+            leases = engine in ("memory", "sqlite", "redis", "nats")
+            if not leases:
+                split.set()
+            watcher = Handed()
+            logging.getLogger("wakuwaku").addHandler(watcher)
+            caplog.set_level(logging.INFO, logger="wakuwaku")
+            try:
+                drains = asyncio.gather(a.drain(), b.drain())
+                await wait_for("a split", split.is_set)
+                await asyncio.wait_for(drains, 60)
+            finally:
+                logging.getLogger("wakuwaku").removeHandler(watcher)
+        finally:
+            if other is not log:
+                await other.close()
+    assert {n for _, n in seen} == set(range(400))
+    if leases:
+        assert {name for name, _ in seen} == {"a", "b"}

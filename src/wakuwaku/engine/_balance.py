@@ -16,7 +16,9 @@ Redis, NATS) the members balance themselves, with nothing but leases:
   a balanced group moves nothing and each member, reading the same
   leases, works out the same shares.
 - **Taking**: a member takes a free partition while it owns fewer than its
-  share; above it, only a partition that has stayed free for ``lease_ttl``
+  share (it does not ask for one a live member holds, as seen at its last
+  look); above it, only a partition that has stayed free for ``lease_ttl``
+  (at least 1.5 s)
   (its taker never came: a member gone, or members that see the group
   differently); then nothing more is given back until the members change,
   so that a partition does not go back and forth. A partition is never
@@ -184,14 +186,28 @@ class Membership:
         partition has stayed free for ``lease_ttl``."""
         if not self.active:
             return True
+        me = self.config.member_id
+        owner = self.owners.get(partition)
+        if owner is not None and owner != me:
+            # A live member holds it: asking is refused, and while asked it
+            # would count as held and hold back a free one.
+            return False
         others = sum(1 for p in held if p != partition)
-        if others < self.shares().get(self.config.member_id, 0):
+        if others < self.shares().get(me, 0):
             return True
         since = self._free_since.get(partition)
-        if since is None or self.config.clock.monotonic() - since < self.config.lease_ttl:
+        if since is None or self.config.clock.monotonic() - since < self.free_window:
             return False
         self._unbalanced_with = self.members
         return True
+
+    @property
+    def free_window(self) -> float:
+        """Seconds a partition stays free before a member at its share takes
+        it: ``lease_ttl``, and at least three looks of a member waiting for
+        it (members with a shorter ``lease_ttl`` than the taker's must not
+        take back what they gave before it looked)."""
+        return max(self.config.lease_ttl, 3 * WANTING_LOOK)
 
     def excess(self, held: Iterable[int]) -> list[int]:
         """The partitions of ``held`` to give back: the highest ones beyond

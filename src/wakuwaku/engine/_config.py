@@ -320,6 +320,10 @@ class ConsumerConfig:
         than this counts as a stall. Measured on the process's monotonic
         time, never on ``clock`` (a fake clock's jumps are no stall).
     :param member_id: this process's name in the group (default host-pid-random).
+        Unique among the group's running members: a lease log cannot tell
+        two processes of one name apart, so both would consume the
+        partitions that name holds. Give a restarting process a stable one
+        to take its own leases back at once.
     :param error_text_limit: the longest sanitized error text stored in headers.
     :raises ConfigError: for an empty topic, a retry or dead-letter topic
         given as a main topic, a group name outside :func:`check_group_name`,

@@ -337,12 +337,20 @@ class Consumer:
         Idleness is checked each time a partition reads to its end, and at
         least every ``poll_interval`` seconds on the configured clock; the
         call returns as soon as the consumer has stopped.
+
+        Several members of a group may drain together (the partitions are
+        shared between them): each returns once the partitions it owns are
+        read to their end with no key quarantined, and every other one is
+        owned by another live member and committed by the group to its
+        end. A partition nobody owns is waited for (its retry work may be
+        pending); a quarantined key of another member's partition is that
+        member's drain to wait for.
         """
         runner = asyncio.create_task(self.run(install_signal_handlers=install_signal_handlers))
         try:
             while not runner.done():
                 self._caught_up.clear()
-                if self.idle() and await self._at_end():
+                if await self._drained():
                     self.stop()
                     break
                 await self._until_progress(runner)
@@ -363,24 +371,73 @@ class Consumer:
         """
         return await self._at_end()
 
-    async def _at_end(self) -> bool:
-        """True when every partition's position is its log's end offset.
+    async def _at_end(self, only: set[tuple[str, int]] | None = None) -> bool:
+        """True when every partition's position (of ``only``, when given) is
+        its log's end offset.
 
         A partition flags itself caught up when a poll finds nothing; records
         appended since (a handler of another partition publishing, say) are
         not behind that flag, so :meth:`drain` checks the log before stopping.
         """
+        workers = {
+            where: worker for where, worker in self.workers.items() if only is None or where in only
+        }
         ends: dict[str, dict[int, int]] = {}
         try:
-            for topic, _ in self.workers:
+            for topic, _ in workers:
                 if topic not in ends:
                     ends[topic] = await self.log.end_offsets(topic)
         except Exception:  # noqa: BLE001 - cannot tell: not at the end; the next check asks again
             return False
         return all(
             worker.position >= ends[topic].get(partition, 0)
-            for (topic, partition), worker in self.workers.items()
+            for (topic, partition), worker in workers.items()
         )
+
+    async def _drained(self) -> bool:
+        """What :meth:`drain` waits for (see there)."""
+        if self.idle():
+            return await self._at_end()
+        if not self._started:
+            return False
+        owned = {where for where, worker in self.workers.items() if not worker.ended}
+        if not all(
+            w.started and w.caught_up and not w.retry.keys
+            for where, w in self.workers.items()
+            if where in owned
+        ):
+            return False
+        others: dict[str, list[int]] = {}
+        for topic, partition in self._assignment:
+            if (topic, partition) not in owned:
+                others.setdefault(topic, []).append(partition)
+        if not others or not await self._at_end(owned):
+            return False
+        return await self._consumed_elsewhere(others)
+
+    async def _consumed_elsewhere(self, others: dict[str, list[int]]) -> bool:
+        """True when each of ``others`` (topic -> partitions) is owned by
+        another live member and committed by the group to its end."""
+        group, me = self.config.group, self.config.member_id
+        try:
+            for topic, partitions in others.items():
+                # A live lease expires after this moment (Iggy, which shows no
+                # expiry, gives the time of the answer).
+                asked = time.time()
+                owners = await self.log.partition_owners(group, topic)
+                if owners is None:
+                    return False  # cannot tell who owns them: wait to own them
+                ends = await self.log.end_offsets(topic)
+                for partition in partitions:
+                    lease = owners.get(partition)
+                    if lease is None or lease.member == me or lease.expires_at < asked:
+                        return False
+                    committed = await self.log.committed(group, topic, partition)
+                    if (committed or 0) < ends.get(partition, 0):
+                        return False
+        except Exception:  # noqa: BLE001 - cannot tell: not drained; the next check asks again
+            return False
+        return True
 
     async def _until_progress(self, runner: asyncio.Task[ConsumerStats]) -> None:
         """Wait until a partition catches up, ``runner`` ends, or ``poll_interval`` passes."""
