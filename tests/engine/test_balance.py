@@ -33,7 +33,9 @@ LEASE_LOGS = [
     pytest.param("nats", marks=pytest.mark.nats),
 ]
 
-TTL = 0.6
+TTL = 1.5
+"""Short enough for quick joins (looks every 0.5 s), long enough that a
+loaded machine's late renewal does not let a place or a lease run out."""
 
 
 def test_shares_split_evenly_and_the_remainder_stays_with_who_owns_most() -> None:
@@ -140,7 +142,7 @@ async def test_a_member_given_partitions_takes_no_part_in_the_balance(
             await wait_for("a to own all four", lambda: owned(a) == {0, 1, 2, 3})
             tasks.append(asyncio.create_task(c.run(install_signal_handlers=False)))
             # Several lease looks: a gives nothing back, c takes nothing.
-            for _ in range(int(3 * TTL / 0.01)):
+            for _ in range(int(2 * TTL / 0.01)):
                 assert owned(a) == {0, 1, 2, 3} and owned(c) == set()
                 await asyncio.sleep(0.01)
             members = await log.partition_owners("g" + MEMBERS_SUFFIX, "t")
@@ -176,7 +178,7 @@ async def test_a_log_that_cannot_list_leases_is_shared_first_come_first_served()
     tasks = [asyncio.create_task(a.run(install_signal_handlers=False))]
     await wait_for("a to own both", lambda: owned(a) == {0, 1})
     tasks.append(asyncio.create_task(b.run(install_signal_handlers=False)))
-    for _ in range(int(3 * TTL / 0.01)):
+    for _ in range(int(2 * TTL / 0.01)):
         assert owned(a) == {0, 1} and owned(b) == set()
         await asyncio.sleep(0.01)
     for consumer in (b, a):
@@ -200,7 +202,7 @@ async def test_a_partition_given_back_and_never_taken_is_taken_again() -> None:
     assert ghost is not None
     await wait_for("a to give one back", lambda: owned(a) == {0})
     await wait_for("a to take it again", lambda: owned(a) == {0, 1})
-    for _ in range(int(3 * TTL / 0.01)):
+    for _ in range(int(2 * TTL / 0.01)):
         assert owned(a) == {0, 1}
         await asyncio.sleep(0.01)
     a.stop()
@@ -299,8 +301,8 @@ async def test_members_draining_together_all_return_once_the_group_consumed_ever
     owns every partition; each returns once its own partitions are read to
     their end and the others' are owned by a live member and committed to
     their end. (With balance alone, both waited for ever.) On the lease
-    logs handlers wait until a partition is handed over, so that the group
-    is split before the backlog is consumed; Kafka's and Iggy's groups
+    logs handlers wait until a partition is handed over or both members own
+    some, so that the group is split before the backlog is consumed; Kafka's and Iggy's groups
     move a partition only once its worker stops, so there they do not
     wait, and the split may come before or after the backlog is gone."""
     async with fresh_log(engine, tmp_path) as log:
@@ -336,7 +338,9 @@ async def test_members_draining_together_all_return_once_the_group_consumed_ever
             caplog.set_level(logging.INFO, logger="wakuwaku")
             try:
                 drains = asyncio.gather(a.drain(), b.drain())
-                await wait_for("a split", split.is_set)
+                # Members started together may split at once (no handover).
+                await wait_for("a split", lambda: split.is_set() or bool(owned(a) and owned(b)))
+                split.set()
                 await asyncio.wait_for(drains, 60)
             finally:
                 logging.getLogger("wakuwaku").removeHandler(watcher)
