@@ -87,19 +87,20 @@ def owned(consumer: Consumer) -> set[int]:
 async def test_a_member_that_joins_gets_its_share_and_one_that_leaves_gives_it_back(
     engine: str, tmp_path: Path
 ) -> None:
+    seen: list[tuple[str, int]] = []
+    tasks: list[asyncio.Task[object]] = []
     async with fresh_log(engine, tmp_path) as log:
         other = log if isinstance(log, wk.MemoryLog) else open_log(log.url)
+        a = member(log, "a", seen)
+        b = member(other, "b", seen)
         try:
             await log.create_topic("t", 4)
             producer = wk.Producer(log, "t")
-            seen: list[tuple[str, int]] = []
-            a = member(log, "a", seen)
-            b = member(other, "b", seen)
 
             def one_owner_each() -> None:
                 assert not owned(a) & owned(b), "a partition listed by both members"
 
-            tasks = [asyncio.create_task(a.run(install_signal_handlers=False))]
+            tasks.append(asyncio.create_task(a.run(install_signal_handlers=False)))
             await wait_for("a to own all four", lambda: owned(a) == {0, 1, 2, 3})
             await producer.publish_many([Item(f"k{i}", i) for i in range(200)])
             tasks.append(asyncio.create_task(b.run(install_signal_handlers=False)))
@@ -119,9 +120,12 @@ async def test_a_member_that_joins_gets_its_share_and_one_that_leaves_gives_it_b
             await wait_for("a to own all four again", lambda: owned(a) == {0, 1, 2, 3})
             await producer.publish_many([Item(f"k{i}", i) for i in range(400, 500)])
             await wait_for("every event", lambda: {n for _, n in seen} >= set(range(500)))
-            a.stop()
-            await asyncio.gather(*tasks)
         finally:
+            # Also after a failed wait: a consumer left running would fail a
+            # later test with its sockets.
+            for consumer in (a, b):
+                consumer.stop()
+            await asyncio.gather(*tasks)
             if other is not log:
                 await other.close()
     # At-least-once: a handed-over batch may come again, but nothing is lost
