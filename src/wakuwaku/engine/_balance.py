@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from ..logs import Lease, Log
@@ -175,10 +176,11 @@ class Membership:
 
     def shares(self) -> dict[str, int]:
         """Every member's share, from the last look (see :func:`fair_shares`)."""
-        owned: dict[str, int] = {}
-        for member in self.owners.values():
-            owned[member] = owned.get(member, 0) + 1
-        return fair_shares(self.partitions, self.members, owned)
+        return fair_shares(self.partitions, self.members, self._owned())
+
+    def _owned(self) -> Counter[str]:
+        """Partitions each member owns, at the last look."""
+        return Counter(self.owners.values())
 
     def may_take(self, partition: int, held: Iterable[int]) -> bool:
         """Whether to ask for ``partition``, holding ``held`` now: always when
@@ -220,11 +222,9 @@ class Membership:
         over = len(owned) - shares.get(self.config.member_id, 0)
         if over <= 0:
             return []
-        counts: dict[str, int] = {}
-        for member in self.owners.values():
-            counts[member] = counts.get(member, 0) + 1
+        counts = self._owned()
         me = self.config.member_id
-        if not any(counts.get(m, 0) < share for m, share in shares.items() if m != me):
+        if not any(counts[m] < share for m, share in shares.items() if m != me):
             return []
         return owned[-over:]
 
@@ -240,10 +240,8 @@ class Membership:
             return False
         if len(self.owners) < self.partitions:
             return True
-        counts: dict[str, int] = {}
-        for member in self.owners.values():
-            counts[member] = counts.get(member, 0) + 1
-        return any(counts.get(m, 0) > share for m, share in shares.items() if m != me)
+        counts = self._owned()
+        return any(counts[m] > share for m, share in shares.items() if m != me)
 
     async def leave(self) -> None:
         """Release the slot (at a stop): the others' shares grow at once."""
