@@ -315,6 +315,29 @@ async def test_a_member_checks_its_assignment_before_each_write(log: IggyLog) ->
 
 
 @pytest.mark.usefixtures("no_periodic_sync")
+async def test_owners_name_this_instances_member_when_its_last_sync_is_stale(
+    log: IggyLog,
+) -> None:
+    """The server lists members by a number of its own, so this instance's
+    members are known by their partitions; a member whose last sync is older
+    than a move was listed as a stranger, and a drain took its own partition
+    for one another member owns (an empty topic "consumed elsewhere")."""
+    await log.create_topic("orders", 2)
+    leases = [await log.acquire_partition("g", "orders", p, "a", ttl=60.0) for p in (0, 1)]
+    assert all(lease is not None for lease in leases)
+    other = iggy_log(log.stream)
+    try:
+        taken = [await other.acquire_partition("g", "orders", p, "b", ttl=60.0) for p in (0, 1)]
+        [kept] = [p for p, new in enumerate(taken) if new is None]
+        owners = await log.partition_owners("g", "orders")
+        assert owners[kept].member == "a"
+        assert owners[1 - kept].member.startswith("iggy-member-")  # b, of another instance
+        assert (await other.partition_owners("g", "orders"))[1 - kept].member == "b"
+    finally:
+        await other.close()
+
+
+@pytest.mark.usefixtures("no_periodic_sync")
 @pytest.mark.parametrize("offset", [1, 0])
 async def test_a_commit_of_a_moved_partition_is_refused_by_the_server(
     log: IggyLog, offset: int

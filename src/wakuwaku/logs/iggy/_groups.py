@@ -56,6 +56,7 @@ logger = logging.getLogger("wakuwaku.logs.iggy")
 _T = TypeVar("_T")
 
 _SYNC_EVERY = 0.5  # seconds between a member's assignment syncs
+_OWNERS_TRIES = 3  # server reads of a group's members while this instance's members move
 _SYNC_GROUP = 606  # the server's binary command: a member's assignment in one group
 _generations = itertools.count(1)
 
@@ -175,6 +176,11 @@ class Groups:
             # sync's request is one, through Server.bounded).
             await asyncio.sleep(_SYNC_EVERY)
 
+    async def _synced_views(self, group: str, topic: str) -> list[frozenset[int]]:
+        """Sync this instance's members of ``group`` on ``topic`` now; their partitions."""
+        await self._sync_all(group, topic)
+        return self._ours(group, topic)
+
     def _ours(self, group: str, topic: str) -> list[frozenset[int]]:
         """The partitions of each member of this instance in ``group`` on ``topic``."""
         return [
@@ -288,11 +294,23 @@ class Groups:
 
     async def owners(self, group: str, topic: str) -> dict[int, Lease]:
         """Who owns each partition of ``topic`` in ``group`` now, from the server
-        (members of every process; see ``IggyLog.partition_owners``)."""
+        (members of every process; see ``IggyLog.partition_owners``).
+
+        The server lists members by a number of its own, so this instance's
+        members are known by their partitions: they are synced before and
+        after the server's list is read, again (at most :data:`_OWNERS_TRIES`
+        times) while a sync changed something meanwhile. A member known by
+        an older sync than a move was listed as another process's member,
+        and a drain took its own partition for one consumed elsewhere.
+        """
         stream = self._server.stream
-        found = await self._server.ask(
-            "describe group", lambda c: c.get_consumer_group(stream, topic, group)
-        )
+        for _ in range(_OWNERS_TRIES):
+            before = await self._synced_views(group, topic)
+            found = await self._server.ask(
+                "describe group", lambda c: c.get_consumer_group(stream, topic, group)
+            )
+            if found is None or await self._synced_views(group, topic) == before:
+                break
         if found is None:
             return {}
         local = [
