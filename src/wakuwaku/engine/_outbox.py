@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable
 from functools import partial
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .._events import EventType
 from .._records import (
@@ -50,6 +50,7 @@ from ._retry import (
 from ._shared import PartitionServices, logger
 
 _count = attrgetter("count")
+_T = TypeVar("_T")
 
 #: What the writer of one retry work record knows of it: key, type, origin
 #: (``wk-src``), props, stored ``wk-failed-at`` (seconds) and its size in
@@ -75,8 +76,43 @@ def _bare_source(topic: str, partition: int) -> bytes | None:
     return raw.replace(b"%", b"%%").replace(digits, b"%d")
 
 
+def _split(values: list[_T], now: list[bool]) -> tuple[list[_T], list[_T]]:
+    """``values`` whose ``now`` is true, and the others, each in order."""
+    return (
+        [v for v, n in zip(values, now, strict=True) if n],
+        [v for v, n in zip(values, now, strict=True) if not n],
+    )
+
+
+class _Page:
+    """Buffered records one flush takes out of the outbox to store."""
+
+    __slots__ = ("dead", "dead_counts", "dead_meta", "retry", "retry_at", "retry_meta")
+
+    def __init__(
+        self,
+        dead: list[Outgoing],
+        dead_meta: list[tuple[str, int | None]],
+        dead_counts: Counter[str],
+        retry: list[Outgoing],
+        retry_at: list[tuple[float, float]],
+        retry_meta: list[_Meta | None],
+    ) -> None:
+        self.dead = dead
+        self.dead_meta = dead_meta
+        self.dead_counts = dead_counts
+        self.retry = retry
+        self.retry_at = retry_at
+        self.retry_meta = retry_meta
+
+
 class _AddWork(Protocol):
-    """Buffers one retry work record (see :meth:`Outbox._work`)."""
+    """Buffers one retry work record (see :meth:`Outbox._work`).
+
+    :ivar failed_at: the stored ``wk-failed-at`` of its records (seconds).
+    """
+
+    failed_at: float
 
     def __call__(
         self,
@@ -286,18 +322,22 @@ class Outbox:
 
     # ------------------------------------------------------------- retry topic
 
-    def write_retry(self, items: Iterable[Item], failed_at: float | None, error: str) -> None:
+    def write_retry(self, items: Iterable[Item], failed_at: float | None, error: str) -> float:
         """Buffer main-topic items for the retry topic, in order (design §5.5).
 
         :param failed_at: the key's first failure (seconds since the epoch)
             for items routed to a quarantined key; None for the failure that
             quarantines it now, whose first attempt is due after the first
             (jittered) delay.
+        :returns: the failure time the records carry, as a reader finds it
+            (what later records routed to the key before this write is
+            stored pass as ``failed_at``).
         """
         work = self._work(failed_at, error)
         for item in items:
             for record, origin in zip(item.sources, item.origins, strict=True):
                 work(record, item.key, item.event_type, origin, item.props, None)
+        return work.failed_at
 
     def write_retry_run(
         self, run: Run, failed_at: float | None, error: str, *, held: bool = False
@@ -373,7 +413,8 @@ class Outbox:
                 done.add(record.offset)
             self.unflushed_work += 1
 
-        return add
+        add.failed_at = failed  # type: ignore[attr-defined]
+        return add  # type: ignore[return-value]
 
     def add_markers(self, markers: Iterable[tuple[Outgoing, tuple[float, float]]]) -> None:
         """Buffer retry-topic markers, each with the (wall, monotonic) time
@@ -425,6 +466,13 @@ class Outbox:
         own fenced call, in that order, so an offset is never stored before
         what it covers. Every call is retried forever on failure (design §5.6).
 
+        With ``main_offset``, only the copies of main records below it are
+        stored (and the retry records of no main record, markers): the
+        copies of a later batch that runs meanwhile (a pipeline) wait for
+        its own store. What is stored is taken out of the buffers before
+        the log is awaited, so lanes that run meanwhile buffer into fresh
+        ones; put back if the store fails.
+
         The retry offset stored is the low watermark *before* this flush's
         records are applied: never above the truth (at worst a restart reads
         a few resolved records again); the next flush stores the newer one.
@@ -432,13 +480,14 @@ class Outbox:
         :raises Abandon: when the log refuses the lease (the partition stops).
         """
         services = self.services
-        dead, retry = self._dead_out, self._retry_out
         low = services.retry.low_watermark()
         commits: list[tuple[str, int, int]] = []
         if low != self.retry_committed:
             commits.append((services.retry_topic, services.partition, low))
         if main_offset is not None:
             commits.append((services.topic, services.partition, main_offset))
+        page = self._take(main_offset)
+        dead, retry = page.dead, page.retry
         appends: list[tuple[str, int, list[Outgoing]]] = []
         if dead:
             appends.append((services.dead_letter_topic, services.partition, dead))
@@ -446,18 +495,65 @@ class Outbox:
             appends.append((services.retry_topic, services.partition, retry))
         if not appends and not commits:
             return
-        offsets = await self._store(appends, commits)
+        try:
+            offsets = await self._store(appends, commits)
+        except BaseException:
+            self._put_back(page)
+            raise
         if dead:
-            services.stats.dead_letters.update(self._dead_counts)
-            self._dead_out = []
-            self._dead_meta = []
-            self._dead_counts = Counter()
+            services.stats.dead_letters.update(page.dead_counts)
         if retry:
-            self._apply_written(retry, offsets)
+            self._apply_written(page, offsets)
         if low != self.retry_committed:
             self.retry_committed = low
 
-    def _apply_written(self, retry: list[Outgoing], offsets: list[int]) -> None:
+    def _take(self, main_offset: int | None) -> _Page:
+        """Take the buffered records a flush up to ``main_offset`` stores (see
+        :meth:`flush`) out of the buffers."""
+        dead_meta, retry_meta = self._dead_meta, self._retry_meta
+        if main_offset is None or (
+            all(m[1] is None or m[1] < main_offset for m in dead_meta)
+            and all(m is None or min(m[2].offsets) < main_offset for m in retry_meta)
+        ):
+            page = _Page(
+                self._dead_out,
+                dead_meta,
+                self._dead_counts,
+                self._retry_out,
+                self._retry_at,
+                retry_meta,
+            )
+            self._dead_out, self._dead_meta, self._dead_counts = [], [], Counter()
+            self._retry_out, self._retry_at, self._retry_meta = [], [], []
+            return page
+        dead_now = [m[1] is None or m[1] < main_offset for m in dead_meta]
+        retry_now = [m is None or min(m[2].offsets) < main_offset for m in retry_meta]
+        out, meta = _split(self._dead_out, dead_now), _split(dead_meta, dead_now)
+        work = _split(self._retry_out, retry_now)
+        times = _split(self._retry_at, retry_now)
+        work_meta = _split(retry_meta, retry_now)
+        self._dead_out, self._dead_meta = out[1], meta[1]
+        self._dead_counts = Counter(reason for reason, _ in meta[1])
+        self._retry_out, self._retry_at, self._retry_meta = work[1], times[1], work_meta[1]
+        return _Page(
+            out[0],
+            meta[0],
+            Counter(reason for reason, _ in meta[0]),
+            work[0],
+            times[0],
+            work_meta[0],
+        )
+
+    def _put_back(self, page: _Page) -> None:
+        """A store failed: its records go back in front of what was buffered since."""
+        self._dead_out[:0] = page.dead
+        self._dead_meta[:0] = page.dead_meta
+        self._dead_counts.update(page.dead_counts)
+        self._retry_out[:0] = page.retry
+        self._retry_at[:0] = page.retry_at
+        self._retry_meta[:0] = page.retry_meta
+
+    def _apply_written(self, page: _Page, offsets: list[int]) -> None:
         """Fold the retry records just stored at ``offsets`` into the retry
         state, and keep the work records whose key is due soon for its
         attempt (:class:`~._retry.WrittenCache`)."""
@@ -466,12 +562,14 @@ class Outbox:
         now = services.clock.now()
         soon = services.clock.monotonic() + WRITTEN_HORIZON
         keys = state.keys
+        work = 0
         for (headers, body), offset, at, meta in zip(
-            retry, offsets, self._retry_at, self._retry_meta, strict=True
+            page.retry, offsets, page.retry_at, page.retry_meta, strict=True
         ):
             if meta is None:  # a marker
                 state.apply(Record(offset, headers, body, now), at)
                 continue
+            work += 1
             key, etype, origin, props, failed, size = meta
             state.apply_written(key, offset, headers, max(origin.offsets), at)
             pending = keys.get(key)
@@ -479,10 +577,8 @@ class Outbox:
                 written.put(
                     (Record(offset, headers, body, now), key, etype, origin, props, failed), size
                 )
-        self._retry_out = []
-        self._retry_at = []
-        self._retry_meta = []
-        self.unflushed_work = 0
+        # Counted until now: while it was written, the state did not hold it yet.
+        self.unflushed_work -= work
 
     async def _store(
         self, appends: list[tuple[str, int, list[Outgoing]]], commits: list[tuple[str, int, int]]
