@@ -63,6 +63,64 @@ _NO_ITEMS: list[Item] = []
 After = Callable[[Segment, SegmentOutcome], Awaitable[None]]
 
 
+class Pipe:
+    """What a main batch's lanes tell the partition loop while another batch
+    of the partition may run beside theirs (see ``docs/engine.md``,
+    "Pipelining across batches").
+
+    :ivar running: the keys whose segment of this batch has not ended (filled
+        by the partition when it plans the batch); a value is the future a
+        later batch's segment of that key waits on (None until one waits).
+        A lane takes the key out when the segment ends; the waits of
+        segments that never end (a stop, a cancellation) fail with
+        :class:`Abandon` (:meth:`release`).
+    :ivar drained: done once a lane of the batch found no segment left to
+        start (or the batch ended): its last keys run, and a lane is free.
+    """
+
+    __slots__ = ("drained", "running")
+
+    def __init__(self) -> None:
+        self.running: dict[str, asyncio.Future[None] | None] = {}
+        self.drained: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def end(self, key: str) -> None:
+        """The batch's segment of ``key`` ended: its waiter goes on."""
+        waiter = self.running.pop(key, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def drain(self, _: object = None) -> None:
+        if not self.drained.done():
+            self.drained.set_result(None)
+
+    async def wait_for(self, key: str) -> None:
+        """Return once this batch's segment of ``key`` ended (at once when it
+        has none, or it ended already).
+
+        :raises Abandon: when it never will (the batch stopped or failed).
+        """
+        running = self.running
+        if key not in running:
+            return
+        waiter = running[key]
+        if waiter is None:
+            waiter = running[key] = asyncio.get_running_loop().create_future()
+        await waiter
+
+    def release(self) -> None:
+        """The batch ended: fail the waits of segments that never ended."""
+        for waiter in self.running.values():
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(Abandon())
+        self.running.clear()
+        self.drain()
+
+
+def _ignore(_: str) -> None:
+    pass
+
+
 class ChunkExecutor:
     """Calls the handlers of one partition on planned segments.
 
@@ -86,6 +144,10 @@ class ChunkExecutor:
         self._pool = pool
         self.has_inbox = any(h.inbox is not None for h in handlers.values())
         self.reduces = any(h.event_type.algebra is not Algebra.PLAIN for h in handlers.values())
+        # Lanes left of the partition's max_concurrency: two main batches may
+        # run at once (a pipeline), their lanes together bounded by it.
+        self.free_lanes = services.config.max_concurrency
+        self._lane_freed: asyncio.Future[None] | None = None
 
     async def run_segments(
         self,
@@ -93,6 +155,7 @@ class ChunkExecutor:
         after: After,
         handled: list[Run],
         attempts: Mapping[str, int] | None = None,
+        pipe: Pipe | None = None,
     ) -> None:
         """Run segments, keys concurrently (up to ``max_concurrency`` lanes
         sharing one queue) and each key's chunks in order (design §5.4).
@@ -100,17 +163,50 @@ class ChunkExecutor:
         ``after`` sees each outcome of a retry attempt (``attempts`` given),
         and each main-batch outcome that stopped on a Retryable failure.
         ``handled`` gets every chunk that succeeded, in order per key.
+        ``pipe``: a main batch that may run beside another one (see
+        :class:`Pipe`); the lanes of both share ``max_concurrency``.
 
         :raises Abandon: when a stop or a lost lease ended a lane early.
         """
         pending = iter(segments)
         width = max(1, min(len(segments), self.services.config.max_concurrency))
         if width == 1:
-            finished = [await self._lane(pending, after, handled, attempts)]
+            await self._free_lane()
+            self.free_lanes -= 1
+            try:
+                finished = [await self._lane(pending, after, handled, attempts, pipe)]
+            finally:
+                self._lane_ended()
+                if pipe is not None:
+                    pipe.drain()
         else:
-            finished = await self._spread(pending, width, after, handled, attempts)
+            finished = await self._spread(pending, width, after, handled, attempts, pipe)
         if not all(finished):
             raise Abandon
+
+    async def _free_lane(self) -> None:
+        """Return once a lane may start (another batch's lanes may hold all)."""
+        while self.free_lanes <= 0:
+            if self._lane_freed is None:
+                self._lane_freed = asyncio.get_running_loop().create_future()
+            await self._lane_freed
+
+    def _lane_ended(self, _: object = None) -> None:
+        self.free_lanes += 1
+        freed = self._lane_freed
+        if freed is not None:
+            self._lane_freed = None
+            if not freed.done():
+                freed.set_result(None)
+
+    def _start_lane(self, lane: Awaitable[bool], pipe: Pipe | None) -> asyncio.Future[bool]:
+        self.free_lanes -= 1
+        task = asyncio.ensure_future(lane)
+        task.add_done_callback(self._lane_ended)
+        if pipe is not None:
+            # A lane ends when no segment is left to start (or it was abandoned).
+            task.add_done_callback(pipe.drain)
+        return task
 
     async def _spread(
         self,
@@ -119,17 +215,25 @@ class ChunkExecutor:
         after: After,
         handled: list[Run],
         attempts: Mapping[str, int] | None,
+        pipe: Pipe | None,
     ) -> list[bool]:
         """Run up to ``width`` lanes on ``pending``, starting one more each
         time the running ones all wait while segments are left: handlers that
-        never wait are run by one lane, without a task per idle lane."""
-        lanes = [asyncio.ensure_future(self._lane(pending, after, handled, attempts))]
+        never wait are run by one lane, without a task per idle lane. Lanes
+        start only while the partition has some free (:attr:`free_lanes`)."""
+        await self._free_lane()
+        lanes = [self._start_lane(self._lane(pending, after, handled, attempts, pipe), pipe)]
         try:
             while len(lanes) < width:
                 await asyncio.sleep(0)  # the lanes run until they wait
                 if not length_hint(pending) or all(lane.done() for lane in lanes):
                     break
-                lanes.append(asyncio.ensure_future(self._lane(pending, after, handled, attempts)))
+                if self.free_lanes <= 0:
+                    await self._free_lane()
+                    continue
+                lanes.append(
+                    self._start_lane(self._lane(pending, after, handled, attempts, pipe), pipe)
+                )
             await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
             for lane in lanes:
                 if lane.done() and not lane.cancelled() and lane.exception() is not None:
@@ -151,12 +255,15 @@ class ChunkExecutor:
         after: After,
         handled: list[Run],
         attempts: Mapping[str, int] | None,
+        pipe: Pipe | None = None,
     ) -> bool:
         """One lane: run segments taken from ``pending`` until none is left.
 
         A segment's chunks run in order; a Retryable failure stops the segment
         (its outcome keeps the rest), an Unrecoverable one dead-letters the
-        chunk and the segment goes on. Returns False when abandoned.
+        chunk and the segment goes on. Returns False when abandoned. With a
+        ``pipe``, a held segment starts once its turn came, and each
+        segment's start and end are noted there (see :class:`Pipe`).
         """
         services = self.services
         stats, handlers, gate = services.stats, self.handlers, services.gate
@@ -165,6 +272,7 @@ class ChunkExecutor:
         monotonic, real_now = services.clock.monotonic, time.monotonic
         # Main-topic items stand for one record each unless reduction merged them.
         single = attempts is None and not self.reduces
+        ended = _ignore if pipe is None else pipe.end
         # Counted here and added to the shared stats when the lane ends.
         calls = records = 0
         seconds = 0.0
@@ -228,6 +336,7 @@ class ChunkExecutor:
                         break
                 if stopped or attempts is not None:
                     await after(seg, outcome or SegmentOutcome())
+                ended(key)
         except Abandon:
             return False
         finally:

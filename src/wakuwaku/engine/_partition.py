@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor as ThreadPool
 from functools import partial
 from typing import Any
@@ -47,7 +47,7 @@ from ..logs import Lease, Log
 from ._attempts import Attempts
 from ._config import ConsumerConfig, DeliveryMode
 from ._control import NO_CONTROL, ControlReader
-from ._executor import ChunkExecutor, SegmentOutcome
+from ._executor import ChunkExecutor, Pipe, SegmentOutcome
 from ._handler import Handler
 from ._outbox import Outbox
 from ._plan import Groups, Run, Segment, decode_batch, plan_groups, runs_by_key
@@ -102,6 +102,28 @@ def poll_size(page: Sequence[Record], max_records: int, max_bytes: int) -> int:
 
 def _header_bytes(record: Record) -> int:
     return sum(len(name) + len(value) for name, value in record.headers.items())
+
+
+class _Batch:
+    """One polled batch of the main partition while it is in flight.
+
+    :ivar records: its records.
+    :ivar following: the offset after its last record (stored once it is
+        done and every batch before it is).
+    :ivar handled: its chunks that succeeded (a stop stores the first record
+        neither handled nor done).
+    :ivar pipe: what its lanes note for a batch that runs beside it.
+    :ivar task: the task running it (decode, plan, execute).
+    """
+
+    __slots__ = ("following", "handled", "pipe", "records", "task")
+
+    def __init__(self, records: list[Record]) -> None:
+        self.records = records
+        self.following = records[-1].offset + 1
+        self.handled: list[Run] = []
+        self.pipe = Pipe()
+        self.task: asyncio.Future[None] | None = None
 
 
 class PartitionWorker:
@@ -188,9 +210,14 @@ class PartitionWorker:
         self._finishing = False  # finish(): no batch after the running one
         # Set by the consumer's watchdog when it cancels this worker as stalled.
         self.stalled = False
-        # The handled chunks of the current main batch: a graceful stop stores
-        # the offset of the first record that is neither handled nor done.
-        self._handled: list[Run] = []
+        # The main batches in flight, oldest first: at most two (a pipeline,
+        # see _may_overlap), stored in that order.
+        self._inflight: list[_Batch] = []
+        self._prefetch: asyncio.Future[list[Record]] | None = None
+        # Keys that failed Retryable in a batch in flight whose retry work is
+        # not stored yet (their quarantine is not in the retry state): a later
+        # batch routes their records, with this failure time.
+        self._failing: dict[str, float] = {}
 
     # ------------------------------------------------------------------ control
 
@@ -251,7 +278,6 @@ class PartitionWorker:
     async def run(self) -> None:
         """Consume until :meth:`stop` or a lost lease; returns quietly then."""
         services = self.services
-        prefetch: asyncio.Task[list[Record]] | None = None
         try:
             await self._restore()
             self.started = True
@@ -264,9 +290,9 @@ class PartitionWorker:
                 if len(self.control.commands) > self._commands_seen:
                     await self._follow_commands()
                 await self._run_due_attempts()
-                if prefetch is not None:
-                    records = await prefetch
-                    prefetch = None
+                if self._prefetch is not None:
+                    records = await self._prefetch
+                    self._prefetch = None
                 else:
                     records = await self._poll(self.position)
                 if not records:
@@ -277,17 +303,27 @@ class PartitionWorker:
                     await self._store_retry_offset()
                     await services.sleep(self._idle_wait())
                     continue
-                self.caught_up = False
-                # Read the next batch while this one runs: the read only looks
-                # ahead, it decides nothing (the batch is planned when it runs).
-                prefetch = asyncio.ensure_future(self._poll(records[-1].offset + 1))
                 await self._consume(records)
         except Abandon:
             return
         finally:
-            if prefetch is not None:
-                prefetch.cancel()
-                await asyncio.gather(prefetch, return_exceptions=True)
+            await self._cancel_inflight()
+
+    async def _cancel_inflight(self) -> None:
+        """Cancel the read ahead and what still runs of the batches in flight
+        (a lost lease, a crash, a cancelled worker): no chunk of this worker
+        runs on after it."""
+        tasks: list[asyncio.Future[Any]] = [
+            b.task for b in self._inflight if b.task is not None and not b.task.done()
+        ]
+        if self._prefetch is not None:
+            tasks.append(self._prefetch)
+            self._prefetch = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._inflight = []
+        self.outbox.done = None
 
     def _follow_pauses(self) -> None:
         """Take in the operator's pauses (design §14): is the partition paused,
@@ -552,30 +588,147 @@ class PartitionWorker:
             offset = page[-1].offset + 1
 
     async def _consume(self, records: list[Record]) -> None:
-        self.stats.polled += len(records)
-        following = records[-1].offset + 1
-        mode = self.config.delivery_mode
-        if mode is DeliveryMode.NO_DOUBLE_CONSUME:
-            await self._commit_main(following)
+        """Run ``records`` as a batch, and the batches a pipeline starts
+        beside it, until none is in flight; each is stored in order.
+
+        A pipeline (``docs/engine.md``, "Pipelining across batches"): once
+        no segment of the running batch is left to start (its last keys
+        run, a lane is free) and the next poll has answered, the next batch
+        starts beside it (:meth:`_may_overlap`); at most two are in flight.
+        A batch's offset is stored once it is done *and* the one before it
+        is stored: the stored offset never passes a record not done.
+        """
+        inflight = self._inflight
+        if self.config.delivery_mode is DeliveryMode.NO_DOUBLE_CONSUME:
+            # Stored before it runs (no pipeline in this mode).
+            await self._commit_main(records[-1].offset + 1)
         self.outbox.done = set()
-        self._handled = []
+        self._start(records)
         try:
-            await self._process_batch(records)
-        except Abandon:
-            await self._store_partial(records)
-            raise
+            while inflight:
+                head = inflight[0]
+                assert head.task is not None
+                if head.task.done():
+                    await self._store_head(head)
+                    continue
+                self._raise_failed()
+                if len(inflight) == 1 and self._may_overlap(head):
+                    prefetch = self._prefetch
+                    assert prefetch is not None
+                    self._prefetch = None
+                    self._start(prefetch.result(), head)
+                    continue
+                await asyncio.wait(self._waits(head), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.outbox.done = None
-            self._handled = []
+            if not inflight:
+                self.outbox.done = None
+
+    def _start(self, records: list[Record], before: _Batch | None = None) -> None:
+        """Start running ``records`` as a batch (after ``before``, still in
+        flight, when given), and read the next batch ahead."""
+        self.stats.polled += len(records)
+        self.caught_up = False
+        batch = _Batch(records)
+        task = asyncio.ensure_future(self._process_batch(batch, before))
+        task.add_done_callback(lambda _: batch.pipe.release())
+        batch.task = task
+        self._inflight.append(batch)
+        # Read the next batch while this one runs: the read only looks ahead,
+        # it decides nothing (the batch is planned when it runs).
+        self._prefetch = asyncio.ensure_future(self._poll(batch.following))
+
+    def _may_overlap(self, head: _Batch) -> bool:
+        """Whether the next batch may start beside ``head`` now: no segment of
+        ``head`` is left to start, the next poll answered with records, and
+        nothing asks the partition to wait between batches (a stop, a
+        finish, a Transient failure or log outage closing the gate, an
+        operator's pause or command, a retry key due: those are dealt with
+        when nothing is in flight). At-least-once only: at-most-once stores
+        a batch's offset before it runs."""
+        prefetch = self._prefetch
+        return (
+            head.pipe.drained.done()
+            and prefetch is not None
+            and prefetch.done()
+            and not prefetch.cancelled()
+            and prefetch.exception() is None
+            and bool(prefetch.result())
+            and self.config.delivery_mode is DeliveryMode.NO_EVENT_LOSE
+            and self.config.max_concurrency > 1
+            and self.services.gate.is_open
+            and not self.services.stop_requested()
+            and not self._finishing
+            and self.control.pauses.version == self._pauses_seen
+            and len(self.control.commands) == self._commands_seen
+            and not self._retry_due()
+        )
+
+    def _retry_due(self) -> bool:
+        due = self.retry.next_due()
+        return due is not None and due <= self.clock.monotonic()
+
+    def _waits(self, head: _Batch) -> list[asyncio.Future[Any]]:
+        """What the pipeline loop waits on: a batch ending, and, with one
+        batch in flight, its last segments starting, then the next poll."""
+        waits: list[asyncio.Future[Any]] = [
+            b.task for b in self._inflight if b.task is not None and not b.task.done()
+        ]
+        if len(self._inflight) == 1:
+            if not head.pipe.drained.done():
+                waits.append(head.pipe.drained)
+            elif self._prefetch is not None and not self._prefetch.done():
+                waits.append(self._prefetch)
+        return waits
+
+    def _raise_failed(self) -> None:
+        """A later batch that crashed (a bug: not Abandon) ends the worker
+        now, not after the batches before it."""
+        for batch in self._inflight:
+            task = batch.task
+            if task is not None and task.done() and not task.cancelled():
+                exc = task.exception()
+                if exc is not None and not isinstance(exc, Abandon):
+                    raise exc
+
+    async def _store_head(self, head: _Batch) -> None:
+        """The oldest batch in flight ended: store it (its dead letters, retry
+        work and offset), or, when it was abandoned (a stop), wait for the
+        others and store the first record not done across all of them."""
+        assert head.task is not None
+        exc = None if head.task.cancelled() else head.task.exception()
+        if head.task.cancelled():
+            raise asyncio.CancelledError
+        if exc is not None and not isinstance(exc, Abandon):
+            raise exc
+        if exc is not None:
+            inflight = self._inflight
+            await asyncio.gather(*(b.task for b in inflight if b.task), return_exceptions=True)
+            self._raise_failed()
+            try:
+                await self._store_partial(inflight)
+            finally:
+                inflight.clear()
+            raise Abandon
+        following = head.following
         # The batch's dead letters, retry work and offsets: one transaction
-        # where the log allows it, so a crash leaves all or none of them.
+        # where the log allows it, so a crash leaves all or none of them. Only
+        # this batch's: a later one running beside it stores its own after it.
+        mode = self.config.delivery_mode
         await self.outbox.flush(following if mode is DeliveryMode.NO_EVENT_LOSE else None)
+        self._inflight.pop(0)
         self.position = following
         self.retry.forget_routed(following)
         if self.outbox.recovered:
             self.outbox.recovered = {o for o in self.outbox.recovered if o >= following}
+        if self._inflight:
+            done = self.outbox.done
+            if done:
+                self.outbox.done = {o for o in done if o >= following}
+        if self._failing:
+            keys = self.retry.keys
+            self._failing = {k: at for k, at in self._failing.items() if k not in keys}
 
-    async def _store_partial(self, records: list[Record]) -> None:
+    async def _store_partial(self, batches: list[_Batch]) -> None:
         """At a stop in the middle of a batch, store what the delivery mode allows (design §14).
 
         ``NO_EVENT_LOSE``: the offset of the first record that is not done, so
@@ -587,8 +740,10 @@ class PartitionWorker:
         are lost, as at-most-once allows, and their count is logged.
         """
         done = set(self.outbox.done or ())
-        done.update(r.offset for chunk in self._handled for item in chunk for r in item.sources)
-        following = records[-1].offset + 1
+        for batch in batches:
+            done.update(r.offset for chunk in batch.handled for item in chunk for r in item.sources)
+        records = [r for batch in batches for r in batch.records]
+        following = batches[-1].following
         first = next((r.offset for r in records if r.offset not in done), following)
         target = first
         stored = self.position  # what the log holds now
@@ -634,7 +789,8 @@ class PartitionWorker:
 
     # -------------------------------------------------------------------- batch
 
-    async def _process_batch(self, records: list[Record]) -> None:
+    async def _process_batch(self, batch: _Batch, before: _Batch | None) -> None:
+        records = batch.records
         chunk_executor = self.chunk_executor
         # Without an inbox nothing needs the items of a batch that goes well:
         # the runs keep records instead (see Run).
@@ -650,14 +806,47 @@ class PartitionWorker:
             self.outbox.dead_letter_rejects(rejects)
         if chunk_executor.has_inbox:
             groups = runs_by_key(await chunk_executor.inbox_filter(items))
-        if self.retry.keys or self.retry.routed or self.retry.held:
+        if self.retry.keys or self.retry.routed or self.retry.held or self._failing:
             self._route_quarantined(groups)
         segments = plan_groups(groups, reduces=chunk_executor.reduces)
         if chunk_executor.reduces:
             self.stats.reduced_away += sum(
                 len(run) for runs in groups.values() for run in runs
             ) - sum(len(run) for seg in segments for run in seg.runs)
-        await chunk_executor.run_segments(segments, self._after_main_segment, self._handled)
+        pipe = batch.pipe
+        pipe.running = dict.fromkeys((seg.key for seg in segments), None)
+        after = self._after_main_segment
+        if before is None or not before.pipe.running:
+            await chunk_executor.run_segments(segments, after, batch.handled, pipe=pipe)
+            return
+        # Beside the batch before: a key whose segment there has not ended
+        # starts here once it has (per-key order), the others at once.
+        waiting = before.pipe.running
+        free = [seg for seg in segments if seg.key not in waiting]
+        jobs = [self._after_turn(before.pipe, seg, batch) for seg in segments if seg.key in waiting]
+        if free:
+            jobs.append(chunk_executor.run_segments(free, after, batch.handled, pipe=pipe))
+        else:
+            pipe.drain()
+        await _all(jobs)
+
+    async def _after_turn(self, before: Pipe, seg: Segment, batch: _Batch) -> None:
+        """Run ``seg`` once the batch before ended its segment of the key; or
+        route it to the retry topic when that one failed Retryable and
+        quarantined the key (decided now, not when the batch was planned)."""
+        await before.wait_for(seg.key)
+        failed_at = self._failing.get(seg.key)
+        if failed_at is None:
+            await self.chunk_executor.run_segments(
+                [seg], self._after_main_segment, batch.handled, pipe=batch.pipe
+            )
+            return
+        for run in seg.runs:
+            self.stats.routed += sum(
+                1 if isinstance(entry, Record) else len(entry.sources) for entry in run.entries
+            )
+            self.outbox.write_retry_run(run, failed_at, ROUTED_ERROR)
+        batch.pipe.end(seg.key)
 
     def _route_quarantined(self, groups: Groups) -> None:
         """Take the items of quarantined keys out of ``groups`` and send them
@@ -673,9 +862,19 @@ class PartitionWorker:
         quarantined = self.retry.keys
         routed_through = self.retry.routed
         held = self.retry.held
+        failing = self._failing
         for key in [
-            key for key in groups if key in quarantined or key in routed_through or key in held
+            key
+            for key in groups
+            if key in quarantined or key in routed_through or key in held or key in failing
         ]:
+            if key in failing and key not in held:
+                # Quarantined by a batch in flight, not stored yet.
+                runs = self._drop_routed(groups.pop(key), routed_through.get(key, -1))
+                self.stats.routed += sum(len(run.entries) for run in runs)
+                for run in runs:
+                    self.outbox.write_retry_run(run, failing[key], ROUTED_ERROR)
+                continue
             state = quarantined.get(key)
             if state is None and key in held:
                 # Paused by an operator: its records wait in the retry topic, in order.
@@ -735,7 +934,30 @@ class PartitionWorker:
             )
             self.outbox.dead_letter_items(work, ReasonCode.RETRY_BACKLOG_FULL, error)
             return
-        self.outbox.write_retry(work, None, error)
+        self._failing[key] = self.outbox.write_retry(work, None, error)
         self.stats.quarantined_keys += 1
         self.stats.retry_written += records
         logger.warning("key quarantined after retryable failure", extra=fields)
+
+
+async def _all(jobs: Sequence[Awaitable[None]]) -> None:
+    """Run ``jobs`` to their ends; then raise the first failure that is not
+    :class:`Abandon`, else :class:`Abandon` if one was abandoned. A job that
+    fails otherwise (a bug) cancels the others at once; so does a
+    cancellation of the caller."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        pending: set[asyncio.Future[None]] = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                exc = task.exception()
+                if exc is not None and not isinstance(exc, Abandon):
+                    raise exc
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    if any(task.exception() is not None for task in tasks):
+        raise Abandon
