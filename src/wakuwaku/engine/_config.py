@@ -289,8 +289,9 @@ class ConsumerConfig:
     :param max_poll_records: the most records one poll of a partition
         returns (default 2 000). A batch is one poll: a larger one costs the
         engine less per record (its per-key and per-batch work is shared by
-        more records), and a crash delivers again at most one batch per
-        partition.
+        more records), and a crash delivers again at most two batches per
+        partition (with ``NO_EVENT_LOSE`` the next batch may start while the
+        last keys of one finish: two in flight at most).
     :param max_poll_bytes: a poll asks for fewer records when the
         partition's records are large: as many as fit this many bytes
         (default 1 MiB, Kafka's ``max.partition.fetch.bytes``) at the mean
@@ -298,9 +299,11 @@ class ConsumerConfig:
         first poll asks for 100 records, and each poll for at most twice
         what the one before returned (from 100), so the polls grow to
         ``max_poll_records`` while a backlog lasts. It bounds what a
-        partition holds in memory (its batch and the next one, read ahead)
-        as far as the size of the last records tells.
-    :param max_concurrency: how many keys of one partition run at once.
+        partition holds in memory (its batches in flight, at most two, and
+        the next one, read ahead) as far as the size of the last records
+        tells.
+    :param max_concurrency: how many keys of one partition run at once
+        (across its batches in flight).
         Sync handlers run on the consumer's own thread pool of
         ``max_concurrency`` threads per partition it is assigned, so this
         bound, not asyncio's default pool nor another partition's calls,

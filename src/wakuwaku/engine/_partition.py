@@ -9,6 +9,11 @@ and store the batch's dead letters, retry work and offset (:mod:`._outbox`).
 A graceful stop in the middle of a batch stores what the delivery mode
 allows.
 
+Batches overlap (a pipeline, ``docs/engine.md`` "Pipelining across
+batches"): once the running batch's last keys run, the next batch starts
+beside it, at most two in flight; a key's segment waits for its segment of
+the batch before, and the batches are stored in order.
+
 The three failure classes:
 
 - ``Transient``: the same chunk is called again on the schedule, forever;
