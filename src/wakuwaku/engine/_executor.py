@@ -262,8 +262,7 @@ class ChunkExecutor:
         A segment's chunks run in order; a Retryable failure stops the segment
         (its outcome keeps the rest), an Unrecoverable one dead-letters the
         chunk and the segment goes on. Returns False when abandoned. With a
-        ``pipe``, a held segment starts once its turn came, and each
-        segment's start and end are noted there (see :class:`Pipe`).
+        ``pipe``, each segment's end is noted there (see :class:`Pipe`).
         """
         services = self.services
         stats, handlers, gate = services.stats, self.handlers, services.gate

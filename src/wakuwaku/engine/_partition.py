@@ -653,6 +653,8 @@ class PartitionWorker:
         prefetch = self._prefetch
         return (
             head.pipe.drained.done()
+            # Some key of it still runs (else it is about to end: no need).
+            and bool(head.pipe.running)
             and prefetch is not None
             and prefetch.done()
             and not prefetch.cancelled()
