@@ -20,6 +20,7 @@ the event's ``n`` and its offset).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import msgspec
 
@@ -171,3 +172,53 @@ async def start_again(log: Log, clock: FakeClock, script: Script) -> Consumer:
         retry_delays=[3600.0],
         log_retry_delays=[0],
     )
+
+
+async def test_the_two_batches_lanes_together_stay_within_max_concurrency(
+    log: Log, clock: FakeClock
+) -> None:
+    """``A0 B1 B2 B3 | C4 D5 C6 D7`` at ``max_concurrency`` 2: while A0 runs,
+    the second batch gets the one lane left; C takes it, D waits for it."""
+    keys = ["A", "B", "B", "B", "C", "D", "C", "D"]
+    producer = await setup_topic(log)
+    await producer.publish_many(Item(key, n) for n, key in enumerate(keys))
+    script = Script(clock)
+    script.gate["A"] = asyncio.Event()
+    script.gate["C"] = asyncio.Event()
+    running: set[str] = set()
+    most = 0
+
+    async def handle(run: Sequence[Item]) -> None:
+        nonlocal most
+        running.add(run[0].key)
+        most = max(most, len(running))
+        try:
+            await script(run)
+        finally:
+            running.discard(run[0].key)
+
+    c = consumer(
+        log,
+        clock,
+        [Handler(Item, handle)],
+        max_poll_records=4,
+        max_concurrency=2,
+        retry_delays=[3600.0],
+        log_retry_delays=[0],
+        shutdown_timeout=3600.0,
+    )
+    runner = asyncio.create_task(c.run(install_signal_handlers=False))
+    await wait_until(clock, lambda: running == {"A", "C"} or runner.done())
+    assert not runner.done()
+    for _ in range(20):
+        await clock.sleep(0.01)
+    assert [k for _, k, _ in script.calls] == ["A", "B", "B", "B", "C"]  # D waits for a lane
+    script.gate["C"].set()
+    await wait_until(clock, lambda: script.handled_ns("D") == [5, 7])
+    assert script.handled_ns("A") == []
+    script.gate["A"].set()
+    await wait_until(clock, lambda: len(script.handled) == len(keys))
+    c.stop()
+    await runner
+    assert most == 2
+    assert await log.committed("g", "t", 0) == len(keys)

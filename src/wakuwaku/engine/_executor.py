@@ -75,7 +75,8 @@ class Pipe:
         segments that never end (a stop, a cancellation) fail with
         :class:`Abandon` (:meth:`release`).
     :ivar drained: done once a lane of the batch found no segment left to
-        start (or the batch ended): its last keys run, and a lane is free.
+        start while others still run (or the batch ended): its last keys run,
+        and a lane is free.
     """
 
     __slots__ = ("drained", "running")
@@ -93,6 +94,13 @@ class Pipe:
     def drain(self, _: object = None) -> None:
         if not self.drained.done():
             self.drained.set_result(None)
+
+    def lane_ended(self, _: object = None) -> None:
+        """A lane ended (no segment was left to start): the batch is drained
+        if other segments still run (when none does, the batch ends: no one
+        need wake for it)."""
+        if self.running:
+            self.drain()
 
     async def wait_for(self, key: str) -> None:
         """Return once this batch's segment of ``key`` ended (at once when it
@@ -177,8 +185,6 @@ class ChunkExecutor:
                 finished = [await self._lane(pending, after, handled, attempts, pipe)]
             finally:
                 self._lane_ended()
-                if pipe is not None:
-                    pipe.drain()
         else:
             finished = await self._spread(pending, width, after, handled, attempts, pipe)
         if not all(finished):
@@ -205,7 +211,7 @@ class ChunkExecutor:
         task.add_done_callback(self._lane_ended)
         if pipe is not None:
             # A lane ends when no segment is left to start (or it was abandoned).
-            task.add_done_callback(pipe.drain)
+            task.add_done_callback(pipe.lane_ended)
         return task
 
     async def _spread(
