@@ -717,6 +717,10 @@ class PartitionWorker:
                 inflight.clear()
             raise Abandon
         following = head.following
+        # Done: what a stop would need of it goes now, not after the store
+        # (the chunks and records of a batch are most of what a partition holds).
+        head.handled = []
+        head.records = []
         # The batch's dead letters, retry work and offsets: one transaction
         # where the log allows it, so a crash leaves all or none of them. Only
         # this batch's: a later one running beside it stores its own after it.
