@@ -244,6 +244,19 @@ def test_a_retry_delay_above_30_days_is_refused(delays: list[float]) -> None:
         config(FakeClock(T0), retry_delays=delays)
 
 
+@pytest.mark.parametrize(
+    "delays", [["5"], [True], [1.0, False], {1.0, 2.0}, "12", b"1", (d for d in [1.0]), [None]]
+)
+@pytest.mark.parametrize("name", ["retry_delays", "log_retry_delays"])
+def test_a_schedule_of_anything_but_numbers_in_order_is_refused(delays: Any, name: str) -> None:
+    """A string, a boolean or a set is refused, not converted (``["5"]``
+    was 5 s, ``[True]`` 1 s, a set some order)."""
+    refused = rf"(^|\.){name} must be a non-empty sequence"
+    with pytest.raises(wk.ConfigError, match=refused) as caught:
+        config(FakeClock(T0), **{name: delays})
+    assert repr(delays) in str(caught.value)
+
+
 def test_a_retry_delay_of_30_days_is_accepted() -> None:
     assert config(FakeClock(T0), retry_delays=[MAX_RETRY_DELAY]).retry_delays == (MAX_RETRY_DELAY,)
 

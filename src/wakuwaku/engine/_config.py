@@ -128,22 +128,26 @@ def check_configured_topic_name(name: object, what: str) -> str:
 
 
 def check_retry_delays(value: Any, name: str = "retry_delays") -> tuple[float, ...]:
-    """``value`` as a retry schedule: a non-empty sequence of finite seconds
-    ``>= 0``, each at most :data:`MAX_RETRY_DELAY` (design §6).
+    """``value`` as a retry schedule: a non-empty sequence (a list or a
+    tuple: the order is the schedule's) of finite seconds ``>= 0`` given as
+    numbers, each at most :data:`MAX_RETRY_DELAY` (design §6).
 
     The one check of every schedule: ``ConsumerConfig`` and the CLI's
-    ``--retry-delays`` options.
+    ``--retry-delays`` options (which parse their text first). A string
+    (``"1"``), a boolean or a set is refused, not converted: ``["5"]`` read
+    from an environment variable without parsing, ``[True]``, and a set
+    (whose order is not the order written) were taken before as 5 s, 1 s
+    and some order.
 
     :param name: the schedule's name in the error (``retry_delays`` or
         ``log_retry_delays``).
     :raises ConfigError: naming the schedule, the value and the rule it breaks.
     """
-    try:
-        if isinstance(value, str | bytes):
-            raise TypeError
+    delays: tuple[float, ...] = ()
+    if isinstance(value, list | tuple) and all(
+        isinstance(d, int | float) and not isinstance(d, bool) for d in value
+    ):
         delays = tuple(float(d) for d in value)
-    except (TypeError, ValueError):
-        delays = ()
     if not delays or any(not math.isfinite(d) or d < 0 for d in delays):
         raise ConfigError(
             f"{name} must be a non-empty sequence of finite seconds >= 0, got {value!r}"
@@ -333,7 +337,7 @@ class ConsumerConfig:
         (a main topic, another retry, dead-letter or replay-ledger topic),
         a topic name longer than 200 characters once derived or qualified,
         an empty or negative retry schedule (``retry_delays`` or
-        ``log_retry_delays``), a delay above
+        ``log_retry_delays``; each a list or tuple of numbers), a delay above
         :data:`MAX_RETRY_DELAY`, a ``retry_jitter`` outside ``[0, 1]``, a
         ``jitter_source`` that is not callable, or a non-positive bound.
     """
