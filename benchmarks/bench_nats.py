@@ -9,8 +9,9 @@ decoded (the work the adapter has to do too). Target: at least 80 % of that
 loop at 2 000. Next to it, FastStream's NATS JetStream batch subscriber
 (a durable pull consumer per stream, ``PullSub(batch_size=<page>,
 timeout=0.1, batch=True)``, ``max_ack_pending`` of 4 pages, a no-op
-handler typed with a pydantic model, FastStream's default acks) over copies of the same bodies in streams of its own, timed
-from ``broker.start()`` until every event was handled (target: the
+handler typed with a pydantic model, FastStream's default acks) over
+copies of the same bodies in streams of its own, timed from
+``broker.start()`` until every event was handled (target: the
 consumer at least 2 x as fast at 2 000). FastStream is optional (``pip
 install 'wakuwaku[bench]'``): without it that column is skipped with a note.
 
