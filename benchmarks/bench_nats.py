@@ -109,8 +109,9 @@ def fs_stream(prefix: str, partition: int) -> tuple[str, str]:
 
 
 async def fill_faststream(url: str, log: NatsLog, prefix: str, partitions: int) -> None:
-    """Copy every partition's bodies, in order, into a plain JetStream stream
-    (the message is the JSON body, as FastStream publishes it)."""
+    """Copy every partition's bodies, in order, into a plain JetStream stream,
+    as FastStream publishes them (the JSON body, a content type and a
+    correlation id)."""
     envelope = msgspec.msgpack.Decoder(Envelope)
     nc = await nats.connect(url, connect_timeout=5)
     js = nc.jetstream()
@@ -124,7 +125,15 @@ async def fill_faststream(url: str, log: NatsLog, prefix: str, partitions: int) 
         copied = 0
         while copied < total:
             page = await sub.fetch(min(2000, total - copied), timeout=5)
-            acks = [await js.publish_async(subject, envelope.decode(msg.data).body) for msg in page]
+            # The headers FastStream's own publisher writes.
+            headers = [
+                {"content-type": "application/json", "correlation_id": str(uuid.uuid4())}
+                for _ in page
+            ]
+            acks = [
+                await js.publish_async(subject, envelope.decode(msg.data).body, headers=h)
+                for msg, h in zip(page, headers, strict=True)
+            ]
             await asyncio.gather(*acks)
             copied += len(page)
         await sub.unsubscribe()
