@@ -527,9 +527,11 @@ class IggyLog(Log):
         """Who owns each partition of ``topic`` in ``group`` now, from the server
         (members of every process).
 
-        A member of this instance is named and has its lease generation; a
-        member the server lists that this instance does not know is named
-        ``iggy-member-<id>`` (Iggy's member id) with generation 0.
+        A member of this instance is named and has its lease generation (it
+        is known by its partitions, asked of the server before and after
+        the group is read); a member the server lists that this instance
+        does not know is named ``iggy-member-<id>`` (Iggy's member id) with
+        generation 0.
         ``expires_at`` is now: Iggy keeps an assignment while the member's
         session lives, with no expiry to show.
 
