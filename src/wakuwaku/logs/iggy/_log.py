@@ -41,7 +41,7 @@ from .._base import (
     TopicInfo,
     check_commit,
     check_partition,
-    check_record,
+    check_records,
     check_token,
 )
 from .._url import (
@@ -354,7 +354,7 @@ class IggyLog(Log):
             member's; nothing is written.
         """
         check_token(token)
-        checked = [(check_record(h, b), b) for h, b in records]
+        checked = check_records(records)
         check_partition(topic, partition, await self._server.partitions(topic))
         if not checked:
             return []
