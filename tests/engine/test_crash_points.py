@@ -40,8 +40,13 @@ from .conftest import T0, Item, consumer, dead_letters, event_n, setup_topic
 
 KEYS = ("a", "b", "r", "u")
 PER_KEY = 6
-RETRYABLE = 13  # r's first event: Retryable twice, then applied
-UNRECOVERABLE = 20  # u's second event: dead-lettered
+RETRYABLE = 2  # r's first event (events are numbered in publish order, keys interleaved)
+RETRYABLE_AGAIN = 10  # r's third event: Retryable once, in the attempt that applies 2 and 6
+UNRECOVERABLE = 7  # u's second event: dead-lettered
+RETRY_DELAYS = (5.0, 5.0, 5.0)
+"""Fake seconds: batches go on while r is quarantined, so r's later events
+are routed to the retry topic; the attempt that applies 2 and 6 stops at
+10, so the retry partition's offset is stored while work is pending there."""
 
 
 class Crash(BaseException):
@@ -49,7 +54,13 @@ class Crash(BaseException):
 
 
 class Writes:
-    """Passes every call to ``inner``; counts the writes and crashes at one."""
+    """Passes every call to ``inner``; counts the writes and crashes at one.
+
+    ``atomic=False`` stands for a log without an atomic store (NATS): the
+    consumer then writes each append and commit with a call of its own.
+    A write after the crash (nothing may run after a SIGKILL) is counted
+    in :attr:`after_crash`.
+    """
 
     def __init__(self, inner: Log, crash_at: int | None, side: str, atomic: bool) -> None:
         self.inner = inner
@@ -57,11 +68,14 @@ class Writes:
         self.side = side
         self.atomic_store = atomic and getattr(inner, "atomic_store", True)
         self.count = 0
+        self.after_crash = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     async def _write(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        if self.crash_at is not None and self.count >= self.crash_at:
+            self.after_crash += 1
         self.count += 1
         crash = self.count == self.crash_at
         if crash and self.side == "before":
@@ -72,13 +86,7 @@ class Writes:
         return result
 
     async def store(self, write: BatchWrite, *, fence: Lease | None = None) -> list[list[int]]:
-        if not self.atomic_store:
-            # As a log without an atomic store does: one call per topic.
-            for topic, partition, records in write.appends:
-                await self.append(topic, partition, records, fence=fence)
-            for topic, partition, offset in write.commits:
-                await self.commit(write.group, topic, partition, offset, fence=fence)
-            return [[] for _ in write.appends]
+        assert self.atomic_store, "the consumer stores call by call on such a log"
         return await self._write(lambda: self.inner.store(write, fence=fence))  # type: ignore[no-any-return]
 
     async def append(self, topic: str, partition: int, records: Any, **kwargs: Any) -> list[int]:
@@ -98,6 +106,7 @@ class Effects:
         self.calls: dict[int, int] = {}  # event n -> handler calls
         self.fail: dict[int, list[BaseException]] = {
             RETRYABLE: [wk.Retryable("not yet"), wk.Retryable("not yet")],
+            RETRYABLE_AGAIN: [wk.Retryable("not yet")],
             UNRECOVERABLE: [wk.Unrecoverable("bad event")] * 10,
         }
         self.seen_applied: list[int] = []
@@ -152,7 +161,7 @@ async def _run(
         await inbox.ensure_schema()
         effects = Effects(Path(f"{where}-effects.db"), inbox, clock)
         options: dict[str, Any] = {
-            "retry_delays": (0.0, 0.0, 0.0),
+            "retry_delays": RETRY_DELAYS,
             "max_poll_records": 5,
             "member_id": "m1",
         }
@@ -163,6 +172,7 @@ async def _run(
         else:
             with pytest.raises(Crash):
                 await consumer(first, clock, handlers, **options).drain()  # type: ignore[arg-type]
+            assert first.after_crash == 0, "a write after the crash"
             again = Writes(log, None, side, atomic)
             await consumer(again, clock, handlers, **options).drain()  # type: ignore[arg-type]
         dead = [event_n(r) for r in await dead_letters(log)]
