@@ -140,7 +140,7 @@ def _split_headers(headers: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict
         width = len(name) if name.isascii() else len(name.encode("utf-8"))
         length = len(value)
         cost = width + length + _HEADER_FRAMING
-        if 0 < length <= _MAX_HEADER and width <= _MAX_HEADER and cost <= room:
+        if 0 < length <= _MAX_HEADER and 0 < width <= _MAX_HEADER and cost <= room:
             plain[name] = value
             room -= cost
         else:
@@ -183,8 +183,15 @@ class Messages:
         :param ident: its Iggy message id (:func:`batch_ids`); None lets the
             server choose one.
 
-        :raises ConfigError: for a record over the topic's limit, naming it.
+        :raises ConfigError: for a record over the topic's limit, naming it,
+            or one with a header named :data:`ENVELOPE` (this log's own
+            mark: a reader would take the record's body for an envelope).
         """
+        if ENVELOPE in headers:
+            raise ConfigError(
+                f"a record for {topic}/{partition} has a header named {ENVELOPE!r}, which "
+                "the Iggy log keeps for its own use"
+            )
         # One pass: the record's size, and whether Iggy can carry every
         # header (the usual case: the headers go as they are). This runs
         # once per record sent.
@@ -196,7 +203,7 @@ class Messages:
             length = len(value)
             size += width + length
             room -= width + length + _HEADER_FRAMING
-            if not 0 < length <= _MAX_HEADER or width > _MAX_HEADER:
+            if not 0 < length <= _MAX_HEADER or not 0 < width <= _MAX_HEADER:
                 fits = False
         fits = fits and room >= 0
         limit = self._limit(topic)
