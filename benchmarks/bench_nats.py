@@ -99,8 +99,11 @@ async def raw_read(url: str, log: NatsLog, partitions: int, page: int) -> tuple[
 
 
 class TickModel(pydantic.BaseModel if HAVE_FASTSTREAM else object):  # type: ignore[misc]
+    """The event as FastStream's handler gets it: every field of ``Tick``."""
+
     key: str
     n: int
+    payload: str
 
 
 def fs_stream(prefix: str, partition: int) -> tuple[str, str]:
