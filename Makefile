@@ -51,7 +51,14 @@ lint: $(STAMP)
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-bench: $(STAMP)
+# The benchmarks' peer baselines (FastStream) come with the bench extra.
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,demo,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:

@@ -102,7 +102,7 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
             )
         print(
             f"max_poll_records {DEFAULT_POLL}: median share {statistics.median(shares):.0%}, "
-            f"best {max(shares):.0%} (target >= 50 %)"
+            f"best {max(shares):.0%} (target >= 70 %)"
         )
     finally:
         await log.close()

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import reprlib
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -242,6 +245,30 @@ async def test_a_failure_at_a_fraction_of_a_ms_is_stored_rounded_up_and_attempte
 def test_a_retry_delay_above_30_days_is_refused(delays: list[float]) -> None:
     with pytest.raises(wk.ConfigError, match="at most 2592000 seconds"):
         config(FakeClock(T0), retry_delays=delays)
+
+
+@pytest.mark.parametrize(
+    "delays", [["5"], [True], [1.0, False], {1.0, 2.0}, "12", b"1", (d for d in [1.0]), [None]]
+)
+@pytest.mark.parametrize("name", ["retry_delays", "log_retry_delays"])
+def test_a_schedule_of_anything_but_numbers_in_order_is_refused(delays: Any, name: str) -> None:
+    """A string, a boolean, a set or a generator is refused, not converted
+    (``["5"]`` was 5 s, ``[True]`` 1 s, a set some order); the error names
+    the schedule and shows the value, shortened."""
+    with pytest.raises(wk.ConfigError, match=f"^{name} must be a non-empty sequence") as caught:
+        config(FakeClock(T0), **{name: delays})
+    assert reprlib.repr(delays) in str(caught.value)
+
+
+def test_a_schedule_of_other_numbers_is_taken_in_order_and_a_huge_one_is_refused() -> None:
+    delays = [Fraction(1, 2), Decimal("1.5"), -0.0, 2]
+    assert config(FakeClock(T0), retry_delays=delays).retry_delays == (0.5, 1.5, 0.0, 2.0)
+    assert config(FakeClock(T0), retry_delays=range(1, 4)).retry_delays == (1.0, 2.0, 3.0)
+    with pytest.raises(wk.ConfigError, match="at most 2592000 seconds") as caught:
+        config(FakeClock(T0), retry_delays=[10**309])  # OverflowError as a float
+    assert len(str(caught.value)) < 200
+    with pytest.raises(wk.ConfigError, match=r"got \[0, 0, 0, 0, 0, 0, \.\.\.\]"):
+        config(FakeClock(T0), retry_delays=[0] * 10**5 + ["x"])
 
 
 def test_a_retry_delay_of_30_days_is_accepted() -> None:

@@ -282,6 +282,22 @@ class LogContract:
             await log.append("orders", 0, [rec()], token=token)
         assert await log.end_offsets("orders") == {0: 0}
 
+    async def test_a_header_name_utf8_cannot_encode_is_refused_and_nothing_written(
+        self, log: Log
+    ) -> None:
+        """A lone surrogate in a name failed with a bare ``UnicodeEncodeError``
+        on every log but the memory one (which stored it)."""
+        await log.create_topic("orders", 1)
+        bad = ({"wk-key": b"k", "caf\udce9": b"1"}, b"x")
+        with pytest.raises(ConfigError, match="UTF-8") as caught:
+            await log.append("orders", 0, [rec(), bad])
+        assert "caf\\udce9" in str(caught.value)
+        assert await log.end_offsets("orders") == {0: 0}
+        # A name UTF-8 can encode round-trips.
+        await log.append("orders", 0, [({"café-ü": b"1"}, b"x")])
+        [stored] = await read_all(log, "orders", 0)
+        assert stored.headers == {"café-ü": b"1"}
+
     async def test_read_from_an_offset_bounded_and_past_the_end(self, log: Log) -> None:
         await log.create_topic("orders", 1)
         await log.append("orders", 0, [rec(str(i).encode()) for i in range(10)])

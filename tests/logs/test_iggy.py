@@ -169,14 +169,26 @@ async def test_records_older_than_their_partition_are_not_read_and_a_warning_say
 
 async def test_headers_iggy_cannot_carry_travel_in_the_payload(log: IggyLog) -> None:
     """Iggy refuses empty bodies, empty header values and names or values over 255
-    bytes; such records still round-trip, and a plain Iggy reader sees the short
-    headers as user headers."""
+    bytes (an empty name is sent in the payload too); such records still
+    round-trip, and a plain Iggy reader sees the short headers as user headers."""
     await log.create_topic("orders", 1)
-    headers = {"wk-key": b"k", "empty": b"", "wk-error": b"e" * 4000, "n" * 300: b"v"}
+    headers = {"wk-key": b"k", "empty": b"", "wk-error": b"e" * 4000, "n" * 300: b"v", "": b"x"}
     await log.append("orders", 0, [(headers, b""), ({"wk-key": b"k"}, b"plain")])
     first, second = await log.read("orders", 0, 0)
     assert (first.headers, first.body) == (headers, b"")
     assert (second.headers, second.body) == ({"wk-key": b"k"}, b"plain")
+
+
+async def test_a_header_named_as_the_envelope_mark_is_refused_and_nothing_written(
+    log: IggyLog,
+) -> None:
+    """A user's ``wk-iggy-envelope`` header was stored: read back, the record
+    was unreadable (its body taken for an envelope), or lost the header."""
+    await log.create_topic("orders", 1)
+    for headers in ({"wk-iggy-envelope": b"1"}, {"wk-iggy-envelope": b"zz", "b": b""}):
+        with pytest.raises(ConfigError, match="wk-iggy-envelope"):
+            await log.append("orders", 0, [({"wk-key": b"k"}, b"ok"), (headers, b"x")])
+    assert await log.end_offsets("orders") == {0: 0}
 
 
 async def test_headers_of_every_iggy_kind_are_read_as_text_names_and_bytes(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -530,6 +531,25 @@ async def test_retention_keeps_every_chunk_when_the_chunk_scan_is_refused(
 async def stream_exists(log: NatsLog, stream: str) -> bool:
     answer = await log._api(f"$JS.API.STREAM.INFO.{stream}")
     return "error" not in answer
+
+
+async def test_a_stream_two_instances_create_at_once_is_made_for_both(
+    log: NatsLog, nats_url: str
+) -> None:
+    """Two creates of one stream at once: the server sometimes refuses one
+    with "subjects overlap with an existing stream" (the other's, just
+    made; 13 of 200 pairs here), and two consumers starting together failed
+    to make their dead-letter topic."""
+    other = nats_log(log.prefix, nats_url)
+    try:
+        for n in range(60):
+            name = log.stream_name(f"race{n}", 0)
+            await asyncio.gather(
+                log._streams.create(name, [name]), other._streams.create(name, [name])
+            )
+            assert await log._js.stream_info(name) is not None
+    finally:
+        await other.close()
 
 
 async def test_delete_topic_removes_streams_offsets_and_leases(log: NatsLog) -> None:

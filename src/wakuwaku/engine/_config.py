@@ -11,10 +11,13 @@ import math
 import os
 import random
 import re
+import reprlib
 import socket
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
+from numbers import Real
 from types import MappingProxyType
 from typing import Any
 
@@ -128,30 +131,42 @@ def check_configured_topic_name(name: object, what: str) -> str:
 
 
 def check_retry_delays(value: Any, name: str = "retry_delays") -> tuple[float, ...]:
-    """``value`` as a retry schedule: a non-empty sequence of finite seconds
-    ``>= 0``, each at most :data:`MAX_RETRY_DELAY` (design §6).
+    """``value`` as a retry schedule: a non-empty sequence (a list, a tuple,
+    a range: the order is the schedule's) of finite seconds ``>= 0`` given
+    as numbers (``int``, ``float``, ``Fraction``, ``Decimal``, numpy's),
+    each at most :data:`MAX_RETRY_DELAY` (design §6).
 
     The one check of every schedule: ``ConsumerConfig`` and the CLI's
-    ``--retry-delays`` options.
+    ``--retry-delays`` options (which parse their text first). A string
+    (``"1"``), a boolean, a set or a generator is refused, not converted:
+    ``["5"]`` read from an environment variable without parsing, ``[True]``,
+    and a set (whose order is not the order written) were taken before as
+    5 s, 1 s and some order.
 
     :param name: the schedule's name in the error (``retry_delays`` or
         ``log_retry_delays``).
-    :raises ConfigError: naming the schedule, the value and the rule it breaks.
+    :raises ConfigError: naming the schedule, the value (shortened) and the
+        rule it breaks.
     """
-    try:
-        if isinstance(value, str | bytes):
-            raise TypeError
-        delays = tuple(float(d) for d in value)
-    except (TypeError, ValueError):
-        delays = ()
+    delays: tuple[float, ...] = ()
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, str | bytes | bytearray)
+        and all(isinstance(d, Real | Decimal) and not isinstance(d, bool) for d in value)
+    ):
+        try:
+            delays = tuple(float(d) + 0.0 for d in value)  # + 0.0: -0.0 is 0.0
+        except OverflowError:  # an int too large for a float
+            delays = (MAX_RETRY_DELAY + 1.0,)
     if not delays or any(not math.isfinite(d) or d < 0 for d in delays):
         raise ConfigError(
-            f"{name} must be a non-empty sequence of finite seconds >= 0, got {value!r}"
+            f"{name} must be a non-empty sequence of finite seconds >= 0, given as "
+            f"numbers (not text or booleans), got {reprlib.repr(value)}"
         )
     if max(delays) > MAX_RETRY_DELAY:
         raise ConfigError(
             f"{name} must each be at most {MAX_RETRY_DELAY:.0f} seconds (30 days), "
-            f"got {max(delays)!r}"
+            f"got {reprlib.repr(max(value))}"
         )
     return delays
 
@@ -336,7 +351,7 @@ class ConsumerConfig:
         (a main topic, another retry, dead-letter or replay-ledger topic),
         a topic name longer than 200 characters once derived or qualified,
         an empty or negative retry schedule (``retry_delays`` or
-        ``log_retry_delays``), a delay above
+        ``log_retry_delays``; each a list or tuple of numbers), a delay above
         :data:`MAX_RETRY_DELAY`, a ``retry_jitter`` outside ``[0, 1]``, a
         ``jitter_source`` that is not callable, or a non-positive bound.
     """
@@ -457,7 +472,7 @@ class ConsumerConfig:
             object.__setattr__(
                 self,
                 "log_retry_delays",
-                check_retry_delays(self.log_retry_delays, "ConsumerConfig.log_retry_delays"),
+                check_retry_delays(self.log_retry_delays, "log_retry_delays"),
             )
         jitter = self.retry_jitter
         if (

@@ -138,16 +138,18 @@ def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
         a subclass of bytes or str, a bytearray or a memoryview becomes the
         plain type, which every log's encoder takes).
     :raises ConfigError: when the body is not bytes-like, or a header name is
-        not a str or a header value not bytes-like; nothing is written then.
+        not a str that UTF-8 can encode (a lone surrogate cannot) or a header
+        value not bytes-like; nothing is written then.
     """
-    # The common case, checked in C: a bytes body and a dict of str names and
-    # bytes values (exact types). Anything else, subclasses included, is
-    # checked one by one below.
+    # The common case, checked in C: a bytes body and a dict of ASCII str
+    # names and bytes values (exact types). Anything else, subclasses
+    # included, is checked one by one below.
     if (
         type(body) is bytes
         and type(headers) is dict
         and _STR.issuperset(map(type, headers))
         and _BYTES.issuperset(map(type, headers.values()))
+        and all(map(str.isascii, headers))
     ):
         return headers
     if not isinstance(body, bytes | bytearray | memoryview):
@@ -160,8 +162,22 @@ def check_record(headers: Mapping[str, bytes], body: bytes) -> dict[str, bytes]:
             raise ConfigError(
                 f"record headers must map str to bytes; got {name!r}: {type(value).__name__}"
             )
+        _check_name(name)
         plain[str(name)] = bytes(value)
     return plain
+
+
+def _check_name(name: str) -> None:
+    """:raises ConfigError: for a header name UTF-8 cannot encode (every log
+    but the memory one stores names as UTF-8; a lone surrogate failed there
+    with a bare ``UnicodeEncodeError``)."""
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(
+                f"a record header name must be text UTF-8 can encode, got {name!r}: {exc.reason}"
+            ) from None
 
 
 def check_records(records: Sequence[OutgoingRecord]) -> list[OutgoingRecord]:
@@ -182,6 +198,7 @@ def check_records(records: Sequence[OutgoingRecord]) -> list[OutgoingRecord]:
         and _DICT.issuperset(map(type, heads))
         and _STR.issuperset(map(type, chain.from_iterable(heads)))
         and _BYTES.issuperset(map(type, chain.from_iterable(map(_values, heads))))
+        and all(map(str.isascii, chain.from_iterable(heads)))
     ):
         if _TUPLE.issuperset(map(type, records)):
             return records  # no new tuples: fewer objects for the collector

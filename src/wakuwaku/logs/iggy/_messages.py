@@ -130,6 +130,24 @@ def to_record(message: ReceiveMessage, shared: dict[Any, dict[str, bytes]] | Non
     return Record(offset, headers, inner, stamp)
 
 
+def _split_headers(headers: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """The headers Iggy can carry, in order while they fit, and the rest
+    (:data:`ENVELOPE`: the payload carries them)."""
+    plain: dict[str, bytes] = {}
+    extra: dict[str, bytes] = {}
+    room = _MAX_HEADERS
+    for name, value in headers.items():
+        width = len(name) if name.isascii() else len(name.encode("utf-8"))
+        length = len(value)
+        cost = width + length + _HEADER_FRAMING
+        if 0 < length <= _MAX_HEADER and 0 < width <= _MAX_HEADER and cost <= room:
+            plain[name] = value
+            room -= cost
+        else:
+            extra[name] = value
+    return plain, extra
+
+
 class Messages:
     """The records of the log's partitions, written and read as Iggy messages."""
 
@@ -165,24 +183,29 @@ class Messages:
         :param ident: its Iggy message id (:func:`batch_ids`); None lets the
             server choose one.
 
-        :raises ConfigError: for a record over the topic's limit, naming it.
+        :raises ConfigError: for a record over the topic's limit, naming it,
+            or one with a header named :data:`ENVELOPE` (this log's own
+            mark: a reader would take the record's body for an envelope).
         """
-        # One pass: the record's size, and which headers Iggy can carry (the
-        # rest goes into an envelope). This runs once per record sent.
+        if ENVELOPE in headers:
+            raise ConfigError(
+                f"a record for {topic}/{partition} has a header named {ENVELOPE!r}, which "
+                "the Iggy log keeps for its own use"
+            )
+        # One pass: the record's size, and whether Iggy can carry every
+        # header (the usual case: the headers go as they are). This runs
+        # once per record sent.
         size = len(body)
-        plain: dict[str, bytes] = {}
-        extra: dict[str, bytes] = {}
         room = _MAX_HEADERS
+        fits = True
         for name, value in headers.items():
             width = len(name) if name.isascii() else len(name.encode("utf-8"))
             length = len(value)
             size += width + length
-            cost = width + length + _HEADER_FRAMING
-            if 0 < length <= _MAX_HEADER and width <= _MAX_HEADER and cost <= room:
-                plain[name] = value
-                room -= cost
-            else:
-                extra[name] = value
+            room -= width + length + _HEADER_FRAMING
+            if not 0 < length <= _MAX_HEADER or not 0 < width <= _MAX_HEADER:
+                fits = False
+        fits = fits and room >= 0
         limit = self._limit(topic)
         if size > limit:
             key = headers.get(H_KEY, b"")
@@ -193,8 +216,10 @@ class Messages:
                 + ("" if topic in self._derived else f", less {HEADER_ROOM} for retry headers")
                 + ")"
             )
-        if not extra and body:
-            return SendMessage(body, plain or None, ident)
+        if fits and body:
+            carried = headers if isinstance(headers, dict) else dict(headers)
+            return SendMessage(body, carried or None, ident)
+        plain, extra = _split_headers(headers)
         payload = msgspec.msgpack.encode([extra, body])
         if len(payload) > MAX_PAYLOAD:
             raise ConfigError(
