@@ -21,6 +21,7 @@ any commit scheme that never stores an offset past a record not done.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,6 +44,8 @@ PER_KEY = 6
 RETRYABLE = 2  # r's first event (events are numbered in publish order, keys interleaved)
 RETRYABLE_AGAIN = 10  # r's third event: Retryable once, in the attempt that applies 2 and 6
 UNRECOVERABLE = 7  # u's second event: dead-lettered
+SLOW_TURNS = 5000
+"""Event loop turns a call of the slow key takes at most (see ``slow``)."""
 RETRY_DELAYS = (5.0, 5.0, 5.0)
 """Fake seconds: batches go on while r is quarantined, so r's later events
 are routed to the retry topic; the attempt that applies 2 and 6 stops at
@@ -100,8 +103,11 @@ class Effects:
     """The handler: claims a chunk's message ids and records its events in one
     transaction of ``path`` (the application's database)."""
 
-    def __init__(self, path: Path, inbox: SQLiteInbox, clock: FakeClock) -> None:
+    def __init__(
+        self, path: Path, inbox: SQLiteInbox, clock: FakeClock, slow: str | None = None
+    ) -> None:
         self.path = path
+        self.slow = slow
         self.inbox = inbox
         self.calls: dict[int, int] = {}  # event n -> handler calls
         self.fail: dict[int, list[BaseException]] = {
@@ -110,6 +116,7 @@ class Effects:
             UNRECOVERABLE: [wk.Unrecoverable("bad event")] * 10,
         }
         self.seen_applied: list[int] = []
+        self.later: list[int] = []  # numbers applied of other keys than the slow one
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
             db.execute("CREATE TABLE IF NOT EXISTS applied (seq INTEGER PRIMARY KEY, key, n)")
 
@@ -118,6 +125,13 @@ class Effects:
             return [(k, n) for k, n in db.execute("SELECT key, n FROM applied ORDER BY seq")]
 
     async def __call__(self, run: Sequence[Item]) -> None:
+        if run[0].key == self.slow:
+            # Until a key's event of a later batch is applied (or a bound):
+            # other keys, and the next batch, run meanwhile.
+            for _ in range(SLOW_TURNS):
+                if any(n > run[-1].n + 1 for n in self.later):
+                    break
+                await asyncio.sleep(0)
         for event in run:
             self.calls[event.n] = self.calls.get(event.n, 0) + 1
             script = self.fail.get(event.n)
@@ -133,6 +147,8 @@ class Effects:
                 "INSERT INTO applied (key, n) VALUES (?, ?)", [(e.key, e.n) for e in run]
             )
             db.execute("COMMIT")
+        if run[0].key != self.slow:
+            self.later.extend(e.n for e in run)
 
 
 def _events() -> list[Item]:
@@ -147,7 +163,7 @@ async def _log(kind: str, where: Path) -> Log:
 
 
 async def _run(
-    kind: str, where: Path, crash_at: int | None, side: str, atomic: bool
+    kind: str, where: Path, crash_at: int | None, side: str, atomic: bool, slow: str | None = None
 ) -> tuple[int, list[tuple[str, int]], list[int], list[int]]:
     """One drain crashing at write ``crash_at`` (None: never), then a second
     drain; the writes of the first, what was applied, dead-lettered, and
@@ -159,7 +175,7 @@ async def _run(
         await producer.publish_many(_events())
         inbox = SQLiteInbox(f"{where}-effects.db", "g")
         await inbox.ensure_schema()
-        effects = Effects(Path(f"{where}-effects.db"), inbox, clock)
+        effects = Effects(Path(f"{where}-effects.db"), inbox, clock, slow)
         options: dict[str, Any] = {
             "retry_delays": RETRY_DELAYS,
             "max_poll_records": 5,
@@ -193,21 +209,33 @@ def _check(applied: list[tuple[str, int]], dead: list[int], seen_applied: list[i
         assert mine == sorted(mine), f"key {key} applied out of order: {mine}"
 
 
+@pytest.mark.parametrize("slow", [None, "a"])
 @pytest.mark.parametrize(
     ("kind", "atomic"), [("memory", True), ("memory", False), ("sqlite", True)]
 )
 async def test_a_crash_at_any_write_loses_nothing_and_applies_nothing_twice(
-    tmp_path: Path, kind: str, atomic: bool
+    tmp_path: Path, kind: str, atomic: bool, slow: str | None
 ) -> None:
-    writes, applied, dead, seen = await _run(kind, tmp_path / "clean", None, "after", atomic)
+    """With ``slow``, that key's calls take many event loop turns: the next
+    batches start while it runs (a pipeline), and a crash falls between
+    them."""
+    writes, applied, dead, seen = await _run(
+        kind, tmp_path / "clean", None, "after", atomic, slow
+    )
     _check(applied, dead, seen)
     assert dead == [UNRECOVERABLE]
+    if slow is not None:
+        first_batch_of_slow = [n for k, n in applied if k == slow][:2]  # 0 and 4
+        later = [i for i, (k, n) in enumerate(applied) if n >= 5 and k != slow]
+        assert later and later[0] < applied.index((slow, first_batch_of_slow[-1])), (
+            f"no overlap: {applied}"
+        )
     assert writes >= 6, f"the drain spans several batches and a retry: {writes} writes"
     for crash_at in range(1, writes + 1):
         for side in ("before", "after"):
             try:
                 _, applied, dead, seen = await _run(
-                    kind, tmp_path / f"{crash_at}-{side}", crash_at, side, atomic
+                    kind, tmp_path / f"{crash_at}-{side}", crash_at, side, atomic, slow
                 )
                 _check(applied, dead, seen)
             except AssertionError as exc:
