@@ -8,6 +8,7 @@ group reads every ``poll_interval``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -182,6 +183,35 @@ async def test_retry_now_runs_a_quarantined_keys_next_attempt_at_once(
     assert await dead_letters(log) == []
     with pytest.raises(admin.KeyNotQuarantinedError, match="'a'"):
         await admin.retry_key_now(log, "g", "t", "a")
+
+
+async def test_two_give_ups_read_in_one_pass_dead_letter_the_work_once(
+    log: Log, clock: FakeClock
+) -> None:
+    """An impatient operator gives a key up twice while the partition is busy:
+    both commands were applied in one pass, before either's markers reached
+    the retry state, and the pending work was dead-lettered twice."""
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    script = Script(clock)
+    script.fail[1] = list(ALWAYS)
+    c = consumer(log, clock, [Handler(Item, script)], retry_delays=[3600.0, 3600.0])
+    async with Running(c):
+        await wait_until(
+            clock, lambda: c.partition("t", 0) is not None and bool(view(c).quarantined)
+        )
+        await producer.publish_many([Item("a", 2), Item("a", 3)])
+        await wait_until(clock, lambda: view(c).retry_pending == 3)
+        script.gate["x"] = asyncio.Event()  # the partition is busy with x meanwhile
+        await producer.publish(Item("x", 9))
+        await wait_until(clock, lambda: bool(script.times("x")))
+        for _ in range(2):
+            await admin.give_up_key(log, "g", "t", "a", by="ana", reason="bad row")
+        await wait_until(clock, lambda: len(c._control.commands) >= 2)
+        script.gate["x"].set()
+        await wait_until(clock, lambda: not view(c).quarantined)
+        letters = await dead_letters(log)
+    assert sorted(event_n(r) for r in letters) == [1, 2, 3]
 
 
 async def test_give_up_dead_letters_a_keys_pending_work_once_naming_the_operator(

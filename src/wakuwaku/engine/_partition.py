@@ -367,11 +367,14 @@ class PartitionWorker:
         """Apply the operator's new ``retry-now`` and ``give-up`` commands of
         this partition's keys (design §14); each is bounded by its
         ``through`` offset, so one applied before (by this worker or an
-        earlier owner) changes nothing."""
+        earlier owner) changes nothing. A give-up is stored (its dead
+        letters and markers) before the next command is applied: two
+        give-ups of one key read in one pass dead-lettered its work twice,
+        the second applied before the first's markers reached the retry
+        state."""
         commands = self.control.commands
         new = commands[self._commands_seen :]
         self._commands_seen = len(commands)
-        markers = []
         for _, command in new:
             key, through = command.key, command.through
             if (
@@ -385,7 +388,11 @@ class PartitionWorker:
             if state is None:
                 continue
             if command.action is Action.GIVE_UP:
-                markers += await self.attempts.give_up_now(key, through, command.by, command.reason)
+                markers = await self.attempts.give_up_now(key, through, command.by, command.reason)
+                if markers:
+                    self.outbox.add_markers(markers)
+                    await self.outbox.flush()
+                    await self._store_retry_offset()
             elif state.due_from < through and state.due > self.clock.monotonic():
                 state.due = self.clock.monotonic()
                 state.due_wall = self.clock.now()
@@ -393,10 +400,6 @@ class PartitionWorker:
                     "retry attempt moved to now by an operator",
                     extra={**self._fields, "key": key, "by": command.by},
                 )
-        if markers:
-            self.outbox.add_markers(markers)
-            await self.outbox.flush()
-            await self._store_retry_offset()
 
     async def _skip_undelivered(self, page: list[Record]) -> None:
         """Store a position past offsets the log holds but never delivers.
