@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -22,9 +23,11 @@ from .conftest import (
     Script,
     consumer,
     dead_letters,
+    event_n,
     read_all,
     reason,
     setup_topic,
+    wait_until,
 )
 
 GOOD = build_headers(wk.event_type(Item), "a")
@@ -224,3 +227,39 @@ async def test_8_unrecoverable_error_text_is_sanitized(log: Log, clock: FakeCloc
     assert "db.internal" not in error and "pw@" not in error and "/srv/app" not in error
     assert "\x1b" not in error and "\u202e" not in error
     assert len(error) <= 200
+
+
+async def test_a_stop_after_an_unrecoverable_chunk_of_an_attempt_gives_it_one_outcome(
+    log: Log, clock: FakeClock
+) -> None:
+    """A stop in a retry attempt right after a chunk was dead-lettered: the
+    markers at the stop resolved the key only through its last chunk that
+    succeeded, so the restart attempted the dead-lettered record again
+    (dead-lettered twice, or dead-lettered and then handled)."""
+    producer = await setup_topic(log)
+    await producer.publish_many([Item("k", 0), Item("k", 1), Item("k", 2)])
+    calls: list[int] = []
+    in_one = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def handle(run: Sequence[Item]) -> None:
+        [event] = run
+        calls.append(event.n)
+        if event.n == 0 and calls.count(0) == 1:
+            raise wk.Retryable("not yet")  # all three go to the retry topic
+        if event.n == 1 and calls.count(1) == 1:
+            in_one.set()
+            await go_on.wait()
+            raise wk.Unrecoverable("bad event")
+
+    first = consumer(log, clock, [Handler(Item, handle, max_batch=1)], retry_delays=[0.05])
+    task = asyncio.create_task(first.run(install_signal_handlers=False))
+    await wait_until(clock, in_one.is_set)
+    first.stop()
+    go_on.set()
+    await task
+    assert calls == [0, 0, 1]
+    await consumer(log, clock, [Handler(Item, handle, max_batch=1)], retry_delays=[0.05]).drain()
+    assert [event_n(r) for r in await dead_letters(log)] == [1]
+    assert calls.count(1) == 1, f"handled again after its dead letter: {calls}"
+    assert calls[-1] == 2

@@ -170,7 +170,8 @@ class ChunkExecutor:
 
         ``after`` sees each outcome of a retry attempt (``attempts`` given),
         and each main-batch outcome that stopped on a Retryable failure.
-        ``handled`` gets every chunk that succeeded, in order per key.
+        ``handled`` gets every chunk whose outcome is final (it succeeded,
+        or was dead-lettered as Unrecoverable), in order per key.
         ``pipe``: a main batch that may run beside another one (see
         :class:`Pipe`); the lanes of both share ``max_concurrency``.
 
@@ -392,6 +393,10 @@ class ChunkExecutor:
                 },
             )
             self.outbox.dead_letter_items(chunk, ReasonCode.UNRECOVERABLE, error)
+            # Its outcome is final, as a success's: a stop after it resolves
+            # the key through it (an attempt's markers), or a restart runs
+            # it again after its dead letter.
+            handled.append(chunk)
             return False
         index = next(n for n, r in enumerate(seg.runs) if r is run)
         outcome.error = exc

@@ -115,8 +115,8 @@ class _Batch:
     :ivar records: its records.
     :ivar following: the offset after its last record (stored once it is
         done and every batch before it is).
-    :ivar handled: its chunks that succeeded (a stop stores the first record
-        neither handled nor done).
+    :ivar handled: its chunks whose outcome is final (a stop stores the
+        first record neither handled nor done).
     :ivar pipe: what its lanes note for a batch that runs beside it.
     :ivar task: the task running it (decode, plan, execute).
     """
