@@ -406,3 +406,42 @@ async def test_a_partition_taken_back_after_it_was_lost_is_logged(
 
 async def _noop(run: Sequence[Item]) -> None:
     return None
+
+
+class CancelSwallowingControl:
+    """``inner``, except that reads of the control topic after the first wait
+    for an answer that never comes and, when cancelled, answer nothing as if
+    nothing happened (as ``CancelSwallowingLeases``)."""
+
+    def __init__(self, inner: Log) -> None:
+        self.inner = inner
+        self.control_reads = 0
+        self.hanging = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def read(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic.startswith("wk-control."):
+            self.control_reads += 1
+            if self.control_reads > 1:
+                self.hanging.set()
+                with contextlib.suppress(asyncio.CancelledError):  # swallowed
+                    await asyncio.Event().wait()
+                return []
+        return await self.inner.read(topic, *args, **kwargs)
+
+
+async def test_a_cancelled_consumer_ends_though_its_control_reads_cancel_was_swallowed() -> None:
+    """Cancelling ``run()`` (a TaskGroup's shutdown) hung on Redis and NATS:
+    the control topic's reader was cancelled inside a read, the client
+    swallowed the cancel, and the reader read on, forever."""
+    log = wk.MemoryLog()
+    await setup_topic(log)
+    control = CancelSwallowingControl(log)
+    consumer = Consumer(_config(), [Handler(Item, _noop)], control)  # type: ignore[arg-type]
+    task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+    await asyncio.wait_for(control.hanging.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)

@@ -42,7 +42,7 @@ from ._ownership import ownership_for
 from ._partition import PartitionWorker
 from ._registry import check_and_note
 from ._setup import setup_fault
-from ._shared import LogHealth
+from ._shared import LogHealth, raise_if_cancelled
 from ._stats import ConsumerStats
 from ._view import PartitionView
 
@@ -742,6 +742,7 @@ class Consumer:
         """Read new operator commands every ``poll_interval`` until stopped (design §14)."""
         task = asyncio.current_task()
         while not self._stop.is_set():
+            raise_if_cancelled()
             try:
                 await self._wait_or_stop(self.config.poll_interval)
                 if not self._stop.is_set():

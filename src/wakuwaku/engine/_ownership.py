@@ -42,6 +42,7 @@ from ._balance import WANTING_LOOK, Membership
 from ._config import ConsumerConfig
 from ._partition import PartitionWorker
 from ._setup import setup_fault
+from ._shared import raise_if_cancelled
 
 logger = logging.getLogger("wakuwaku.consumer")
 
@@ -174,6 +175,7 @@ class LeaseOwnership(Ownership):
         # find each other at once (the first one to look took everything).
         joined = clock.monotonic()
         while not stopped.is_set():
+            raise_if_cancelled()  # a look's cancel the log swallowed
             fast = clock.monotonic() - joined < every or any(
                 m.wanting(self.held.get(topic, ())) for topic, m in self.memberships.items()
             )

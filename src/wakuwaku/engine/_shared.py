@@ -47,6 +47,19 @@ logger = logging.getLogger("wakuwaku.consumer")
 R = TypeVar("R")
 
 
+def raise_if_cancelled() -> None:
+    """Raise :class:`asyncio.CancelledError` when the current task was
+    cancelled and the cancel did not surface: a log client swallowed it
+    (redis-py and nats-py were seen to, cancelled inside a call).
+
+    For loops that call the log until stopped: without it such a loop went
+    on for ever, and a cancelled ``run()`` never returned.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class Abandon(Exception):
     """The partition task stops without finishing its batch (shutdown or lost lease)."""
 
