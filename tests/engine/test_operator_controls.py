@@ -185,23 +185,32 @@ async def test_retry_now_runs_a_quarantined_keys_next_attempt_at_once(
         await admin.retry_key_now(log, "g", "t", "a")
 
 
+async def _failing_key(log: Log, clock: FakeClock) -> tuple[wk.Producer, Script, Consumer]:
+    """A consumer whose key ``a`` always fails Retryable, its attempts an hour apart."""
+    producer = await setup_topic(log)
+    await producer.publish(Item("a", 1))
+    script = Script(clock)
+    script.fail[1] = list(ALWAYS)
+    c = consumer(log, clock, [Handler(Item, script)], retry_delays=[3600.0, 3600.0])
+    return producer, script, c
+
+
+async def _three_pending(producer: wk.Producer, c: Consumer, clock: FakeClock) -> None:
+    """Wait until ``a`` is quarantined, then give it three pending records."""
+    await wait_until(clock, lambda: c.partition("t", 0) is not None and bool(view(c).quarantined))
+    await producer.publish_many([Item("a", 2), Item("a", 3)])
+    await wait_until(clock, lambda: view(c).retry_pending == 3)
+
+
 async def test_two_give_ups_read_in_one_pass_dead_letter_the_work_once(
     log: Log, clock: FakeClock
 ) -> None:
     """An impatient operator gives a key up twice while the partition is busy:
     both commands were applied in one pass, before either's markers reached
     the retry state, and the pending work was dead-lettered twice."""
-    producer = await setup_topic(log)
-    await producer.publish(Item("a", 1))
-    script = Script(clock)
-    script.fail[1] = list(ALWAYS)
-    c = consumer(log, clock, [Handler(Item, script)], retry_delays=[3600.0, 3600.0])
+    producer, script, c = await _failing_key(log, clock)
     async with Running(c):
-        await wait_until(
-            clock, lambda: c.partition("t", 0) is not None and bool(view(c).quarantined)
-        )
-        await producer.publish_many([Item("a", 2), Item("a", 3)])
-        await wait_until(clock, lambda: view(c).retry_pending == 3)
+        await _three_pending(producer, c, clock)
         script.gate["x"] = asyncio.Event()  # the partition is busy with x meanwhile
         await producer.publish(Item("x", 9))
         await wait_until(clock, lambda: bool(script.times("x")))
@@ -217,17 +226,9 @@ async def test_two_give_ups_read_in_one_pass_dead_letter_the_work_once(
 async def test_give_up_dead_letters_a_keys_pending_work_once_naming_the_operator(
     log: Log, clock: FakeClock
 ) -> None:
-    producer = await setup_topic(log)
-    await producer.publish(Item("a", 1))
-    script = Script(clock)
-    script.fail[1] = list(ALWAYS)
-    c = consumer(log, clock, [Handler(Item, script)], retry_delays=[3600.0, 3600.0])
+    producer, script, c = await _failing_key(log, clock)
     async with Running(c):
-        await wait_until(
-            clock, lambda: c.partition("t", 0) is not None and bool(view(c).quarantined)
-        )
-        await producer.publish_many([Item("a", 2), Item("a", 3)])
-        await wait_until(clock, lambda: view(c).retry_pending == 3)
+        await _three_pending(producer, c, clock)
         await admin.give_up_key(log, "g", "t", "a", by="ana", reason="bad row")
         await wait_until(clock, lambda: not view(c).quarantined)
         letters = await dead_letters(log)
