@@ -177,8 +177,17 @@ class Groups:
             await asyncio.sleep(_SYNC_EVERY)
 
     async def _synced_views(self, group: str, topic: str) -> list[frozenset[int]]:
-        """Sync this instance's members of ``group`` on ``topic`` now; their partitions."""
-        await self._sync_all(group, topic)
+        """Sync this instance's members of ``group`` on ``topic`` now; their partitions.
+
+        A member joining is waited for: the server counts it in (with its
+        partitions) before the join's answer makes it one of ours here.
+        """
+        for member in [m for m in self.members.values() if m.group == group]:
+            async with member.joining:
+                try:
+                    await self._sync(member, topic)
+                except LogError as exc:
+                    logger.debug("Iggy group %s: sync failed: %s", group, exc)
         return self._ours(group, topic)
 
     def _ours(self, group: str, topic: str) -> list[frozenset[int]]:
