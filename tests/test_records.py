@@ -23,7 +23,15 @@ from wakuwaku import (
     validate_headers,
 )
 from wakuwaku import Record as RecordType
-from wakuwaku._records import build_headers, decode_source, encode_source, header_text, offsets_of
+from wakuwaku._records import (
+    build_headers,
+    checked_source,
+    decode_source,
+    encode_source,
+    header_text,
+    offsets_of,
+    source_top,
+)
 
 registry = Registry()
 
@@ -171,6 +179,53 @@ def test_built_headers_validate_back_to_the_same_key_and_props(
 def test_source_round_trips(topic: str, partition: int, offsets: list[int], ids: list[str]) -> None:
     src = Source(topic, partition, tuple(offsets), tuple(ids))
     assert decode_source(encode_source(src)) == src
+
+
+def _top_by_checked_source(raw: bytes) -> int | None:
+    source = checked_source(raw)
+    return None if source is None else max(source.offsets)
+
+
+@given(
+    topic=st.text(),
+    partition=st.integers(-3, 2**64),
+    offsets=st.lists(st.integers(-3, 2**64), max_size=4),
+    ids=st.lists(st.text(max_size=3), max_size=4),
+)
+def test_source_top_accepts_what_checked_source_accepts(
+    topic: str, partition: int, offsets: list[int], ids: list[str]
+) -> None:
+    raw = encode_source(Source(topic, partition, tuple(offsets), tuple(ids)))
+    assert source_top(raw) == _top_by_checked_source(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'["t",0,[3,9,2],["a","b","c"]]',
+        b'["t",0,[1],["a"],5]',
+        b'  ["t",-0,[1],["\\u0000"]]  ',
+        b"",
+        b"[]",
+        b"null",
+        b'["t",0,[1],["a"]',
+        b'["t",0,[1],["a"]]x',
+        b'["t",null,[1],["a"]]',
+        b'[1,0,[1],["a"]]',
+        b'["t",0,[1.0],["a"]]',
+        b'["t",0,[true],["a"]]',
+        b'["t",0,[1e3],["a"]]',
+        b'["t",0,[1],["\\ud800"]]',
+        b'["t",0,[1],["\xff"]]',
+        b'{"topic":"t","partition":0,"offsets":[1],"ids":["a"]}',
+    ],
+)
+def test_source_top_agrees_with_checked_source_on_odd_values(raw: bytes) -> None:
+    assert source_top(raw) == _top_by_checked_source(raw)
+
+
+def test_source_top_is_the_highest_offset() -> None:
+    assert source_top(b'["t",0,[3,9,2],["a","b","c"]]') == 9
 
 
 def test_message_id_forms() -> None:

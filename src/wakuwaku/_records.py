@@ -18,7 +18,7 @@ import enum
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
@@ -411,6 +411,36 @@ def checked_source(raw: bytes) -> Source | None:
     except Exception:  # noqa: BLE001 - a header may hold anything
         return None
     return source if _follows_the_rule(source) else None
+
+
+class _CheckedSource(msgspec.Struct, array_like=True, gc=False):
+    """A ``wk-src`` value as :func:`checked_source` accepts it, checked by the
+    decoder itself: the rule of :func:`read_source` written as constraints
+    (a partition >= 0, at least one offset, each >= 0, at least one message id,
+    none empty), so that :func:`source_top` runs no Python per record."""
+
+    topic: str
+    partition: Annotated[int, msgspec.Meta(ge=0)]
+    offsets: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(min_length=1)]
+    ids: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
+
+
+_checked_source_decoder = msgspec.json.Decoder(_CheckedSource)
+
+
+def source_top(raw: bytes) -> int | None:
+    """The highest main offset of a ``wk-src`` value that :func:`checked_source`
+    accepts, or None when it accepts none; never raises.
+
+    Retry state wants only this number from each pending record, and a
+    restart asks it for every one of them (a million in a large backlog):
+    the decoder checks the rule in C and builds no :class:`Source`, which
+    halves the cost of :func:`checked_source` here.
+    """
+    try:
+        return max(_checked_source_decoder.decode(raw).offsets)
+    except Exception:  # noqa: BLE001 - a header may hold anything
+        return None
 
 
 def parse_ms(raw: str | bytes) -> float | None:

@@ -94,6 +94,7 @@ from .._records import (
     header_text,
     key_or_none,
     parse_ms,
+    source_top,
 )
 from ..logs import Log
 
@@ -411,28 +412,41 @@ class RetryState:
 
         A restart folds in every pending record, and nearly all of them are
         more work for a key already quarantined: that case is recognised
-        here with a few header lookups and goes straight to
-        :meth:`_append_work` (the same state as :meth:`apply`, which
-        handles every other record)."""
+        here with a few header lookups and folded in inline (the same state
+        as :meth:`apply` and :meth:`_append_work`, which handle every other
+        record): a restart with a million pending records spent half its
+        time here, much of it in calls per record."""
         keys = self.keys
         group = self._group
+        routed = self.routed
         for record in records:
             headers = record.headers
+            raw = headers.get(H_KEY)
             if (
-                H_MARKER not in headers
-                and H_UNREADABLE not in headers
-                and (group is None or headers.get(H_GROUP, group) == group)
+                raw is None
+                or H_MARKER in headers
+                or H_UNREADABLE in headers
+                or (group is not None and headers.get(H_GROUP, group) != group)
             ):
-                raw = headers.get(H_KEY)
-                if raw is not None:
-                    key = bytes(raw).decode("utf-8", "replace")
-                    state = keys.get(key)
-                    if state is not None:
-                        if record.offset >= self.end_offset:
-                            self.end_offset = record.offset + 1
-                        self._append_work(key, state, record)
-                        continue
-            self.apply(record)
+                self.apply(record)
+                continue
+            key = bytes(raw).decode("utf-8", "replace")
+            state = keys.get(key)
+            if state is None:
+                self.apply(record)
+                continue
+            offset = record.offset
+            if offset >= self.end_offset:
+                self.end_offset = offset + 1
+            state.offsets.append(offset)
+            self.pending_count += 1
+            src = headers.get(H_SRC)
+            top = None if src is None else source_top(src)
+            if top is not None:
+                if top > state.max_main_offset:
+                    state.max_main_offset = top
+                if top > routed.get(key, -1):
+                    routed[key] = top
 
     def _add_work(self, key: str, record: Record) -> None:
         state = self.keys.get(key)
@@ -459,9 +473,9 @@ class RetryState:
         """One more pending work record of quarantined ``key``."""
         state.offsets.append(record.offset)
         self.pending_count += 1
-        source = retry_source(record)
-        if source is not None:
-            top = max(source.offsets)
+        raw = record.headers.get(H_SRC)
+        top = None if raw is None else source_top(raw)
+        if top is not None:
             if top > state.max_main_offset:
                 state.max_main_offset = top
             if top > self.routed.get(key, -1):
