@@ -237,6 +237,25 @@ async def test_records_with_equal_headers_share_one_dict_within_a_read(log: SQLi
     assert second.headers is not first.headers
 
 
+async def test_headers_with_a_source_are_not_shared_and_the_rest_still_are(
+    log: SQLiteLog,
+) -> None:
+    """Retry records (``wk-src``) are never equal, so they are not kept for
+    sharing; a record after one is decoded before it is looked up, and still
+    shares the dict of equal headers read before."""
+    await log.create_topic("orders", 1)
+    work = {**HEADERS, "wk-src": b'["t",0,[1],["t/0/1"]]'}
+    await log.append(
+        "orders",
+        0,
+        [(HEADERS, b"1"), (work, b"2"), (HEADERS, b"3"), (work, b"4"), (work, b"5")],
+    )
+    plain, first, again, second, third = await log.read("orders", 0, 0)
+    assert again.headers is plain.headers and plain.headers == HEADERS
+    assert first.headers == second.headers == third.headers == work
+    assert first.headers is not second.headers and second.headers is not third.headers
+
+
 async def test_bytes_like_values_are_stored_as_bytes(log: SQLiteLog) -> None:
     await log.create_topic("orders", 1)
     headers: dict[str, object] = {"a": bytearray(b"x"), "b": memoryview(b"y")}

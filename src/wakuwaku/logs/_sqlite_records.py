@@ -9,9 +9,9 @@ Owns the row format and the two hot loops over it:
   the rows written by multi-row INSERT statements;
 - **selecting and decoding** (:func:`select`, :func:`fetch`): rows in
   offset order, turned into :class:`~wakuwaku.Record` objects a small chunk
-  at a time, equal headers decoded once per fetch, a row whose columns are
-  not what :func:`encode_record` writes kept whole and marked
-  ``wk-unreadable`` (design §8).
+  at a time, equal headers (but those with ``wk-src``) decoded once per
+  fetch, a row whose columns are not what :func:`encode_record` writes
+  kept whole and marked ``wk-unreadable`` (design §8).
 
 It opens no transaction and knows no topic names, group offsets or leases.
 May call: msgspec, :mod:`wakuwaku._records`, :mod:`._base` (the record
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from .._records import Record, unreadable_record
+from .._records import H_SRC, Record, unreadable_record
 from ._base import check_record
 from ._sqlite_file import TopicGone
 
@@ -139,6 +139,13 @@ def fetch(cursor: sqlite3.Cursor, count: int) -> list[Record]:
     one decoded headers dict (the same key and type repeat a lot): fewer
     objects to build, and a consumer that checks headers checks each distinct
     dict once. Records and their headers are read-only.
+
+    Headers that carry ``wk-src`` (retry and dead-letter records) are the
+    exception: each names its own main-topic offsets, so they are never
+    equal, and a retry partition's million records filled the shared dict
+    for nothing (10 % of a fetch). They are not kept, and the row after
+    one is decoded without looking it up (runs of them come together); a
+    row without ``wk-src`` is still shared.
     """
     out: list[Record] = []
     shared: dict[bytes, dict[str, bytes]] = {}
@@ -154,19 +161,23 @@ def _records(
     rows: list[tuple[int, bytes, bytes, float]], shared: dict[bytes, dict[str, bytes]]
 ) -> list[Record]:
     """Records of ``(off, headers, body, ts)`` rows; ``shared`` maps encoded
-    headers to their decoded dict (see :func:`fetch`)."""
+    headers without ``wk-src`` to their decoded dict (see :func:`fetch`)."""
     out: list[Record] = []
     append = out.append
     get = shared.get
     decode = _decode_headers
+    unique = False  # the last headers decoded carry wk-src
     for off, raw, body, ts in rows:
-        headers = get(raw)
+        headers = None if unique else get(raw)
         if headers is None:
             try:
-                headers = shared[raw] = decode(raw)
+                headers = decode(raw)
             except (msgspec.DecodeError, TypeError) as exc:
                 append(_unreadable(off, raw, body, ts, exc))
                 continue
+            unique = H_SRC in headers
+            if not unique:  # (an equal row is there when this one was not looked up)
+                headers = shared.setdefault(raw, headers)
         append(Record(off, headers, body, ts))
     return out
 
