@@ -76,6 +76,18 @@ def _bare_source(topic: str, partition: int) -> bytes | None:
     return raw.replace(b"%", b"%%").replace(digits, b"%d")
 
 
+def _records_of(items: Iterable[Item]) -> list[Record]:
+    """The records ``items`` stand for (:attr:`Item.sources`), in order,
+    without a tuple per item."""
+    out: list[Record] = []
+    for item in items:
+        if item.parts is None:
+            out.append(item.record)
+        else:
+            out += [part.record for part in item.parts]
+    return out
+
+
 def _split(values: list[_T], now: list[bool]) -> tuple[list[_T], list[_T]]:
     """``values`` whose ``now`` is true, and the others, each in order."""
     return (
@@ -186,7 +198,7 @@ class Outbox:
         group = self.services.config.group
         meta = self._dead_meta
         if from_retry:
-            self._dead_retry([r for item in items for r in item.sources], reason, error)
+            self._dead_retry(_records_of(items), reason, error)
         else:
             for item in items:
                 for record, origin in zip(item.sources, item.origins, strict=True):
@@ -224,16 +236,26 @@ class Outbox:
             H_ERROR: error.encode(),
             **(extra or {}),
         }
-        out, meta = self._dead_out, self._dead_meta
-        for record in records:
-            headers = record.headers
+        # One comprehension, and one meta tuple for all: a failing key's
+        # give-up dead-letters every record it was routed (a list of a
+        # round's records at a time).
+        self._dead_out += [
+            ({**record.headers, **added}, record.body)
             # A pending retry record is a work record: never a marker.
-            if H_MARKER in headers:
-                letter, body = dead_letter_record(record, reason, error, None, group=group)
-                out.append(({**letter, **(extra or {})}, body))
-            else:
-                out.append(({**headers, **added}, record.body))
-            meta.append((reason.value, None))
+            if H_MARKER not in record.headers
+            else self._dead_marker(record, reason, error, extra)
+            for record in records
+        ]
+        self._dead_meta += [(reason.value, None)] * len(records)
+
+    def _dead_marker(
+        self, record: Record, reason: ReasonCode, error: str, extra: dict[str, bytes] | None
+    ) -> Outgoing:
+        """The dead-letter copy of a marker met where work was expected."""
+        letter, body = dead_letter_record(
+            record, reason, error, None, group=self.services.config.group
+        )
+        return {**letter, **(extra or {})}, body
 
     def dead_letter_rejects(self, rejects: list[Reject], *, from_retry: bool = False) -> None:
         """Buffer the dead-letter copies of records that cannot reach a handler (design §8).
