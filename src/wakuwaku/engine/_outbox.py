@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable
 from functools import partial
 from operator import attrgetter
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from .._events import EventType
 from .._records import (
@@ -578,29 +578,55 @@ class Outbox:
     def _apply_written(self, page: _Page, offsets: list[int]) -> None:
         """Fold the retry records just stored at ``offsets`` into the retry
         state, and keep the work records whose key is due soon for its
-        attempt (:class:`~._retry.WrittenCache`)."""
+        attempt (:class:`~._retry.WrittenCache`).
+
+        Work records come in runs of one key (a routed run, a failed
+        segment's rest): each run past a key's first record is folded in
+        with one state lookup and kept with one cache call, the same state
+        and cache as record by record."""
         services = self.services
         state, written = services.retry, services.written
         now = services.clock.now()
         soon = services.clock.monotonic() + WRITTEN_HORIZON
         keys = state.keys
-        work = 0
-        for (headers, body), offset, at, meta in zip(
-            page.retry, offsets, page.retry_at, page.retry_meta, strict=True
-        ):
+        retry, metas, ats = page.retry, page.retry_meta, page.retry_at
+        index, end = 0, len(metas)
+        while index < end:
+            meta = metas[index]
             if meta is None:  # a marker
-                state.apply(Record(offset, headers, body, now), at)
+                headers, body = retry[index]
+                state.apply(Record(offsets[index], headers, body, now), ats[index])
+                index += 1
                 continue
-            work += 1
-            key, etype, origin, props, failed, size = meta
-            state.apply_written(key, offset, headers, max(origin.offsets), at)
+            key = meta[0]
             pending = keys.get(key)
-            if pending is not None and pending.due <= soon:
-                written.put(
-                    (Record(offset, headers, body, now), key, etype, origin, props, failed), size
+            if pending is None:
+                # The key's first record: its stored times set the schedule.
+                state.apply_written(
+                    key, offsets[index], retry[index][0], max(meta[2].offsets), ats[index]
                 )
+                stop = index + 1
+                pending = keys.get(key)
+            else:
+                stop = index + 1
+                while stop < end and (later := metas[stop]) is not None and later[0] == key:
+                    stop += 1
+                run = cast("list[_Meta]", metas[index:stop])
+                top = max(o for m in run for o in m[2].offsets)
+                state.add_written(key, pending, offsets[index:stop], top)
+            if pending is not None and pending.due <= soon:
+                run = cast("list[_Meta]", metas[index:stop])
+                written.put_many(
+                    [
+                        ((Record(offset, headers, body, now), *m[:5]), m[5])
+                        for (headers, body), offset, m in zip(
+                            retry[index:stop], offsets[index:stop], run, strict=True
+                        )
+                    ]
+                )
+            index = stop
         # Counted until now: while it was written, the state did not hold it yet.
-        self.unflushed_work -= work
+        self.unflushed_work -= end - metas.count(None)
 
     async def _store(
         self, appends: list[tuple[str, int, list[Outgoing]]], commits: list[tuple[str, int, int]]

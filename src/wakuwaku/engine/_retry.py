@@ -467,6 +467,21 @@ class RetryState:
             if top > self.routed.get(key, -1):
                 self.routed[key] = top
 
+    def add_written(self, key: str, state: KeyState, offsets: list[int], top: int) -> None:
+        """:meth:`apply_written` of work records of ``key``, already
+        quarantined (its state is ``state``), that this process just wrote
+        at ``offsets`` (increasing), standing together for main offsets up
+        to ``top``: a routed run costs one call, not one per record."""
+        last = offsets[-1]
+        if last >= self.end_offset:
+            self.end_offset = last + 1
+        state.offsets.extend(offsets)
+        self.pending_count += len(offsets)
+        if top > state.max_main_offset:
+            state.max_main_offset = top
+        if top > self.routed.get(key, -1):
+            self.routed[key] = top
+
     def _broken(self, record: Record, key: str, what: str) -> None:
         self.broken.append((record.offset, key, what))
 
@@ -561,6 +576,22 @@ class WrittenCache:
         size += _WRITTEN_OVERHEAD
         entries[offset] = (written, size)
         self.bytes += size
+        while len(entries) > self.max_records or self.bytes > self.max_bytes:
+            self.bytes -= entries.pop(next(iter(entries)))[1]
+
+    def put_many(self, kept: list[tuple[Written, int]]) -> None:
+        """:meth:`put` each ``(written, size)`` in order: the same records
+        kept, and dropped, as one call each (the oldest go first either way)."""
+        entries = self._entries
+        added = 0
+        for written, size in kept:
+            offset = written[0].offset
+            if offset in entries:
+                added -= entries.pop(offset)[1]
+            size += _WRITTEN_OVERHEAD
+            entries[offset] = (written, size)
+            added += size
+        self.bytes += added
         while len(entries) > self.max_records or self.bytes > self.max_bytes:
             self.bytes -= entries.pop(next(iter(entries)))[1]
 
