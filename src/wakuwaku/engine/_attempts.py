@@ -146,12 +146,16 @@ class Attempts:
         retry = self.services.retry
         topic, partition = self.services.topic, self.services.partition
         found = await self._read_pending(snapshots)
+        # Only the inbox lookup below needs them.
+        has_inbox = self.executor.has_inbox
         by_key: dict[str, list[Item]] = {}
         fresh: list[Item] = []
         for key in keys:
             state = retry.keys[key]
             checked, skip = state.checked_through, state.skip
-            usable = [e for e in found[key] if e[0].offset > checked or e[0].offset not in skip]
+            usable = found[key]
+            if skip:
+                usable = [e for e in usable if e[0].offset > checked or e[0].offset not in skip]
             items, rejects = self._items(usable, topic, partition)
             # Once: they count as done from now on.
             self.outbox.dead_letter_rejects(rejects, from_retry=True)
@@ -169,11 +173,12 @@ class Attempts:
                         extra={**self.services.fields, "key": key, "records": len(done)},
                     )
             by_key[key] = items
-            fresh.extend(i for i in items if i.record.offset > checked)
+            if has_inbox:
+                fresh.extend(i for i in items if i.record.offset > checked)
             state.checked_through = max(checked, snapshots[key][-1])
         # Pending records are looked up in the inbox once per process: only
         # our own handler calls claim them, and those resolve them.
-        if fresh and self.executor.has_inbox:
+        if fresh:
             kept = {id(item) for item in await self.executor.inbox_filter(fresh)}
             dropped = {id(i) for i in fresh} - kept
             for key, items in by_key.items():
