@@ -45,7 +45,7 @@ from wakuwaku._records import (
     message_id,
 )
 from wakuwaku.engine import Handler, _shared
-from wakuwaku.engine._outbox import _MARK, _bare_source
+from wakuwaku.engine._outbox import _MARK, _bare_ident, _bare_source
 from wakuwaku.engine._plan import decode_batch, decode_records
 from wakuwaku.engine._retry import (
     RetryState,
@@ -355,11 +355,15 @@ def test_the_wk_src_template_of_a_bare_record_is_what_encode_source_writes(
     template = _bare_source(topic, partition)
     assert template is not None
     assert template % (offset, offset) == want
+    ident = _bare_ident(topic, partition)
+    assert ident is not None
+    assert ident % offset == message_id(topic, partition, offset)
 
 
 def test_a_topic_holding_the_template_offset_gets_no_template() -> None:
     """Then every record's source is encoded (the template would be wrong)."""
     assert _bare_source(f"t{_MARK}", 0) is None
+    assert _bare_ident(f"t{_MARK}", 0) is None
 
 
 async def test_pending_records_a_read_missed_are_read_again_not_dropped(

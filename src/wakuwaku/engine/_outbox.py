@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from functools import partial
+from functools import lru_cache, partial
 from operator import attrgetter
 from typing import Any, Protocol, TypeVar, cast
 
@@ -40,7 +40,7 @@ from .._records import (
 )
 from .._sanitize import sanitize
 from ..logs import BatchWrite
-from ._plan import NO_PROPS, Item, Reject, Run
+from ._plan import NO_PROPS, Item, Reject, Run, Where
 from ._retry import (
     WRITTEN_HORIZON,
     Outgoing,
@@ -62,18 +62,34 @@ _MARK = 7_340_981_225_603_119_847
 """An offset no template below holds otherwise (checked)."""
 
 
+@lru_cache(maxsize=64)
 def _bare_source(topic: str, partition: int) -> bytes | None:
     """The ``wk-src`` of a bare main record of ``topic``/``partition`` as a
     ``%`` template of its offset (twice): the bytes :func:`encode_source`
     makes of ``Source(topic, partition, (o,), (message_id(topic, partition, o),))``,
     without building and encoding a source per record. Made by those very
     functions for one offset; None when that offset's digits are not found
-    exactly twice (then every record's source is encoded)."""
+    exactly twice (then every record's source is encoded). Kept per
+    partition: every routed run and failed segment asks."""
     raw = encode_source(Source(topic, partition, (_MARK,), (message_id(topic, partition, _MARK),)))
     digits = str(_MARK).encode()
     if raw.count(digits) != 2:
         return None
     return raw.replace(b"%", b"%%").replace(digits, b"%d")
+
+
+@lru_cache(maxsize=64)
+def _bare_ident(topic: str, partition: int) -> str | None:
+    """The message id of a bare main record of ``topic``/``partition`` as a
+    ``%`` template of its offset: what :func:`message_id` returns, at about
+    half its cost per routed record. Made by that very function for one
+    offset; None when that offset's digits are not found exactly once
+    (then every record's id is made by it)."""
+    ident = message_id(topic, partition, _MARK)
+    digits = str(_MARK)
+    if ident.count(digits) != 1:
+        return None
+    return ident.replace("%", "%%").replace(digits, "%d")
 
 
 def _records_of(items: Iterable[Item]) -> list[Record]:
@@ -357,6 +373,24 @@ class Outbox:
         """
         work = self._work(failed_at, error)
         for item in items:
+            where = item.origin
+            if item.parts is None and isinstance(where, Where):
+                # A bare main record (a failed segment's rest): as a routed one.
+                record = item.record
+                offset = record.offset
+                topic, partition = where.topic, where.partition
+                ids, src = _bare_ident(topic, partition), _bare_source(topic, partition)
+                ident = ids % offset if ids else message_id(topic, partition, offset)
+                origin = Source(topic, partition, (offset,), (ident,))
+                work(
+                    record,
+                    item.key,
+                    item.event_type,
+                    origin,
+                    item.props,
+                    src and src % (offset, offset),
+                )
+                continue
             for record, origin in zip(item.sources, item.origins, strict=True):
                 work(record, item.key, item.event_type, origin, item.props, None)
         return work.failed_at
@@ -370,11 +404,11 @@ class Outbox:
         work = self._work(failed_at, error, held=held)
         key, etype, where = run.key, run.event_type, run.where
         topic, partition = where.topic, where.partition
-        src = _bare_source(topic, partition)
+        ids, src = _bare_ident(topic, partition), _bare_source(topic, partition)
         for entry in run.entries:
             if isinstance(entry, Record):
                 offset = entry.offset
-                ident = message_id(topic, partition, offset)
+                ident = ids % offset if ids else message_id(topic, partition, offset)
                 origin = Source(topic, partition, (offset,), (ident,))
                 work(entry, key, etype, origin, NO_PROPS, src and src % (offset, offset))
             else:
@@ -412,7 +446,13 @@ class Outbox:
         failed = parse_ms(common[H_FAILED_AT]) or 0.0  # as a reader finds it
         out, times, meta, done = self._retry_out, self._retry_at, self._retry_meta, self.done
         common_size = sum(map(len, common.values()))
-        sizes: dict[int, int] = {}  # per main headers dict (logs share them): its bytes
+        # Per main headers dict (logs share them, and hold them while this
+        # write lasts): the dict itself (so that no other gets its id
+        # meanwhile), its merge with the common headers and its bytes. A
+        # record's headers are a copy of that merge with its own wk-src set:
+        # the same names in the same order, and the same values, as
+        # ``{**headers, **common, H_SRC: src}``, at half the cost.
+        merged: dict[int, tuple[dict[str, bytes], dict[str, bytes], int]] = {}
 
         def add(
             record: Record,
@@ -425,11 +465,15 @@ class Outbox:
             headers = record.headers
             if src is None:
                 src = encode_source(origin)
-            out.append(({**headers, **common, H_SRC: src}, record.body))
+            known = merged.get(id(headers))
+            if known is None:
+                size = sum(map(len, headers.values())) + common_size
+                known = merged[id(headers)] = (headers, {**headers, **common}, size)
+            _, both, size = known
+            written = both.copy()
+            written[H_SRC] = src
+            out.append((written, record.body))
             times.append(at)
-            size = sizes.get(id(headers))
-            if size is None:
-                size = sizes[id(headers)] = sum(map(len, headers.values())) + common_size
             meta.append((key, etype, origin, props, failed, size + len(src) + len(record.body)))
             if done is not None:
                 done.add(record.offset)
