@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable
 from functools import lru_cache, partial
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Protocol, TypeVar, cast
 
 from .._events import EventType
@@ -50,6 +50,10 @@ from ._retry import (
 from ._shared import PartitionServices, logger
 
 _count = attrgetter("count")
+# Of a work record's _Meta: its origin, the origin's main offsets, its size.
+_origin = itemgetter(2)
+_main_offsets = attrgetter("offsets")
+_size = itemgetter(5)
 _T = TypeVar("_T")
 
 #: What the writer of one retry work record knows of it: key, type, origin
@@ -656,17 +660,18 @@ class Outbox:
                 while stop < end and (later := metas[stop]) is not None and later[0] == key:
                     stop += 1
                 run = cast("list[_Meta]", metas[index:stop])
-                top = max(o for m in run for o in m[2].offsets)
+                top = max(map(max, map(_main_offsets, map(_origin, run))))
                 state.add_written(key, pending, offsets[index:stop], top)
             if pending is not None and pending.due <= soon:
                 run = cast("list[_Meta]", metas[index:stop])
                 written.put_many(
                     [
-                        ((Record(offset, headers, body, now), *m[:5]), m[5])
-                        for (headers, body), offset, m in zip(
+                        (Record(offset, headers, body, now), key, etype, origin, props, failed)
+                        for (headers, body), offset, (key, etype, origin, props, failed, _) in zip(
                             retry[index:stop], offsets[index:stop], run, strict=True
                         )
-                    ]
+                    ],
+                    list(map(_size, run)),
                 )
             index = stop
         # Counted until now: while it was written, the state did not hold it yet.

@@ -579,12 +579,13 @@ class WrittenCache:
         while len(entries) > self.max_records or self.bytes > self.max_bytes:
             self.bytes -= entries.pop(next(iter(entries)))[1]
 
-    def put_many(self, kept: list[tuple[Written, int]]) -> None:
-        """:meth:`put` each ``(written, size)`` in order: the same records
-        kept, and dropped, as one call each (the oldest go first either way)."""
+    def put_many(self, kept: list[Written], sizes: list[int]) -> None:
+        """:meth:`put` each of ``kept`` in order, with its size in ``sizes``:
+        the same records kept, and dropped, as one call each (the oldest go
+        first either way)."""
         entries = self._entries
         added = 0
-        for written, size in kept:
+        for written, size in zip(kept, sizes, strict=True):
             offset = written[0].offset
             if offset in entries:
                 added -= entries.pop(offset)[1]
