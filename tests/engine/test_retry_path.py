@@ -232,6 +232,29 @@ def test_the_kept_records_stay_within_their_bound() -> None:
     assert len(by_bytes) == 0 and by_bytes.bytes == 0
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.integers(0, 30), st.integers(0, 900)), max_size=12), max_size=6
+    ),
+    max_records=st.integers(0, 8),
+)
+def test_keeping_a_run_at_once_keeps_what_one_by_one_keeps(
+    batches: list[list[tuple[int, int]]], max_records: int
+) -> None:
+    """``put_many`` (a routed run) keeps and drops the records ``put`` would, one by one."""
+    one = WrittenCache(max_records=max_records, max_bytes=4_000)
+    many = WrittenCache(max_records=max_records, max_bytes=4_000)
+    for batch in batches:
+        kept = [(Record(offset, {}, b""), "k", ITEM, SOURCE, {}, 0.0) for offset, _ in batch]
+        for written, (_, size) in zip(kept, batch, strict=True):
+            one.put(written, size)
+        many.put_many(kept, [size for _, size in batch])
+        assert [(o, one.get(o)) for o in range(31)] == [(o, many.get(o)) for o in range(31)]
+        assert (len(one), one.bytes) == (len(many), many.bytes)
+        assert many.get_many(range(31)) == [one.get(o) for o in range(31)]
+
+
 # ------------------------------------------------------------ retry decoding
 
 

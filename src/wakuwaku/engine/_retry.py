@@ -580,25 +580,29 @@ class WrittenCache:
             self.bytes -= entries.pop(next(iter(entries)))[1]
 
     def put_many(self, kept: list[Written], sizes: list[int]) -> None:
-        """:meth:`put` each of ``kept`` in order, with its size in ``sizes``:
-        the same records kept, and dropped, as one call each (the oldest go
-        first either way)."""
+        """:meth:`put` each of ``kept`` in order, with its size in ``sizes``
+        (a routed run): the same steps, without a call per record."""
         entries = self._entries
-        added = 0
+        max_records, max_bytes = self.max_records, self.max_bytes
         for written, size in zip(kept, sizes, strict=True):
             offset = written[0].offset
             if offset in entries:
-                added -= entries.pop(offset)[1]
+                self.bytes -= entries.pop(offset)[1]
             size += _WRITTEN_OVERHEAD
             entries[offset] = (written, size)
-            added += size
-        self.bytes += added
-        while len(entries) > self.max_records or self.bytes > self.max_bytes:
-            self.bytes -= entries.pop(next(iter(entries)))[1]
+            self.bytes += size
+            while len(entries) > max_records or self.bytes > max_bytes:
+                self.bytes -= entries.pop(next(iter(entries)))[1]
 
     def get(self, offset: int) -> Written | None:
         found = self._entries.get(offset)
         return None if found is None else found[0]
+
+    def get_many(self, offsets: Iterable[int]) -> list[Written | None]:
+        """:meth:`get` of each of ``offsets``, in order (an attempt looks up
+        all of a key's pending records)."""
+        get = self._entries.get
+        return [None if (found := get(offset)) is None else found[0] for offset in offsets]
 
     def drop(self, offsets: Iterable[int]) -> None:
         """Forget the records at ``offsets`` (resolved, given up, or not due soon)."""
