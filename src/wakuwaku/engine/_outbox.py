@@ -108,6 +108,15 @@ def _records_of(items: Iterable[Item]) -> list[Record]:
     return out
 
 
+def _all_below(metas: list[_Meta | None], main_offset: int) -> bool:
+    """Whether every buffered work record of ``metas`` (markers: None) is the
+    copy of main records from below ``main_offset``: a flush asks at every
+    main batch, over every record routed in it (C-level maps, not a
+    generator per record)."""
+    work = [m for m in metas if m is not None]
+    return not work or max(map(min, map(_main_offsets, map(_origin, work)))) < main_offset
+
+
 def _split(values: list[_T], now: list[bool]) -> tuple[list[_T], list[_T]]:
     """``values`` whose ``now`` is true, and the others, each in order."""
     return (
@@ -583,7 +592,7 @@ class Outbox:
         dead_meta, retry_meta = self._dead_meta, self._retry_meta
         if main_offset is None or (
             all(m[1] is None or m[1] < main_offset for m in dead_meta)
-            and all(m is None or min(m[2].offsets) < main_offset for m in retry_meta)
+            and _all_below(retry_meta, main_offset)
         ):
             page = _Page(
                 self._dead_out,
