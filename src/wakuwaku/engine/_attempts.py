@@ -215,7 +215,8 @@ class Attempts:
                     out.append(upcoming)
                     upcoming = next(decoded, None)
                 continue
-            _, key, etype, origin, props, failed_at = written
+            key, etype, origin = written.key, written.event_type, written.origin
+            props, failed_at = written.props, written.failed_at
             try:
                 value = etype.decode(record.body)
             except Exception:  # noqa: BLE001 - the careful path names the problem
@@ -271,12 +272,12 @@ class Attempts:
         for key, offsets in snapshots.items():
             writers = known[key]
             if None not in writers:  # all kept: the usual case
-                found[key] = ([cast("Written", w)[0] for w in writers], writers)
+                found[key] = ([cast("Written", w).record for w in writers], writers)
                 continue
             records: list[Record] = []
             present: list[Written | None] = []
             for offset, written in zip(offsets, writers, strict=True):
-                record = read.get(offset) if written is None else written[0]
+                record = read.get(offset) if written is None else written.record
                 if record is not None:
                     records.append(record)
                     present.append(written)

@@ -44,6 +44,7 @@ from ._plan import NO_PROPS, Item, Reject, Run, Where
 from ._retry import (
     WRITTEN_HORIZON,
     Outgoing,
+    Written,
     dead_letter_record,
     work_common,
 )
@@ -675,7 +676,9 @@ class Outbox:
                 run = cast("list[_Meta]", metas[index:stop])
                 written.put_many(
                     [
-                        (Record(offset, headers, body, now), key, etype, origin, props, failed)
+                        Written(
+                            Record(offset, headers, body, now), key, etype, origin, props, failed
+                        )
                         for (headers, body), offset, (key, etype, origin, props, failed, _) in zip(
                             retry[index:stop], offsets[index:stop], run, strict=True
                         )
