@@ -45,10 +45,11 @@ from wakuwaku._records import (
     message_id,
 )
 from wakuwaku.engine import Handler, _shared
-from wakuwaku.engine._outbox import _MARK, _bare_source
+from wakuwaku.engine._outbox import _MARK, _bare_ident, _bare_source
 from wakuwaku.engine._plan import decode_batch, decode_records
 from wakuwaku.engine._retry import (
     RetryState,
+    Written,
     WrittenCache,
     attempt_failed_marker,
     load_retry_state,
@@ -216,20 +217,43 @@ def test_the_kept_records_stay_within_their_bound() -> None:
     """Oldest first out, by count and by bytes; dropped records free their bytes."""
     kept = WrittenCache(max_records=3, max_bytes=10_000)
     for offset in range(5):
-        kept.put((Record(offset, {}, b""), "k", ITEM, SOURCE, {}, 0.0), 100)
+        kept.put(Written(Record(offset, {}, b""), "k", ITEM, SOURCE, {}, 0.0), 100)
     assert len(kept) == 3 and [o for o in range(5) if kept.get(o)] == [2, 3, 4]
     kept.drop([3, 9])
     assert len(kept) == 2 and kept.get(3) is None
     by_bytes = WrittenCache(max_records=100, max_bytes=2_000)
     for offset in range(5):
-        by_bytes.put((Record(offset, {}, b""), "k", ITEM, SOURCE, {}, 0.0), 500)
+        by_bytes.put(Written(Record(offset, {}, b""), "k", ITEM, SOURCE, {}, 0.0), 500)
     # Each counts 500 + a fixed overhead: only the newest fit in 2 000 bytes.
     assert [o for o in range(5) if by_bytes.get(o)] == [4]
     assert by_bytes.bytes <= 2_000
-    by_bytes.put((Record(4, {}, b""), "k", ITEM, SOURCE, {}, 0.0), 10)
+    by_bytes.put(Written(Record(4, {}, b""), "k", ITEM, SOURCE, {}, 0.0), 10)
     assert len(by_bytes) == 1 and by_bytes.bytes < 1_000
     by_bytes.clear()
     assert len(by_bytes) == 0 and by_bytes.bytes == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.integers(0, 30), st.integers(0, 900)), max_size=12), max_size=6
+    ),
+    max_records=st.integers(0, 8),
+)
+def test_keeping_a_run_at_once_keeps_what_one_by_one_keeps(
+    batches: list[list[tuple[int, int]]], max_records: int
+) -> None:
+    """``put_many`` (a routed run) keeps and drops the records ``put`` would, one by one."""
+    one = WrittenCache(max_records=max_records, max_bytes=4_000)
+    many = WrittenCache(max_records=max_records, max_bytes=4_000)
+    for batch in batches:
+        kept = [Written(Record(offset, {}, b""), "k", ITEM, SOURCE, {}, 0.0) for offset, _ in batch]
+        for written, (_, size) in zip(kept, batch, strict=True):
+            one.put(written, size)
+        many.put_many(kept, [size for _, size in batch])
+        assert [(o, one.get(o)) for o in range(31)] == [(o, many.get(o)) for o in range(31)]
+        assert (len(one), one.bytes) == (len(many), many.bytes)
+        assert many.get_many(range(31)) == [one.get(o) for o in range(31)]
 
 
 # ------------------------------------------------------------ retry decoding
@@ -355,11 +379,15 @@ def test_the_wk_src_template_of_a_bare_record_is_what_encode_source_writes(
     template = _bare_source(topic, partition)
     assert template is not None
     assert template % (offset, offset) == want
+    ident = _bare_ident(topic, partition)
+    assert ident is not None
+    assert ident % offset == message_id(topic, partition, offset)
 
 
 def test_a_topic_holding_the_template_offset_gets_no_template() -> None:
     """Then every record's source is encoded (the template would be wrong)."""
     assert _bare_source(f"t{_MARK}", 0) is None
+    assert _bare_ident(f"t{_MARK}", 0) is None
 
 
 async def test_pending_records_a_read_missed_are_read_again_not_dropped(

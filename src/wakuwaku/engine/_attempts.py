@@ -26,7 +26,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from .._errors import ErrorClass
 from .._records import H_KEY, H_OPERATOR, ReasonCode, Record, header_text
@@ -53,12 +53,11 @@ MISSING_READS = 5
 #: A retry-topic marker and the (wall, monotonic) time its times were taken at.
 Marker = tuple[Outgoing, tuple[float, float]]
 
-#: A pending work record, and what its writer knew when this process kept
-#: it (:class:`~._retry.WrittenCache`; None: read from the retry partition).
-Pending = tuple[Record, Written | None]
-
-_UNREAD = Record(-1, {}, b"")
-"""Stands for a pending record not read yet (see Attempts._read_pending)."""
+#: A key's pending work records in offset order, and per record what its
+#: writer knew when this process kept it (:class:`~._retry.WrittenCache`;
+#: None: read from the retry partition). Two lists rather than a pair per
+#: record: every record of an always-failing key is looked up at each attempt.
+Pending = tuple[list[Record], list[Written | None]]
 
 
 @dataclass(slots=True)
@@ -146,13 +145,19 @@ class Attempts:
         retry = self.services.retry
         topic, partition = self.services.topic, self.services.partition
         found = await self._read_pending(snapshots)
+        # Only the inbox lookup below needs them.
+        has_inbox = self.executor.has_inbox
         by_key: dict[str, list[Item]] = {}
         fresh: list[Item] = []
         for key in keys:
             state = retry.keys[key]
             checked, skip = state.checked_through, state.skip
-            usable = [e for e in found[key] if e[0].offset > checked or e[0].offset not in skip]
-            items, rejects = self._items(usable, topic, partition)
+            records, writers = found[key]
+            if skip:
+                usable = [r.offset > checked or r.offset not in skip for r in records]
+                records = [r for r, use in zip(records, usable, strict=True) if use]
+                writers = [w for w, use in zip(writers, usable, strict=True) if use]
+            items, rejects = self._items(records, writers, topic, partition)
             # Once: they count as done from now on.
             self.outbox.dead_letter_rejects(rejects, from_retry=True)
             skip.update(r.record.offset for r in rejects)
@@ -169,11 +174,12 @@ class Attempts:
                         extra={**self.services.fields, "key": key, "records": len(done)},
                     )
             by_key[key] = items
-            fresh.extend(i for i in items if i.record.offset > checked)
+            if has_inbox:
+                fresh.extend(i for i in items if i.record.offset > checked)
             state.checked_through = max(checked, snapshots[key][-1])
         # Pending records are looked up in the inbox once per process: only
         # our own handler calls claim them, and those resolve them.
-        if fresh and self.executor.has_inbox:
+        if fresh:
             kept = {id(item) for item in await self.executor.inbox_filter(fresh)}
             dropped = {id(i) for i in fresh} - kept
             for key, items in by_key.items():
@@ -187,24 +193,30 @@ class Attempts:
         return list(segments_by_key.values())
 
     def _items(
-        self, entries: list[Pending], topic: str, partition: int
+        self, records: list[Record], writers: list[Written | None], topic: str, partition: int
     ) -> tuple[list[Item], list[Reject]]:
-        """The items of one key's pending records in order: those read decoded
-        (:func:`~._plan.decode_records`), those kept rebuilt."""
-        read = [e[0] for e in entries if e[1] is None]
+        """The items of one key's pending records in order (see
+        :data:`Pending`): those read decoded (:func:`~._plan.decode_records`),
+        those kept rebuilt."""
+        read = (
+            [r for r, w in zip(records, writers, strict=True) if w is None]
+            if None in writers
+            else []
+        )
         items, rejects = decode_records(read, topic, partition, self.types, from_retry=True)
-        if len(read) == len(entries):
+        if len(read) == len(records):
             return items, rejects
         decoded = iter(items)
         upcoming = next(decoded, None)
         out: list[Item] = []
-        for record, written in entries:
+        for record, written in zip(records, writers, strict=True):
             if written is None:
                 if upcoming is not None and upcoming.record is record:
                     out.append(upcoming)
                     upcoming = next(decoded, None)
                 continue
-            _, key, etype, origin, props, failed_at = written
+            key, etype, origin = written.key, written.event_type, written.origin
+            props, failed_at = written.props, written.failed_at
             try:
                 value = etype.decode(record.body)
             except Exception:  # noqa: BLE001 - the careful path names the problem
@@ -233,40 +245,43 @@ class Attempts:
             total += count
         return taken
 
-    async def _read_pending(self, snapshots: Mapping[str, array[int]]) -> dict[str, list[Pending]]:
+    async def _read_pending(self, snapshots: Mapping[str, array[int]]) -> dict[str, Pending]:
         """The pending work records of a round's keys: kept ones
         (:class:`~._retry.WrittenCache`), the others read from the retry
         partition (:meth:`_read_records`).
 
         :param snapshots: per key, the retry offsets of its pending records
             (increasing).
-        :returns: per key, its records in offset order, each with what its
-            writer knew when it was kept (None when read). A pending record
-            the log no longer holds (deleted by retention) is logged and
-            missing from the attempt.
+        :returns: per key, its records in offset order with what their
+            writer knew when they were kept (:data:`Pending`). A pending
+            record the log no longer holds (deleted by retention) is logged
+            and missing from the attempt.
         """
         services = self.services
         kept = services.written
-        found: dict[str, list[Pending]] = {key: [] for key in snapshots}
+        known = {key: kept.get_many(offsets) for key, offsets in snapshots.items()}
         owner: dict[int, str] = {}
         for key, offsets in snapshots.items():
-            mine = found[key]
-            for offset in offsets:
-                written = kept.get(offset)
-                if written is None:
-                    owner[offset] = key
-                    mine.append((_UNREAD, None))  # a place for the record read below
-                else:
-                    mine.append((written[0], written))
-        if not owner:
-            return found
-        read = await self._read_unread(owner)
+            writers = known[key]
+            if None in writers:
+                for offset, written in zip(offsets, writers, strict=True):
+                    if written is None:
+                        owner[offset] = key
+        read = await self._read_unread(owner) if owner else {}
+        found: dict[str, Pending] = {}
         for key, offsets in snapshots.items():
-            found[key] = [
-                entry if entry[0] is not _UNREAD else (read[offset], None)
-                for offset, entry in zip(offsets, found[key], strict=True)
-                if entry[0] is not _UNREAD or offset in read
-            ]
+            writers = known[key]
+            if None not in writers:  # all kept: the usual case
+                found[key] = ([cast("Written", w).record for w in writers], writers)
+                continue
+            records: list[Record] = []
+            present: list[Written | None] = []
+            for offset, written in zip(offsets, writers, strict=True):
+                record = read.get(offset) if written is None else written.record
+                if record is not None:
+                    records.append(record)
+                    present.append(written)
+            found[key] = (records, present)
         missing = len(owner) - len(read)
         if missing:
             logger.error(
@@ -274,7 +289,7 @@ class Attempts:
                 extra={
                     **services.fields,
                     "records": missing,
-                    "keys": [k for k, r in found.items() if len(r) != len(snapshots[k])],
+                    "keys": [k for k, r in found.items() if len(r[0]) != len(snapshots[k])],
                 },
             )
         return found

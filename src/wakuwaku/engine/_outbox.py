@@ -17,9 +17,9 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from functools import partial
-from operator import attrgetter
-from typing import Any, Protocol, TypeVar
+from functools import lru_cache, partial
+from operator import attrgetter, itemgetter
+from typing import Any, Protocol, TypeVar, cast
 
 from .._events import EventType
 from .._records import (
@@ -40,16 +40,21 @@ from .._records import (
 )
 from .._sanitize import sanitize
 from ..logs import BatchWrite
-from ._plan import NO_PROPS, Item, Reject, Run
+from ._plan import NO_PROPS, Item, Reject, Run, Where
 from ._retry import (
     WRITTEN_HORIZON,
     Outgoing,
+    Written,
     dead_letter_record,
     work_common,
 )
 from ._shared import PartitionServices, logger
 
 _count = attrgetter("count")
+# Of a work record's _Meta: its origin, the origin's main offsets, its size.
+_origin = itemgetter(2)
+_main_offsets = attrgetter("offsets")
+_size = itemgetter(5)
 _T = TypeVar("_T")
 
 #: What the writer of one retry work record knows of it: key, type, origin
@@ -62,18 +67,55 @@ _MARK = 7_340_981_225_603_119_847
 """An offset no template below holds otherwise (checked)."""
 
 
+@lru_cache(maxsize=64)
 def _bare_source(topic: str, partition: int) -> bytes | None:
     """The ``wk-src`` of a bare main record of ``topic``/``partition`` as a
     ``%`` template of its offset (twice): the bytes :func:`encode_source`
     makes of ``Source(topic, partition, (o,), (message_id(topic, partition, o),))``,
     without building and encoding a source per record. Made by those very
     functions for one offset; None when that offset's digits are not found
-    exactly twice (then every record's source is encoded)."""
+    exactly twice (then every record's source is encoded). Kept per
+    partition: every routed run and failed segment asks."""
     raw = encode_source(Source(topic, partition, (_MARK,), (message_id(topic, partition, _MARK),)))
     digits = str(_MARK).encode()
     if raw.count(digits) != 2:
         return None
     return raw.replace(b"%", b"%%").replace(digits, b"%d")
+
+
+@lru_cache(maxsize=64)
+def _bare_ident(topic: str, partition: int) -> str | None:
+    """The message id of a bare main record of ``topic``/``partition`` as a
+    ``%`` template of its offset: what :func:`message_id` returns, at about
+    half its cost per routed record. Made by that very function for one
+    offset; None when that offset's digits are not found exactly once
+    (then every record's id is made by it)."""
+    ident = message_id(topic, partition, _MARK)
+    digits = str(_MARK)
+    if ident.count(digits) != 1:
+        return None
+    return ident.replace("%", "%%").replace(digits, "%d")
+
+
+def _records_of(items: Iterable[Item]) -> list[Record]:
+    """The records ``items`` stand for (:attr:`Item.sources`), in order,
+    without a tuple per item."""
+    out: list[Record] = []
+    for item in items:
+        if item.parts is None:
+            out.append(item.record)
+        else:
+            out += [part.record for part in item.parts]
+    return out
+
+
+def _all_below(metas: list[_Meta | None], main_offset: int) -> bool:
+    """Whether every buffered work record of ``metas`` (markers: None) is the
+    copy of main records from below ``main_offset``: a flush asks at every
+    main batch, over every record routed in it (C-level maps, not a
+    generator per record)."""
+    work = [m for m in metas if m is not None]
+    return not work or max(map(min, map(_main_offsets, map(_origin, work)))) < main_offset
 
 
 def _split(values: list[_T], now: list[bool]) -> tuple[list[_T], list[_T]]:
@@ -186,7 +228,7 @@ class Outbox:
         group = self.services.config.group
         meta = self._dead_meta
         if from_retry:
-            self._dead_retry([r for item in items for r in item.sources], reason, error)
+            self._dead_retry(_records_of(items), reason, error)
         else:
             for item in items:
                 for record, origin in zip(item.sources, item.origins, strict=True):
@@ -224,16 +266,26 @@ class Outbox:
             H_ERROR: error.encode(),
             **(extra or {}),
         }
-        out, meta = self._dead_out, self._dead_meta
-        for record in records:
-            headers = record.headers
+        # One comprehension, and one meta tuple for all: a failing key's
+        # give-up dead-letters every record it was routed (a list of a
+        # round's records at a time).
+        self._dead_out += [
+            ({**record.headers, **added}, record.body)
             # A pending retry record is a work record: never a marker.
-            if H_MARKER in headers:
-                letter, body = dead_letter_record(record, reason, error, None, group=group)
-                out.append(({**letter, **(extra or {})}, body))
-            else:
-                out.append(({**headers, **added}, record.body))
-            meta.append((reason.value, None))
+            if H_MARKER not in record.headers
+            else self._dead_marker(record, reason, error, extra)
+            for record in records
+        ]
+        self._dead_meta += [(reason.value, None)] * len(records)
+
+    def _dead_marker(
+        self, record: Record, reason: ReasonCode, error: str, extra: dict[str, bytes] | None
+    ) -> Outgoing:
+        """The dead-letter copy of a marker met where work was expected."""
+        letter, body = dead_letter_record(
+            record, reason, error, None, group=self.services.config.group
+        )
+        return {**letter, **(extra or {})}, body
 
     def dead_letter_rejects(self, rejects: list[Reject], *, from_retry: bool = False) -> None:
         """Buffer the dead-letter copies of records that cannot reach a handler (design §8).
@@ -335,6 +387,24 @@ class Outbox:
         """
         work = self._work(failed_at, error)
         for item in items:
+            where = item.origin
+            if item.parts is None and isinstance(where, Where):
+                # A bare main record (a failed segment's rest): as a routed one.
+                record = item.record
+                offset = record.offset
+                topic, partition = where.topic, where.partition
+                ids, src = _bare_ident(topic, partition), _bare_source(topic, partition)
+                ident = ids % offset if ids else message_id(topic, partition, offset)
+                origin = Source(topic, partition, (offset,), (ident,))
+                work(
+                    record,
+                    item.key,
+                    item.event_type,
+                    origin,
+                    item.props,
+                    src and src % (offset, offset),
+                )
+                continue
             for record, origin in zip(item.sources, item.origins, strict=True):
                 work(record, item.key, item.event_type, origin, item.props, None)
         return work.failed_at
@@ -348,11 +418,11 @@ class Outbox:
         work = self._work(failed_at, error, held=held)
         key, etype, where = run.key, run.event_type, run.where
         topic, partition = where.topic, where.partition
-        src = _bare_source(topic, partition)
+        ids, src = _bare_ident(topic, partition), _bare_source(topic, partition)
         for entry in run.entries:
             if isinstance(entry, Record):
                 offset = entry.offset
-                ident = message_id(topic, partition, offset)
+                ident = ids % offset if ids else message_id(topic, partition, offset)
                 origin = Source(topic, partition, (offset,), (ident,))
                 work(entry, key, etype, origin, NO_PROPS, src and src % (offset, offset))
             else:
@@ -390,7 +460,13 @@ class Outbox:
         failed = parse_ms(common[H_FAILED_AT]) or 0.0  # as a reader finds it
         out, times, meta, done = self._retry_out, self._retry_at, self._retry_meta, self.done
         common_size = sum(map(len, common.values()))
-        sizes: dict[int, int] = {}  # per main headers dict (logs share them): its bytes
+        # Per main headers dict (logs share them, and hold them while this
+        # write lasts): the dict itself (so that no other gets its id
+        # meanwhile), its merge with the common headers and its bytes. A
+        # record's headers are a copy of that merge with its own wk-src set:
+        # the same names in the same order, and the same values, as
+        # ``{**headers, **common, H_SRC: src}``, at half the cost.
+        merged: dict[int, tuple[dict[str, bytes], dict[str, bytes], int]] = {}
 
         def add(
             record: Record,
@@ -403,11 +479,15 @@ class Outbox:
             headers = record.headers
             if src is None:
                 src = encode_source(origin)
-            out.append(({**headers, **common, H_SRC: src}, record.body))
+            known = merged.get(id(headers))
+            if known is None:
+                size = sum(map(len, headers.values())) + common_size
+                known = merged[id(headers)] = (headers, {**headers, **common}, size)
+            _, both, size = known
+            written = both.copy()
+            written[H_SRC] = src
+            out.append((written, record.body))
             times.append(at)
-            size = sizes.get(id(headers))
-            if size is None:
-                size = sizes[id(headers)] = sum(map(len, headers.values())) + common_size
             meta.append((key, etype, origin, props, failed, size + len(src) + len(record.body)))
             if done is not None:
                 done.add(record.offset)
@@ -513,7 +593,7 @@ class Outbox:
         dead_meta, retry_meta = self._dead_meta, self._retry_meta
         if main_offset is None or (
             all(m[1] is None or m[1] < main_offset for m in dead_meta)
-            and all(m is None or min(m[2].offsets) < main_offset for m in retry_meta)
+            and _all_below(retry_meta, main_offset)
         ):
             page = _Page(
                 self._dead_out,
@@ -556,29 +636,58 @@ class Outbox:
     def _apply_written(self, page: _Page, offsets: list[int]) -> None:
         """Fold the retry records just stored at ``offsets`` into the retry
         state, and keep the work records whose key is due soon for its
-        attempt (:class:`~._retry.WrittenCache`)."""
+        attempt (:class:`~._retry.WrittenCache`).
+
+        Work records come in runs of one key (a routed run, a failed
+        segment's rest): each run past a key's first record is folded in
+        with one state lookup and kept with one cache call, the same state
+        and cache as record by record."""
         services = self.services
         state, written = services.retry, services.written
         now = services.clock.now()
         soon = services.clock.monotonic() + WRITTEN_HORIZON
         keys = state.keys
-        work = 0
-        for (headers, body), offset, at, meta in zip(
-            page.retry, offsets, page.retry_at, page.retry_meta, strict=True
-        ):
+        retry, metas, ats = page.retry, page.retry_meta, page.retry_at
+        index, end = 0, len(metas)
+        while index < end:
+            meta = metas[index]
             if meta is None:  # a marker
-                state.apply(Record(offset, headers, body, now), at)
+                headers, body = retry[index]
+                state.apply(Record(offsets[index], headers, body, now), ats[index])
+                index += 1
                 continue
-            work += 1
-            key, etype, origin, props, failed, size = meta
-            state.apply_written(key, offset, headers, max(origin.offsets), at)
+            key = meta[0]
             pending = keys.get(key)
-            if pending is not None and pending.due <= soon:
-                written.put(
-                    (Record(offset, headers, body, now), key, etype, origin, props, failed), size
+            if pending is None:
+                # The key's first record: its stored times set the schedule.
+                state.apply_written(
+                    key, offsets[index], retry[index][0], max(meta[2].offsets), ats[index]
                 )
+                stop = index + 1
+                pending = keys.get(key)
+            else:
+                stop = index + 1
+                while stop < end and (later := metas[stop]) is not None and later[0] == key:
+                    stop += 1
+                run = cast("list[_Meta]", metas[index:stop])
+                top = max(map(max, map(_main_offsets, map(_origin, run))))
+                state.add_written(key, pending, offsets[index:stop], top)
+            if pending is not None and pending.due <= soon:
+                run = cast("list[_Meta]", metas[index:stop])
+                written.put_many(
+                    [
+                        Written(
+                            Record(offset, headers, body, now), key, etype, origin, props, failed
+                        )
+                        for (headers, body), offset, (key, etype, origin, props, failed, _) in zip(
+                            retry[index:stop], offsets[index:stop], run, strict=True
+                        )
+                    ],
+                    list(map(_size, run)),
+                )
+            index = stop
         # Counted until now: while it was written, the state did not hold it yet.
-        self.unflushed_work -= work
+        self.unflushed_work -= end - metas.count(None)
 
     async def _store(
         self, appends: list[tuple[str, int, list[Outgoing]]], commits: list[tuple[str, int, int]]
