@@ -9,7 +9,7 @@ Owns the row format and the two hot loops over it:
   the rows written by multi-row INSERT statements;
 - **selecting and decoding** (:func:`select`, :func:`fetch`): rows in
   offset order, turned into :class:`~wakuwaku.Record` objects a small chunk
-  at a time, equal headers (but those with ``wk-src``) decoded once per
+  at a time, equal headers (except those with ``wk-src``) decoded once per
   fetch, a row whose columns are not what :func:`encode_record` writes
   kept whole and marked ``wk-unreadable`` (design §8).
 
