@@ -610,19 +610,12 @@ class WrittenCache:
 
         :param size: its body and header values in bytes.
         """
-        offset = written.record.offset
-        entries = self._entries
-        if offset in entries:
-            self.bytes -= entries.pop(offset)[1]
-        size += _WRITTEN_OVERHEAD
-        entries[offset] = (written, size)
-        self.bytes += size
-        while len(entries) > self.max_records or self.bytes > self.max_bytes:
-            self.bytes -= entries.pop(next(iter(entries)))[1]
+        self.put_many([written], [size])
 
     def put_many(self, kept: list[Written], sizes: list[int]) -> None:
-        """:meth:`put` each of ``kept`` in order, with its size in ``sizes``
-        (a routed run): the same steps, without a call per record."""
+        """Keep each of ``kept`` in order, with its size in ``sizes`` (body
+        and header values, bytes), dropping the oldest records past the
+        bound after each: a routed run in one call."""
         entries = self._entries
         max_records, max_bytes = self.max_records, self.max_bytes
         for written, size in zip(kept, sizes, strict=True):
