@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +72,9 @@ class Unanswered:
         self._poll = poll
         self._ends_of = ends
         self._ends: dict[tuple[str, int], int] = {}
-        self._lost: dict[tuple[str, int, str], _Lost] = {}
+        # Oldest first; an OrderedDict finds its oldest entry in O(1), where a
+        # dict's next(iter()) scans the slots earlier deletions emptied.
+        self._lost: OrderedDict[tuple[str, int, str], _Lost] = OrderedDict()
 
     def forget(self, topic: str) -> None:
         """``topic`` was deleted: its offsets start again."""
