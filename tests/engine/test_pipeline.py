@@ -222,3 +222,42 @@ async def test_the_two_batches_lanes_together_stay_within_max_concurrency(
     await runner
     assert most == 2
     assert await log.committed("g", "t", 0) == len(keys)
+
+
+async def test_a_batch_stored_beside_a_running_one_stores_that_ones_first_record_not_done(
+    log: Log, clock: FakeClock
+) -> None:
+    """``A0 B1 B2 B3 | B4 C5 D6 D7``, A and D held: when A0 ends, the first
+    batch is stored at D6 (B4 and C5 of the second batch are done), not at 4,
+    so a crash then delivers again from D6 only."""
+    keys = ["A", "B", "B", "B", "B", "C", "D", "D"]
+    script = Script(clock)
+    script.gate["A"] = asyncio.Event()
+    script.gate["D"] = asyncio.Event()
+    producer = await setup_topic(log)
+    await producer.publish_many(Item(key, n) for n, key in enumerate(keys))
+    c = consumer(
+        log,
+        clock,
+        [Handler(Item, script)],
+        max_poll_records=SIZE,
+        max_concurrency=4,
+        shutdown_timeout=3600.0,
+    )
+    runner = asyncio.create_task(c.run(install_signal_handlers=False))
+    await wait_until(clock, lambda: {4, 5} <= set(script.handled_ns()) or runner.done())
+    assert not runner.done()
+    assert await log.committed("g", "t", 0) in (None, 0)
+    script.gate["A"].set()
+    await wait_until(
+        clock,
+        lambda: ((view := c.partition("t", 0)) is not None and view.position == 6) or runner.done(),
+    )
+    assert await log.committed("g", "t", 0) == 6
+    assert script.handled_ns("D") == []
+    c.force_stop()  # a crash: D6's running chunk is cancelled
+    await asyncio.wait_for(runner, timeout=60.0)
+    assert await log.committed("g", "t", 0) == 6
+    restarted = Script(clock)
+    await (await start_again(log, clock, restarted)).drain()
+    assert restarted.handled_ns() == [6, 7]

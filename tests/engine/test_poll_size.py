@@ -9,6 +9,7 @@ the next poll asks for as many records as fit at that page's mean size.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,10 +18,16 @@ import pytest
 
 import wakuwaku as wk
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
-from wakuwaku.engine._partition import FIRST_POLL_RECORDS, RECORD_OVERHEAD, poll_size
+from wakuwaku.engine._partition import (
+    FIRST_POLL_RECORDS,
+    RECORD_OVERHEAD,
+    poll_size,
+    within_bytes,
+)
 from wakuwaku.logs import Log
+from wakuwaku.testing import FakeClock
 
-from .conftest import setup_topic
+from .conftest import consumer, setup_topic, wait_until
 
 BIG = 150_000
 """Bytes of a large event's data: 1 MiB holds 6 of them."""
@@ -77,6 +84,22 @@ def test_a_poll_asks_for_what_fits_its_bytes_and_at_most_twice_the_last_page() -
     assert poll_size([], 10, 1 << 20) == 10
 
 
+def test_a_batch_is_cut_to_what_fits_its_bytes() -> None:
+    """What a poll hands on: the records that fit ``max_poll_bytes``, at least one."""
+    small = [_record(100 - RECORD_OVERHEAD)] * 50
+    assert within_bytes(small, 1 << 20) is small  # fits: the page itself
+    assert within_bytes(small, 1000) == small[:10]
+    assert within_bytes(small, 999) == small[:9]
+    big = [_record(BIG - RECORD_OVERHEAD)] * 10
+    assert within_bytes(big, 1 << 20) == big[:6]
+    assert within_bytes(big, 100) == big[:1]  # never fewer than one
+    assert within_bytes(big[:1], 100) == big[:1]
+    assert within_bytes([], 100) == []
+    # Small records, then large ones: cut where the large ones go past.
+    mixed = small[:20] + big
+    assert within_bytes(mixed, 3 * BIG) == mixed[: 20 + 2]
+
+
 def test_the_defaults_and_the_bound_checks() -> None:
     config = ConsumerConfig(topic="t", group="g")
     assert (config.max_poll_records, config.max_poll_bytes) == (2000, 1 << 20)
@@ -117,6 +140,51 @@ async def test_each_poll_asks_for_what_the_last_page_allows_and_every_event_is_h
         assert ns == sorted(ns), f"key {key} out of order"
     asked = [a for a, _ in counted.reads]
     assert asked[0] == FIRST_POLL_RECORDS
-    assert asked[1:] == [poll_size(p, 2000, limit) for _, p in counted.reads[:-1]]
+    assert asked[1:] == [
+        poll_size(within_bytes(p, limit), 2000, limit) for _, p in counted.reads[:-1]
+    ]
     assert min(asked) <= limit // 4000  # pages of large records asked for few
     assert asked[-1] > limit // 4000  # and small ones for more again
+
+
+async def test_two_batches_in_flight_hold_at_most_twice_max_poll_bytes(
+    log: Log, clock: FakeClock
+) -> None:
+    """The at-least-once window in bytes (``docs/engine.md``, "Pipelining
+    across batches"): with the first key's handler held, the records
+    handled past the stored offset (a crash delivers them again) fit in 2
+    x ``max_poll_bytes``, although the first poll (100 records) reads all
+    40 events of 8 000 bytes at once."""
+    producer = await setup_topic(log)
+    await producer.publish_many(Blob(f"k{n}", n, 8000 * "x") for n in range(40))
+    gate = asyncio.Event()
+    seen: list[Blob] = []
+
+    async def handle(run: Sequence[Blob]) -> None:
+        if run[0].n == 0:
+            await gate.wait()
+        seen.extend(run)
+
+    limit = 64 << 10
+    c = consumer(log, clock, [Handler(Blob, handle)], max_poll_bytes=limit, max_concurrency=4)
+    runner = asyncio.create_task(c.run(install_signal_handlers=False))
+    try:
+        await wait_until(clock, lambda: len(seen) >= 5 or runner.done())
+        # Whatever else runs while event 0 is held has to stop at two batches.
+        settled = -1
+        while settled != len(seen) and not runner.done():
+            settled = len(seen)
+            for _ in range(20):
+                await clock.sleep(0.01)
+        assert not runner.done()
+        assert 0 not in {e.n for e in seen}
+        assert await log.committed("g", "t", 0) in (None, 0)
+        assert sum(len(e.data) for e in seen) <= 2 * limit
+        assert len(seen) < 39
+        gate.set()
+        await wait_until(clock, lambda: len(seen) == 40 or runner.done())
+    finally:
+        gate.set()
+        c.stop()
+        await runner
+    assert sorted(e.n for e in seen) == list(range(40))

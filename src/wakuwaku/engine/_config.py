@@ -313,10 +313,11 @@ class ConsumerConfig:
         size of the previous poll's records, at least one. A partition's
         first poll asks for 100 records, and each poll for at most twice
         what the one before returned (from 100), so the polls grow to
-        ``max_poll_records`` while a backlog lasts. It bounds what a
-        partition holds in memory (its batches in flight, at most two, and
-        the next one, read ahead) as far as the size of the last records
-        tells.
+        ``max_poll_records`` while a backlog lasts. A batch holds at most
+        this many bytes (at least one record): what a poll brought past it
+        is read again by the next poll. So the batches in flight (at most
+        two), the records a crash delivers again, hold at most twice this;
+        the next batch, read ahead, is in memory too.
     :param max_concurrency: how many keys of one partition run at once
         (across its batches in flight).
         Sync handlers run on the consumer's own thread pool of

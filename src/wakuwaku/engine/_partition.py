@@ -105,6 +105,32 @@ def poll_size(page: Sequence[Record], max_records: int, max_bytes: int) -> int:
     return max(1, min(max_records, fit, max(FIRST_POLL_RECORDS, 2 * len(page))))
 
 
+def within_bytes(page: list[Record], max_bytes: int) -> list[Record]:
+    """The first records of ``page`` that together fit ``max_bytes``, at least one.
+
+    Each record is sized as :func:`poll_size` sizes them (its body, headers
+    as the first and last record hold them, :data:`RECORD_OVERHEAD`). A
+    poll's guess of how many records fit can be far off when the records
+    grow (a first poll of 100 large ones, a full page of small ones before
+    large ones); what the poll hands on as a batch is cut here, so two
+    batches in flight hold at most 2 x ``max_bytes`` (or a record each,
+    when one alone is larger): the at-least-once window that
+    ``docs/engine.md`` states. The records cut off are read again by the
+    next poll.
+    """
+    if len(page) < 2:
+        return page
+    per = RECORD_OVERHEAD + (_header_bytes(page[0]) + _header_bytes(page[-1])) // 2
+    if sum(len(r.body) for r in page) + per * len(page) <= max_bytes:
+        return page
+    size = 0
+    for kept, record in enumerate(page):
+        size += len(record.body) + per
+        if size > max_bytes:
+            return page[: max(1, kept)]
+    return page
+
+
 def _header_bytes(record: Record) -> int:
     return sum(len(name) + len(value) for name, value in record.headers.items())
 
@@ -423,6 +449,7 @@ class PartitionWorker:
             "poll", lambda: self.log.read(self.topic, self.partition, offset, count)
         )
         config = self.config
+        page = within_bytes(page, config.max_poll_bytes)
         self._poll_records = poll_size(page, config.max_poll_records, config.max_poll_bytes)
         return page
 
@@ -725,12 +752,19 @@ class PartitionWorker:
         head.handled = []
         head.records = []
         # The batch's dead letters, retry work and offsets: one transaction
-        # where the log allows it, so a crash leaves all or none of them. Only
-        # this batch's: a later one running beside it stores its own after it.
-        mode = self.config.delivery_mode
-        await self.outbox.flush(following if mode is DeliveryMode.NO_EVENT_LOSE else None)
+        # where the log allows it, so a crash leaves all or none of them. With
+        # a later batch running beside it, the offset stored is that batch's
+        # first record not done, and the outcomes of its records before it go
+        # with this store; the rest wait for the later batch's own store.
+        stored = following
+        if self.config.delivery_mode is DeliveryMode.NO_EVENT_LOSE:
+            if len(self._inflight) > 1:
+                stored = self._first_not_done(self._inflight[1])
+            await self.outbox.flush(stored)
+        else:
+            await self.outbox.flush(None)
         self._inflight.pop(0)
-        self.position = following
+        self.position = stored
         self.retry.forget_routed(following)
         if self.outbox.recovered:
             self.outbox.recovered = {o for o in self.outbox.recovered if o >= following}
@@ -741,6 +775,17 @@ class PartitionWorker:
         if self._failing:
             keys = self.retry.keys
             self._failing = {k: at for k, at in self._failing.items() if k not in keys}
+
+    def _first_not_done(self, batch: _Batch) -> int:
+        """The offset of ``batch``'s first record (it runs beside the batch
+        being stored) that is neither handled nor done, or of its last
+        record when every one is (its own store follows when it ends)."""
+        done = self.outbox.done or ()
+        handled = {r.offset for chunk in batch.handled for item in chunk for r in item.sources}
+        return next(
+            (r.offset for r in batch.records if r.offset not in done and r.offset not in handled),
+            batch.records[-1].offset,
+        )
 
     async def _store_partial(self, batches: list[_Batch]) -> None:
         """At a stop in the middle of a batch, store what the delivery mode allows (design §14).
