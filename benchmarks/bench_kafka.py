@@ -45,7 +45,7 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
-from _ticks import TOPIC, Tick, consume, fill
+from _ticks import TOPIC, Tick, consume, fill, verdict
 from wakuwaku import Retryable
 from wakuwaku.engine import Consumer as WkConsumer
 from wakuwaku.engine import ConsumerConfig, Handler
@@ -183,15 +183,16 @@ async def main(bootstrap: str, events: int, keys: int, partitions: int, rounds: 
                         f"consumer/FastStream {fs / elapsed:.2f}x"
                     )
                 print(line, flush=True)
+            share = statistics.median(shares)
             print(
-                f"max_poll_records {poll}: median share {statistics.median(shares):.0%}"
-                + (" (target >= 70 %)" if poll == 2000 else "")
+                f"max_poll_records {poll}: median share {share:.0%}"
+                + (f" (target >= 70 %): {verdict(share, 0.7)}" if poll == 2000 else "")
             )
             if versus:
+                ratio = statistics.median(versus)
                 print(
-                    f"max_poll_records {poll}: median consumer/FastStream "
-                    f"{statistics.median(versus):.2f}x"
-                    + (" (target >= 2x)" if poll == 2000 else "")
+                    f"max_poll_records {poll}: median consumer/FastStream {ratio:.2f}x"
+                    + (f" (target >= 2x): {verdict(ratio, 2.0)}" if poll == 2000 else "")
                 )
         for transactions in (True, False):
             other = KafkaLog(bootstrap, prefix=prefix, transactions=transactions)

@@ -54,7 +54,7 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
-from _ticks import Tick, consume, fill
+from _ticks import Tick, consume, fill, verdict
 from wakuwaku.logs.nats import NatsLog
 
 NO_LOGGER: Any = None
@@ -253,16 +253,16 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
             raw = statistics.median(r for r, _ in pairs)
             took = statistics.median(t for _, t in pairs)
             share = statistics.median(r / t for r, t in pairs)
-            target = " (target >= 80 %)" if poll == 2000 else ""
+            target = f" (target >= 80 %): {verdict(share, 0.8)}" if poll == 2000 else ""
             print(
                 f"max_poll_records {poll}: median consumer {events / took:,.0f} events/s, "
                 f"nats-py {events / raw:,.0f} events/s, median share {share:.0%}{target}"
             )
             if versus:
+                ratio = statistics.median(versus)
                 print(
-                    f"max_poll_records {poll}: median consumer/FastStream "
-                    f"{statistics.median(versus):.2f}x"
-                    + (" (target >= 2x)" if poll == 2000 else "")
+                    f"max_poll_records {poll}: median consumer/FastStream {ratio:.2f}x"
+                    + (f" (target >= 2x): {verdict(ratio, 2.0)}" if poll == 2000 else "")
                 )
     finally:
         await log.close()

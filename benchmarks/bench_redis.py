@@ -40,7 +40,7 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
-from _ticks import Tick, consume, fill
+from _ticks import Tick, consume, fill, verdict
 from wakuwaku.logs.redis import RedisLog
 
 NO_LOGGER: Any = None
@@ -192,15 +192,17 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
                         f"consumer/FastStream {fs / elapsed:.2f}x"
                     )
                 print(line)
+            share = statistics.median(shares)
             print(
-                f"max_poll_records {poll}: median share {statistics.median(shares):.0%}, "
-                f"best {max(shares):.0%}" + (" (target >= 70 %)" if poll == 2000 else "")
+                f"max_poll_records {poll}: median share {share:.0%}, best {max(shares):.0%}"
+                + (f" (target >= 70 %): {verdict(share, 0.7)}" if poll == 2000 else "")
             )
             if versus:
+                ratio = statistics.median(versus)
                 print(
                     f"max_poll_records {poll}: median consumer/FastStream "
-                    f"{statistics.median(versus):.2f}x, best {max(versus):.2f}x"
-                    + (" (target >= 2x)" if poll == 2000 else "")
+                    f"{ratio:.2f}x, best {max(versus):.2f}x"
+                    + (f" (target >= 2x): {verdict(ratio, 2.0)}" if poll == 2000 else "")
                 )
     finally:
         await log.close()
