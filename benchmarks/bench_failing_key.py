@@ -45,6 +45,7 @@ from typing import NamedTuple
 import msgspec
 
 import wakuwaku as wk
+from _args import positive_int
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs.sqlite import SQLiteLog
 
@@ -160,9 +161,19 @@ async def main(events: int, rounds: int) -> None:
         )
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=10_000, help="events per key")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--events", type=positive_int, default=10_000, help="events per key")
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    args = parser.parse_args(argv)
+    if args.events < 20:
+        parser.error(
+            f"--events must be 20 or more, got {args.events}: the 100-key case "
+            "takes 5 x --events / 100 events per key"
+        )
+    return args
+
+
+if __name__ == "__main__":
+    args = parse_args()
     asyncio.run(main(args.events, args.rounds))

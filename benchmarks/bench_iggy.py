@@ -29,16 +29,21 @@ import logging
 import statistics
 import time
 import uuid
+from collections.abc import Sequence
 
 import msgspec
 from apache_iggy import Consumer, IggyClient, PollingStrategy
 
+from _args import positive_int
 from _ticks import TOPIC, Tick, consume, fill, verdict
 from wakuwaku.engine import ConsumerConfig
 from wakuwaku.logs.iggy import IggyLog
 
 DEFAULT_POLL = ConsumerConfig.max_poll_records
 """The consumer's own ``max_poll_records``: this benchmark does not tune it."""
+
+MAX_IGGY_PARTITIONS = 1000
+"""The most partitions the Iggy log makes a topic with (``IggyLog.create_topic``)."""
 
 
 async def read_partition(
@@ -116,12 +121,21 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
         await asyncio.sleep(0.1)
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="iggy://iggy:iggy@127.0.0.1:8090")
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--keys", type=int, default=1_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--events", type=positive_int, default=200_000)
+    parser.add_argument("--keys", type=positive_int, default=1_000)
+    parser.add_argument("--partitions", type=positive_int, default=4)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    args = parser.parse_args(argv)
+    if args.partitions > MAX_IGGY_PARTITIONS:
+        parser.error(
+            f"--partitions must be at most {MAX_IGGY_PARTITIONS} on Iggy, got {args.partitions}"
+        )
+    return args
+
+
+if __name__ == "__main__":
+    args = parse_args()
     asyncio.run(main(args.url, args.events, args.keys, args.partitions, args.rounds))

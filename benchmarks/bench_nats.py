@@ -39,6 +39,7 @@ import logging
 import statistics
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -54,6 +55,7 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
+from _args import positive_int
 from _ticks import Tick, consume, fill, verdict
 from wakuwaku.logs.nats import NatsLog
 
@@ -269,17 +271,21 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
         await purge(url, prefix)
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="nats://127.0.0.1:4222")
     parser.add_argument(
         "--events",
-        type=int,
+        type=positive_int,
         default=50_000,
         help="events produced once and read by every run (default 50 000)",
     )
-    parser.add_argument("--keys", type=int, default=1_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--keys", type=positive_int, default=1_000)
+    parser.add_argument("--partitions", type=positive_int, default=4)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
     asyncio.run(main(args.url, args.events, args.keys, args.partitions, args.rounds))
