@@ -63,3 +63,8 @@ async def consume(log: Log, group: str, max_poll: int) -> tuple[float, int]:
     started = time.perf_counter()
     stats = await consumer.drain()
     return time.perf_counter() - started, stats.handled
+
+
+def verdict(median: float, target: float) -> str:
+    """The verdict on a median against its target, as the benchmarks print it."""
+    return "met" if median >= target else "MISSED"

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from _args import positive_int
 from wakuwaku.inbox import InboxKey, SQLiteInbox
 
 DEFAULT_DSN = os.environ.get("WAKUWAKU_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -180,15 +181,27 @@ def report(backend: str, chunk: int, results: list[tuple[str, float, int]]) -> N
         )
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keys", type=int, default=20_000, help="keys per measurement")
+    parser.add_argument("--keys", type=positive_int, default=20_000, help="keys per measurement")
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL DSN")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
     parser.add_argument(
-        "--repeat", type=int, default=3, help="runs per measurement; the fastest is reported"
+        "--repeat",
+        type=positive_int,
+        default=3,
+        help="runs per measurement; the fastest is reported",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.keys < 4:
+        parser.error(
+            f"--keys must be 4 or more, got {args.keys}: chunks of 1 claim --keys / 4 keys"
+        )
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     for chunk in (1, 100):
         # Chunks of 1 are one transaction per key: fewer keys keep the run short.
         count = args.keys // 4 if chunk == 1 else args.keys

@@ -45,7 +45,8 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
-from _ticks import TOPIC, Tick, consume, fill
+from _args import positive_int
+from _ticks import TOPIC, Tick, consume, fill, verdict
 from wakuwaku import Retryable
 from wakuwaku.engine import Consumer as WkConsumer
 from wakuwaku.engine import ConsumerConfig, Handler
@@ -183,15 +184,16 @@ async def main(bootstrap: str, events: int, keys: int, partitions: int, rounds: 
                         f"consumer/FastStream {fs / elapsed:.2f}x"
                     )
                 print(line, flush=True)
+            share = statistics.median(shares)
             print(
-                f"max_poll_records {poll}: median share {statistics.median(shares):.0%}"
-                + (" (target >= 70 %)" if poll == 2000 else "")
+                f"max_poll_records {poll}: median share {share:.0%}"
+                + (f" (target >= 70 %): {verdict(share, 0.7)}" if poll == 2000 else "")
             )
             if versus:
+                ratio = statistics.median(versus)
                 print(
-                    f"max_poll_records {poll}: median consumer/FastStream "
-                    f"{statistics.median(versus):.2f}x"
-                    + (" (target >= 2x)" if poll == 2000 else "")
+                    f"max_poll_records {poll}: median consumer/FastStream {ratio:.2f}x"
+                    + (f" (target >= 2x): {verdict(ratio, 2.0)}" if poll == 2000 else "")
                 )
         for transactions in (True, False):
             other = KafkaLog(bootstrap, prefix=prefix, transactions=transactions)
@@ -210,12 +212,16 @@ async def main(bootstrap: str, events: int, keys: int, partitions: int, rounds: 
         await asyncio.to_thread(drop, bootstrap, prefix)
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--keys", type=int, default=1_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--events", type=positive_int, default=200_000)
+    parser.add_argument("--keys", type=positive_int, default=1_000)
+    parser.add_argument("--partitions", type=positive_int, default=4)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
     asyncio.run(main(args.bootstrap, args.events, args.keys, args.partitions, args.rounds))

@@ -25,6 +25,7 @@ import random
 import statistics
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -37,6 +38,7 @@ try:
 except ImportError:  # optional: the comparison column is skipped without it
     AIOKafkaConsumer = None
 
+from _args import positive_int
 from _ticks import Tick
 
 PARTITIONS = 4
@@ -125,13 +127,16 @@ async def aiokafka_read(bootstrap: str, topic: str, events: int, page: int) -> f
     return events / elapsed
 
 
-async def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--page", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--events", type=positive_int, default=200_000)
+    parser.add_argument("--page", type=positive_int, default=2000)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    return parser.parse_args(argv)
+
+
+async def main(args: argparse.Namespace) -> None:
     topic = f"bench-clients-{uuid.uuid4().hex[:8]}"
     fill(args.bootstrap, topic, args.events)
     try:
@@ -160,4 +165,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(parse_args()))

@@ -25,10 +25,11 @@ import contextlib
 import statistics
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka.admin import AdminClient
 
+from _args import positive_int
 from wakuwaku.logs import BatchWrite
 from wakuwaku.logs.kafka import KafkaLog
 
@@ -107,11 +108,15 @@ async def main(bootstrap: str, stores: int, records: int, rounds: int) -> None:
         await asyncio.to_thread(drop, bootstrap, prefixes)
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
-    parser.add_argument("--stores", type=int, default=200)
-    parser.add_argument("--records", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--stores", type=positive_int, default=200)
+    parser.add_argument("--records", type=positive_int, default=20)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
     asyncio.run(main(args.bootstrap, args.stores, args.records, args.rounds))

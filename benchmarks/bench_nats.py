@@ -39,6 +39,7 @@ import logging
 import statistics
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -54,7 +55,8 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
-from _ticks import Tick, consume, fill
+from _args import positive_int
+from _ticks import Tick, consume, fill, verdict
 from wakuwaku.logs.nats import NatsLog
 
 NO_LOGGER: Any = None
@@ -253,33 +255,37 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
             raw = statistics.median(r for r, _ in pairs)
             took = statistics.median(t for _, t in pairs)
             share = statistics.median(r / t for r, t in pairs)
-            target = " (target >= 80 %)" if poll == 2000 else ""
+            target = f" (target >= 80 %): {verdict(share, 0.8)}" if poll == 2000 else ""
             print(
                 f"max_poll_records {poll}: median consumer {events / took:,.0f} events/s, "
                 f"nats-py {events / raw:,.0f} events/s, median share {share:.0%}{target}"
             )
             if versus:
+                ratio = statistics.median(versus)
                 print(
-                    f"max_poll_records {poll}: median consumer/FastStream "
-                    f"{statistics.median(versus):.2f}x"
-                    + (" (target >= 2x)" if poll == 2000 else "")
+                    f"max_poll_records {poll}: median consumer/FastStream {ratio:.2f}x"
+                    + (f" (target >= 2x): {verdict(ratio, 2.0)}" if poll == 2000 else "")
                 )
     finally:
         await log.close()
         await purge(url, prefix)
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="nats://127.0.0.1:4222")
     parser.add_argument(
         "--events",
-        type=int,
+        type=positive_int,
         default=50_000,
         help="events produced once and read by every run (default 50 000)",
     )
-    parser.add_argument("--keys", type=int, default=1_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--keys", type=positive_int, default=1_000)
+    parser.add_argument("--partitions", type=positive_int, default=4)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
     asyncio.run(main(args.url, args.events, args.keys, args.partitions, args.rounds))

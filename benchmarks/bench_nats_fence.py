@@ -26,9 +26,10 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
+from _args import positive_int
 from bench_nats import purge
 from wakuwaku.logs import Lease
 from wakuwaku.logs.nats import NatsLog
@@ -115,10 +116,14 @@ async def main(url: str, appends: int, rounds: int) -> None:
         await purge(url, prefix)
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="nats://127.0.0.1:4222")
-    parser.add_argument("--appends", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--appends", type=positive_int, default=200)
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
     asyncio.run(main(args.url, args.appends, args.rounds))

@@ -44,6 +44,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from _args import positive_int
 from _ticks import TOPIC, Tick, fill, ticks
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs import Log
@@ -175,10 +176,20 @@ async def main(rounds: int, wide: int, only: str | None) -> None:
             )
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--wide", type=int, default=64, help="the second max_concurrency")
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--wide", type=positive_int, default=64, help="the second max_concurrency")
     parser.add_argument("--only", choices=["io", "uneven"], default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.wide == DEFAULT_LANES:
+        parser.error(
+            f"--wide {args.wide} is the default max_concurrency, which every workload "
+            "runs at already: give another"
+        )
+    return args
+
+
+if __name__ == "__main__":
+    args = parse_args()
     asyncio.run(main(args.rounds, args.wide, args.only))

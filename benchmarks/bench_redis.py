@@ -27,6 +27,7 @@ import logging
 import statistics
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, cast
 
 import msgspec
@@ -40,7 +41,8 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
-from _ticks import Tick, consume, fill
+from _args import positive_int
+from _ticks import Tick, consume, fill, verdict
 from wakuwaku.logs.redis import RedisLog
 
 NO_LOGGER: Any = None
@@ -192,27 +194,33 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
                         f"consumer/FastStream {fs / elapsed:.2f}x"
                     )
                 print(line)
+            share = statistics.median(shares)
             print(
-                f"max_poll_records {poll}: median share {statistics.median(shares):.0%}, "
-                f"best {max(shares):.0%}" + (" (target >= 70 %)" if poll == 2000 else "")
+                f"max_poll_records {poll}: median share {share:.0%}, best {max(shares):.0%}"
+                + (f" (target >= 70 %): {verdict(share, 0.7)}" if poll == 2000 else "")
             )
             if versus:
+                ratio = statistics.median(versus)
                 print(
                     f"max_poll_records {poll}: median consumer/FastStream "
-                    f"{statistics.median(versus):.2f}x, best {max(versus):.2f}x"
-                    + (" (target >= 2x)" if poll == 2000 else "")
+                    f"{ratio:.2f}x, best {max(versus):.2f}x"
+                    + (f" (target >= 2x): {verdict(ratio, 2.0)}" if poll == 2000 else "")
                 )
     finally:
         await log.close()
         await purge(url, prefix)
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="redis://127.0.0.1:6379/15")
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--keys", type=int, default=1_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--events", type=positive_int, default=200_000)
+    parser.add_argument("--keys", type=positive_int, default=1_000)
+    parser.add_argument("--partitions", type=positive_int, default=4)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
     asyncio.run(main(args.url, args.events, args.keys, args.partitions, args.rounds))

@@ -39,6 +39,7 @@ from pathlib import Path
 import msgspec
 
 import wakuwaku as wk
+from _args import non_negative_int, positive_int
 from wakuwaku._records import H_DUE, H_ERROR, H_FAILED_AT, H_SRC, Source, encode_source, message_id
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.engine._retry import ms_text
@@ -187,26 +188,54 @@ async def measure(url: str, records: int, keys: int, route: int, body: int) -> N
     print(f"peak RSS {mb(peak).strip()}: {verdict} the target (< 100 MB)")
 
 
-def main() -> None:
+def log_url(text: str) -> str:
+    """``--log``: a URL :func:`wakuwaku.open_log` takes, of a log that outlives the
+    process that fills it (the log is opened, not connected, and closed again)."""
+    try:
+        log = wk.open_log(text)
+    except (ValueError, ImportError) as exc:  # ConfigError, UnsupportedLogURL; a missing extra
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    asyncio.run(log.close())
+    if isinstance(log, wk.MemoryLog):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a memory log lives in one process, and another one fills it"
+        )
+    return text
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--keys", type=int, default=10_000)
-    parser.add_argument("--body", type=int, default=200, help="payload bytes per event")
+    parser.add_argument("--records", type=positive_int, default=1_000_000)
+    parser.add_argument("--keys", type=positive_int, default=10_000)
+    parser.add_argument(
+        "--body", type=non_negative_int, default=200, help="payload bytes per event"
+    )
     parser.add_argument(
         "--route",
-        type=int,
+        type=non_negative_int,
         default=50_000,
-        help="main-topic events routed while the keys are quarantined",
+        help="main-topic events routed while the keys are quarantined (0: none)",
     )
     parser.add_argument(
         "--log",
+        type=log_url,
         default=None,
         metavar="URL",
         help="a log URL with its own prefix (redis://...?prefix=..., "
         "nats://...?prefix=...); default: a new SQLite file, fsync off",
     )
     parser.add_argument("--fill", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.records < args.keys:
+        parser.error(
+            f"--records {args.records} is fewer than --keys {args.keys}: "
+            "every key holds at least one pending record"
+        )
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if args.fill is not None:
         asyncio.run(fill(args.fill, args.records, args.keys, args.body))
         return

@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from _args import non_negative_float, positive_float, positive_int
 from _ticks import TOPIC, Tick, fill, ticks
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.engine._balance import MEMBERS_SUFFIX
@@ -925,21 +926,21 @@ async def main(args: argparse.Namespace) -> None:
     print_summary(results, args)
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logs", nargs="+", choices=LOGS, default=list(LOGS))
     parser.add_argument("--handlers", nargs="+", choices=HANDLERS, default=list(HANDLERS))
-    parser.add_argument("--events", type=int, default=40_000)
-    parser.add_argument("--keys", type=int, default=1_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--events", type=positive_int, default=40_000)
+    parser.add_argument("--keys", type=positive_int, default=1_000)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument(
         "--join-wait",
-        type=float,
+        type=non_negative_float,
         default=20.0,
         help="seconds the join run lasts after B starts (default 20: past a 15 s lease_ttl)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=120.0, help="seconds a run may take (default 120)"
+        "--timeout", type=positive_float, default=120.0, help="seconds a run may take (default 120)"
     )
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--nats", default="nats://127.0.0.1:4222")
@@ -948,7 +949,11 @@ if __name__ == "__main__":
     parser.add_argument(
         "--child", nargs=3, metavar=("URL", "GROUP", "HANDLER"), help=argparse.SUPPRESS
     )
-    parsed = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parsed = parse_args()
     if parsed.child:
         asyncio.run(child(*parsed.child))
     else:

@@ -26,9 +26,11 @@ import os
 import sqlite3
 import tempfile
 import time
+from collections.abc import Sequence
 
 import msgspec
 
+from _args import positive_int
 from wakuwaku._records import WIRE_VERSION
 from wakuwaku.logs._sqlite_file import schema_statements
 from wakuwaku.logs.sqlite import SQLiteLog
@@ -135,14 +137,20 @@ def raw_read(path: str, count: int, page: int) -> float:
     return elapsed
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--records", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=500, help="records per append")
-    parser.add_argument("--page", type=int, default=500, help="max_records per read")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the best counts")
+    parser.add_argument("--records", type=positive_int, default=200_000)
+    parser.add_argument("--batch", type=positive_int, default=500, help="records per append")
+    parser.add_argument("--page", type=positive_int, default=500, help="max_records per read")
+    parser.add_argument(
+        "--repeat", type=positive_int, default=3, help="runs per figure; the best counts"
+    )
     parser.add_argument("--no-fsync", action="store_true", help="synchronous=NORMAL on both sides")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     n, fsync = args.records, not args.no_fsync
     rows = make_rows(n)
     body = sum(len(b) for _, b in rows) / n

@@ -22,15 +22,16 @@ Run::
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
-import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import redis.asyncio as aioredis
 
+from _args import positive_int
 from wakuwaku.reliability.waiter import (
     ReadMode,
     Verdict,
@@ -150,6 +151,15 @@ async def main(rounds: int = 500, url: str = "redis://127.0.0.1:6379/15") -> Non
         await redis.aclose()
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "rounds", nargs="?", type=positive_int, default=500, help="round trips per case"
+    )
+    parser.add_argument("url", nargs="?", default="redis://127.0.0.1:6379/15", help="Redis URL")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    asyncio.run(main(int(args[0]) if args else 500, *args[1:2]))
+    args = parse_args()
+    asyncio.run(main(args.rounds, args.url))

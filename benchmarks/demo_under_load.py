@@ -19,7 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from _args import positive_int
 
 BURN = "while True:\n    sum(i * i for i in range(10_000))\n"
 
@@ -38,12 +41,16 @@ def demo(workdir: Path, *extra: str) -> tuple[bool, float, str]:
     return ok, seconds, "; ".join(failed) or result.stderr.strip()[-300:]
 
 
-def main() -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--runs", type=positive_int, default=10)
     parser.add_argument("--tests", default="tests/engine", help="test paths run as load")
     parser.add_argument("--no-crash", action="store_true", help="skip the crash case")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
     root = Path(__file__).resolve().parent.parent
     out = subprocess.DEVNULL
     load = [
