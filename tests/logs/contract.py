@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import ClassVar
@@ -352,6 +353,34 @@ class LogContract:
         after = time.time()
         (record,) = await log.read("orders", 0, 0)
         assert before - 0.01 <= record.timestamp <= after + 0.01
+
+    @pytest.mark.parametrize(
+        ("args", "problem"),
+        [
+            ((0, 0, 0, 0.0), "max_records must be an int of 1 or more, got 0"),
+            ((0, 0, -1, 0.0), "max_records must be an int of 1 or more, got -1"),
+            ((0, 0, 1.5, 0.0), "max_records must be an int of 1 or more, got 1.5"),
+            ((0, 0, True, 0.0), "max_records must be an int of 1 or more, got True"),
+            ((0, -1, 10, 0.0), "the offset must be an int of 0 or more, got -1"),
+            ((0, "0", 10, 0.0), "the offset must be an int of 0 or more, got '0'"),
+            ((0, 0, 10, -1.0), "wait must be a number of 0 or more seconds, got -1.0"),
+            ((0, 0, 10, float("nan")), "wait must be a number of 0 or more seconds, got nan"),
+            (("0", 0, 10, 0.0), "the partition must be an int, got '0'"),
+        ],
+    )
+    async def test_a_read_with_bad_arguments_is_refused_on_every_log(
+        self, log: Log, args: tuple[object, object, object, object], problem: str
+    ) -> None:
+        """A read of 0 records raised IndexError on one log and returned
+        nothing on others: every log refuses bad arguments the same way,
+        before asking its store, naming the topic and what was wrong."""
+        await log.create_topic("orders", 1)
+        await log.append("orders", 0, [rec(b"kept")])
+        partition, offset, max_records, wait = args
+        with pytest.raises(ConfigError, match=re.escape(problem)) as caught:
+            await log.read("orders", partition, offset, max_records, wait)  # type: ignore[arg-type]
+        assert "orders" in str(caught.value)
+        assert [r.body for r in await log.read("orders", 0, 0, 1)] == [b"kept"]
 
     @pytest.mark.parametrize("partition", ["0", True, 1.0])
     async def test_a_commit_to_a_partition_that_is_not_an_int_is_refused(

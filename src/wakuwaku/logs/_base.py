@@ -262,6 +262,28 @@ class AppendTokens:
             self._seen.popitem(last=False)
 
 
+def check_read(topic: str, partition: int, offset: int, max_records: int, wait: float) -> None:
+    """Check a read's arguments, the same on every log.
+
+    :raises ConfigError: for a partition or an offset that is not an int
+        (a bool is refused), a negative offset, a ``max_records`` that is
+        not an int of 1 or more, or a ``wait`` that is not a number of 0 or
+        more seconds (NaN is refused). A read of 0 records raised
+        ``IndexError`` on one log and returned nothing on others.
+    """
+    where = f"read of {topic}/{partition}"
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        raise ConfigError(
+            f"read on topic {topic!r}: the partition must be an int, got {partition!r}"
+        )
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ConfigError(f"{where}: the offset must be an int of 0 or more, got {offset!r}")
+    if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
+        raise ConfigError(f"{where}: max_records must be an int of 1 or more, got {max_records!r}")
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+        raise ConfigError(f"{where}: wait must be a number of 0 or more seconds, got {wait!r}")
+
+
 def check_commit(group: str, topic: str, partition: int, offset: int) -> int:
     """Check a commit's arguments (the next offset to read is never negative).
 
@@ -424,6 +446,8 @@ class Log(abc.ABC):
             A log whose offsets hold more than records (Kafka) returns a
             :class:`Page` that says where the next read starts.
         :raises UnknownTopicError: / :raises UnknownPartitionError: as :meth:`append`.
+        :raises ConfigError: for bad arguments (:func:`check_read`), on every log.
+        :raises ConfigError: for bad arguments (:func:`check_read`), on every log.
         """
 
     @abc.abstractmethod

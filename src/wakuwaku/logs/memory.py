@@ -22,6 +22,7 @@ from ._base import (
     TopicInfo,
     check_commit,
     check_partition,
+    check_read,
     check_record,
     check_token,
     check_topic_name,
@@ -153,6 +154,7 @@ class MemoryLog(Log):
         max_records: int = 500,
         wait: float = 0.0,
     ) -> list[Record]:
+        check_read(topic, partition, offset, max_records, wait)
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             with self._lock:

@@ -68,6 +68,7 @@ from ._base import (
     TopicInfo,
     check_commit,
     check_partition,
+    check_read,
     check_record,
     check_token,
     check_topic_name,
@@ -473,9 +474,8 @@ class NatsLog(Log):
         for the first record. An empty answer is checked against the stream:
         a consumer may answer none for a moment after an append.
         """
+        check_read(topic, partition, offset, max_records, wait)
         check_partition(topic, partition, await self._partitions(topic))
-        if max_records < 1:
-            return []
         pull = self._streams.read
         try:
             # An empty no-wait pull is checked against the stream unless a

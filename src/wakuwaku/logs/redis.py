@@ -57,6 +57,7 @@ from ._base import (
     TopicInfo,
     check_commit,
     check_partition,
+    check_read,
     check_record,
     check_token,
     check_topic_name,
@@ -439,9 +440,8 @@ class RedisLog(Log):
         command is in flight closes that connection (redis-py drops a
         connection on cancellation), so no reply is left on a pooled one.
         """
+        check_read(topic, partition, offset, max_records, wait)
         await self._partition(topic, partition)
-        if max_records < 1:
-            return []
         tag = self._tag(topic, partition)
         start = f"0-{max(0, offset) + 1}"
         deadline = time.monotonic() + max(0.0, wait)
