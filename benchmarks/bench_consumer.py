@@ -4,7 +4,9 @@ The target: a no-op handler over 200 000 events on 1 000 keys must reach
 at least 70 % of the raw read-and-decode speed of the same log (read every
 record with ``SQLiteLog.read`` and decode its body with msgspec) at the
 default poll (2 000), and at least 40 % when 1 % of the keys fail
-Retryable once.
+Retryable once. The handler takes up to 100 events a call (``max_batch``
+100, as FastStream's batch subscriber does), and, as ``per-event``,
+``Handler``'s default of one event a call.
 
 Each consumer run is paired with a bare read measured just before it, with
 the consumer's poll size as its page size; the share of a pair is the bare
@@ -34,6 +36,12 @@ from _args import positive_int
 from _ticks import Tick, fill, ticks
 from wakuwaku.engine import Consumer, ConsumerConfig, Handler
 from wakuwaku.logs.sqlite import SQLiteLog
+
+MODES = (("no-op", False, 100), ("failing", True, 100), ("per-event", False, 1))
+"""The handlers measured: (name, whether 1 % of the keys fail once, the
+handler's ``max_batch``). ``no-op`` and ``failing`` take up to 100 events a
+call, like FastStream's batch subscriber the server benchmarks compare
+with; ``per-event`` is ``Handler``'s default, one event a call."""
 
 
 async def fill_file(path: Path, events: int, keys: int, partitions: int) -> None:
@@ -66,7 +74,12 @@ async def baseline(path: Path, partitions: int, page: int) -> float:
 
 
 async def consume(
-    path: Path, failing_keys: set[str], group: str, max_poll: int, fsync: bool = False
+    path: Path,
+    failing_keys: set[str],
+    group: str,
+    max_poll: int,
+    fsync: bool = False,
+    max_batch: int = 100,
 ) -> tuple[float, wk.engine.ConsumerStats]:
     # Commits are not synced to disk by default here: the figure is the
     # engine's; --fsync measures with the log's default.
@@ -86,7 +99,7 @@ async def consume(
         poll_interval=0.01,
         max_poll_records=max_poll,
     )
-    consumer = Consumer(config, [Handler(Tick, handle, max_batch=100)], log)
+    consumer = Consumer(config, [Handler(Tick, handle, max_batch=max_batch)], log)
     started = time.perf_counter()
     stats = await consumer.drain()
     elapsed = time.perf_counter() - started
@@ -105,7 +118,7 @@ async def main(
     failing = {f"key-{k}" for k in range(0, keys, 100)} & drawn
     # (poll, mode) -> per round: (baseline seconds, consumer seconds)
     pairs: dict[tuple[int, str], list[tuple[float, float]]] = {
-        (poll, mode): [] for poll in polls for mode in ("no-op", "failing")
+        (poll, mode): [] for poll in polls for mode, _, _ in MODES
     }
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
@@ -116,10 +129,11 @@ async def main(
         for n in range(rounds):
             line = [f"round {n + 1}:"]
             for poll in polls:
-                for mode, keys_failing in (("no-op", set()), ("failing", failing)):
+                for mode, fails, max_batch in MODES:
+                    keys_failing = failing if fails else set()
                     raw = await baseline(path, partitions, poll)
                     elapsed, stats = await consume(
-                        path, keys_failing, f"{mode}-{poll}-{n}", poll, fsync
+                        path, keys_failing, f"{mode}-{poll}-{n}", poll, fsync, max_batch
                     )
                     assert stats.handled == events, stats
                     assert stats.quarantined_keys == len(keys_failing), stats
@@ -128,19 +142,19 @@ async def main(
             print(" ".join(line))
     print(f"\nevents: {events}, keys: {keys}, partitions: {partitions}, {rounds} rounds")
     for poll in polls:
-        raw = min(r for mode in ("no-op", "failing") for r, _ in pairs[(poll, mode)])
+        raw = min(r for mode, _, _ in MODES for r, _ in pairs[(poll, mode)])
         print(
             f"bare read+decode in pages of {poll}, best: {events / raw:,.0f} events/s ({raw:.2f} s)"
         )
     print("share = bare read time / consumer time of the same pair; the verdict uses the median")
-    print("max_poll_records  handler  best events/s  share median (min-max)  target  verdict")
+    print("max_poll_records    handler  best events/s  share median (min-max)  target  verdict")
     for (poll, mode), runs in pairs.items():
         shares = sorted(r / c for r, c in runs)
         median = statistics.median(shares)
-        target = 0.7 if mode == "no-op" else 0.4
+        target = 0.4 if mode == "failing" else 0.7
         best = events / min(c for _, c in runs)
         print(
-            f"{poll:>16}  {mode:>7}  {best:>13,.0f}  {median:>12.0%} "
+            f"{poll:>16}  {mode:>9}  {best:>13,.0f}  {median:>12.0%} "
             f"({shares[0]:.0%}-{shares[-1]:.0%})  {target:>6.0%}  "
             f"{'met' if median >= target else 'MISSED'}"
         )
