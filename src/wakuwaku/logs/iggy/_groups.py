@@ -239,18 +239,29 @@ class Groups:
         self.ghosts.joined(group, topic)
 
     async def _leave(self, member: Member, topic: str) -> None:
-        if member.topics.pop(topic, None) is None:
-            return
-        member.held = {h for h in member.held if h[0] != topic}
-        member.bump()
-        if not self._ours(member.group, topic):
-            self.ghosts.forget(member.group, topic)
-        with contextlib.suppress(LogError):  # gone already: the group or the topic
-            if member.client is not None:
-                await member.call(
-                    f"leave group {member.group!r} on {topic}",
-                    lambda c: c.leave_consumer_group(self._server.stream, topic, member.group),
-                )
+        """``member`` leaves ``topic``'s Iggy group; it is forgotten here once the
+        server has the leave.
+
+        Under the member's ``joining`` lock, which :meth:`owners` waits for:
+        until the server has the leave, it lists the member with its
+        partitions, and a member forgotten here before was named another
+        process's (a drain took a partition nobody reads for one consumed
+        elsewhere).
+        """
+        async with member.joining:
+            if topic not in member.topics:
+                return
+            with contextlib.suppress(LogError):  # gone already: the group or the topic
+                if member.client is not None:
+                    await member.call(
+                        f"leave group {member.group!r} on {topic}",
+                        lambda c: c.leave_consumer_group(self._server.stream, topic, member.group),
+                    )
+            member.topics.pop(topic, None)
+            member.held = {h for h in member.held if h[0] != topic}
+            member.bump()
+            if not self._ours(member.group, topic):
+                self.ghosts.forget(member.group, topic)
 
     async def acquire(
         self, group: str, topic: str, partition: int, member: str, ttl: float
