@@ -13,7 +13,7 @@ import pytest
 from apache_iggy import IggyClient, Partitioning, PollingStrategy, SendMessage
 
 import wakuwaku as wk
-from wakuwaku import ConfigError, FencedError, open_log
+from wakuwaku import ConfigError, FencedError, LogUnavailableError, open_log
 from wakuwaku.logs import Log
 from wakuwaku.logs.iggy import (
     _KIND_GROUP,
@@ -396,6 +396,44 @@ async def test_owners_never_name_a_member_of_this_instance_leaving_its_group_a_s
     waiting.cancel()
     owners, _ = await asyncio.gather(reading, releasing)
     assert owners == {}, "read after the leave: the member is gone, not a stranger"
+
+
+@pytest.mark.usefixtures("no_periodic_sync")
+async def test_owners_name_the_member_whose_dropped_session_still_holds_its_partition(
+    log: IggyLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member's connection that fails is dropped and the member joins again
+    on a new one; the old session stays in the group, with its partitions,
+    until the server sees its connection close (a call still running on it
+    keeps it open). Owners named that session ``iggy-member-<id>``, another
+    process's member, and a drain took the partition, which nobody reads,
+    for one consumed elsewhere. It is the member's own until it is gone."""
+    await log.create_topic("orders", 1)
+    assert await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is not None
+    member = log._groups.members[("g", "a")]
+    old = member.client  # held, as by a call still running on it
+    server = log._server
+    bounded = server.bounded
+
+    async def sync_fails(what: str, call: Callable[[], Awaitable[T]], *, bounds: float = 1.0) -> T:
+        if what.startswith("sync group"):
+            raise LogUnavailableError("no answer within 5 s")
+        return await bounded(what, call, bounds=bounds)
+
+    monkeypatch.setattr(server, "bounded", sync_fails)
+    with pytest.raises(LogUnavailableError):
+        await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    monkeypatch.setattr(server, "bounded", bounded)
+    assert member.client is None, "the failed connection was dropped"
+    # Joined again on a new connection: the old session keeps the partition.
+    assert await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is None
+    owners = await log.partition_owners("g", "orders")
+    assert owners[0].member == "a"
+    del old  # the old connection closes: the partition comes to the new session
+    async with asyncio.timeout(10):
+        while await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is None:
+            await log.ownership_changed("g", "a", 0.1)
+    assert (await log.partition_owners("g", "orders"))[0].member == "a"
 
 
 @pytest.mark.usefixtures("no_periodic_sync")

@@ -58,6 +58,7 @@ _T = TypeVar("_T")
 _SYNC_EVERY = 0.5  # seconds between a member's assignment syncs
 _OWNERS_TRIES = 3  # server reads of a group's members while this instance's members move
 _SYNC_GROUP = 606  # the server's binary command: a member's assignment in one group
+_GET_ME = 20  # the server's binary command: this connection's client (its id first)
 _generations = itertools.count(1)
 
 
@@ -83,6 +84,12 @@ class Member:
         self.joining = asyncio.Lock()
         self.changed = asyncio.Event()  # replaced at each change: waiters keep theirs
         self.task: asyncio.Task[None] | None = None
+        self.session: int | None = None  # the server's client id of the connection
+        # Sessions of connections dropped while the member was in groups: the
+        # server's client id -> the topics whose groups it was in. Each stays
+        # in those groups, with its partitions, until the server sees its
+        # connection close (a call still running on it keeps it open).
+        self.retired: dict[int, set[str]] = {}
         self._server = server
 
     def bump(self) -> None:
@@ -96,7 +103,9 @@ class Member:
         the engine sees its partitions gone and acquires them again, joining anew.
         """
         if self.client is None:
-            self.client = await self._server.connect()
+            client = await self._server.connect()
+            self.session = await self._session_of(client)
+            self.client = client
         client = self.client
         try:
             return await self._server.bounded(what, lambda: call(client))
@@ -104,10 +113,26 @@ class Member:
             if self.client is client:
                 self.client = None
                 if self.topics:
+                    if self.session is not None:
+                        self.retired[self.session] = set(self.topics)
                     self.topics.clear()
                     self.held.clear()
                     self.bump()
             raise
+
+    async def _session_of(self, client: IggyClient) -> int | None:
+        """The server's client id of ``client``'s connection (``GetMe``), None
+        when it cannot be read (its session is then not followed once dropped)."""
+        try:
+            answer = await self._server.bounded(
+                "who am I", lambda: client.send_binary_request(_GET_ME, b"")
+            )
+        except LogUnavailableError:
+            raise
+        except LogError as exc:
+            logger.debug("Iggy group %s: cannot read the member's session: %s", self.group, exc)
+            return None
+        return struct.unpack_from("<I", answer)[0] if len(answer) >= 4 else None
 
 
 class Groups:
@@ -333,6 +358,9 @@ class Groups:
                 break
         if found is None:
             return {}
+        # A member's dropped session still in the group holds partitions no
+        # member of this instance knows of: they are that member's.
+        dropped = await self._retired_in(group, topic, int(found.id))
         local = [
             (m.member, j)
             for m in self.members.values()
@@ -342,7 +370,7 @@ class Groups:
         out: dict[int, Lease] = {}
         for member in found.members:
             partitions = {int(p) for p in member.partitions}
-            name, mine = f"iggy-member-{member.id}", None
+            name, mine = dropped or f"iggy-member-{member.id}", None
             for local_name, joined in local:
                 if partitions and set(joined.partitions) == partitions:
                     name, mine = local_name, joined
@@ -350,6 +378,35 @@ class Groups:
                 generation = mine.partitions[partition] if mine is not None else 0
                 out[partition] = Lease(group, topic, partition, name, generation, now)
         return dict(sorted(out.items()))
+
+    async def _retired_in(self, group: str, topic: str, group_id: int) -> str | None:
+        """The name of a member of this instance whose dropped session is still in
+        ``group`` on ``topic`` (the Iggy group ``group_id``), else None.
+
+        A session gone from the group (its connection closed) is forgotten
+        for the topic; so is one the server will not describe (listing
+        clients needs Iggy's ``read_servers`` permission): it cannot be told
+        then, as before sessions were followed.
+        """
+        found = None
+        for member in [m for m in self.members.values() if m.group == group]:
+            for session, topics in list(member.retired.items()):
+                if topic not in topics:
+                    continue
+                try:
+                    still = await self.ghosts.in_group(session, group_id)
+                except LogUnavailableError:
+                    raise
+                except LogError as exc:
+                    logger.debug("Iggy group %s: cannot describe a session: %s", group, exc)
+                    still = False
+                if still:
+                    found = found or member.member
+                    continue
+                topics.discard(topic)
+                if not topics:
+                    del member.retired[session]
+        return found
 
     async def changed(self, group: str, member: str, within: float) -> None:
         """Return when ``member``'s assignment changed, or after ``within`` seconds."""
