@@ -12,7 +12,10 @@ its own partition past offset 0, which the server fences itself
 lease generation of this process. Each change wakes whoever waits in
 :meth:`Groups.changed`. A member's connection that fails is dropped with
 its memberships (a new session is no member of anything): the engine sees
-its partitions gone and acquires them again, joining anew.
+its partitions gone and acquires them again, joining anew. The dropped
+session stays in its groups until the server sees its connection close
+(:class:`Dropped`): :meth:`Groups.owners` names its partitions after the
+member until then, not after another process's member.
 
 Each member's task also runs the ghost checks of its groups (:mod:`._ghosts`:
 members a crashed server kept, whose partitions nobody consumes); when they
@@ -49,7 +52,7 @@ from .._base import Lease
 from ._ghosts import Ghosts
 from ._server import Server, ident
 
-__all__ = ("Groups", "Joined", "Member")
+__all__ = ("Dropped", "Groups", "Joined", "Member")
 
 logger = logging.getLogger("wakuwaku.logs.iggy")
 
@@ -70,12 +73,25 @@ class Joined:
     server_generation: int = -1
 
 
+@dataclass
+class Dropped:
+    """The session of a member's connection that was dropped while it was in
+    groups: it stays in them, with its partitions, until the server sees its
+    connection close (a call still running on it keeps it open)."""
+
+    group: str
+    member: str
+    topics: set[str]  # the topics whose Iggy group it may still be in
+
+
 class Member:
     """One group member: a connection of its own (Iggy's group members are
     sessions), the topics whose Iggy consumer group it joined, and a task
     that asks the server for its assignment every :data:`_SYNC_EVERY` seconds."""
 
-    def __init__(self, server: Server, group: str, member: str) -> None:
+    def __init__(
+        self, server: Server, group: str, member: str, dropped: dict[int, Dropped]
+    ) -> None:
         self.group = group
         self.member = member
         self.client: IggyClient | None = None
@@ -85,11 +101,7 @@ class Member:
         self.changed = asyncio.Event()  # replaced at each change: waiters keep theirs
         self.task: asyncio.Task[None] | None = None
         self.session: int | None = None  # the server's client id of the connection
-        # Sessions of connections dropped while the member was in groups: the
-        # server's client id -> the topics whose groups it was in. Each stays
-        # in those groups, with its partitions, until the server sees its
-        # connection close (a call still running on it keeps it open).
-        self.retired: dict[int, set[str]] = {}
+        self._dropped = dropped  # Groups.dropped
         self._server = server
 
     def bump(self) -> None:
@@ -114,7 +126,9 @@ class Member:
                 self.client = None
                 if self.topics:
                     if self.session is not None:
-                        self.retired[self.session] = set(self.topics)
+                        self._dropped[self.session] = Dropped(
+                            self.group, self.member, set(self.topics)
+                        )
                     self.topics.clear()
                     self.held.clear()
                     self.bump()
@@ -143,12 +157,15 @@ class Groups:
         self.members: dict[tuple[str, str], Member] = {}
         """This instance's members, by (group, member name)."""
         self.ghosts = Ghosts(server)
+        self.dropped: dict[int, Dropped] = {}
+        """Sessions of this instance's members that may still be in groups, by
+        the server's client id (see :class:`Dropped`)."""
 
     async def _member(self, group: str, member: str) -> Member:
         key = (group, member)
         found = self.members.get(key)
         if found is None:
-            found = self.members.setdefault(key, Member(self._server, group, member))
+            found = self.members.setdefault(key, Member(self._server, group, member, self.dropped))
         if found.task is None or found.task.done():
             found.task = asyncio.create_task(
                 self._keep_synced(found), name=f"wakuwaku-iggy-member-{member}"
@@ -346,7 +363,12 @@ class Groups:
         after the server's list is read, again (at most :data:`_OWNERS_TRIES`
         times) while a sync changed something meanwhile. A member known by
         an older sync than a move was listed as another process's member,
-        and a drain took its own partition for one consumed elsewhere.
+        and a drain took its own partition for one consumed elsewhere. So
+        were a member whose leave the server had not yet answered (a leave
+        holds the member's ``joining`` lock, which the syncs wait for) and
+        the session of a member's dropped connection still in the group
+        (:class:`Dropped`: its partitions are named after the member, asked
+        of the server with ``GetClient`` while it may still be there).
         """
         stream = self._server.stream
         for _ in range(_OWNERS_TRIES):
@@ -360,7 +382,7 @@ class Groups:
             return {}
         # A member's dropped session still in the group holds partitions no
         # member of this instance knows of: they are that member's.
-        dropped = await self._retired_in(group, topic, int(found.id))
+        dropped = await self._dropped_in(group, topic, int(found.id))
         local = [
             (m.member, j)
             for m in self.members.values()
@@ -379,7 +401,7 @@ class Groups:
                 out[partition] = Lease(group, topic, partition, name, generation, now)
         return dict(sorted(out.items()))
 
-    async def _retired_in(self, group: str, topic: str, group_id: int) -> str | None:
+    async def _dropped_in(self, group: str, topic: str, group_id: int) -> str | None:
         """The name of a member of this instance whose dropped session is still in
         ``group`` on ``topic`` (the Iggy group ``group_id``), else None.
 
@@ -389,23 +411,22 @@ class Groups:
         then, as before sessions were followed.
         """
         found = None
-        for member in [m for m in self.members.values() if m.group == group]:
-            for session, topics in list(member.retired.items()):
-                if topic not in topics:
-                    continue
-                try:
-                    still = await self.ghosts.in_group(session, group_id)
-                except LogUnavailableError:
-                    raise
-                except LogError as exc:
-                    logger.debug("Iggy group %s: cannot describe a session: %s", group, exc)
-                    still = False
-                if still:
-                    found = found or member.member
-                    continue
-                topics.discard(topic)
-                if not topics:
-                    del member.retired[session]
+        for session, dropped in list(self.dropped.items()):
+            if dropped.group != group or topic not in dropped.topics:
+                continue
+            try:
+                still = await self.ghosts.in_group(session, group_id)
+            except LogUnavailableError:
+                raise
+            except LogError as exc:
+                logger.debug("Iggy group %s: cannot describe a session: %s", group, exc)
+                still = False
+            if still:
+                found = found or dropped.member
+                continue
+            dropped.topics.discard(topic)
+            if not dropped.topics:
+                del self.dropped[session]
         return found
 
     async def changed(self, group: str, member: str, within: float) -> None:
