@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Literal, TypeVar
 
 import msgspec
 import pytest
 from apache_iggy import IggyClient, Partitioning, PollingStrategy, SendMessage
 
 import wakuwaku as wk
-from wakuwaku import ConfigError, FencedError, open_log
+from wakuwaku import ConfigError, FencedError, LogUnavailableError, open_log
 from wakuwaku.logs import Log
 from wakuwaku.logs.iggy import (
     _KIND_GROUP,
@@ -29,6 +30,8 @@ from ..iggy_support import drop_stream, fresh_stream, iggy_log
 from .contract import LogContract
 
 pytestmark = pytest.mark.iggy
+
+T = TypeVar("T")
 
 
 class TestIggyLog(LogContract):
@@ -347,6 +350,90 @@ async def test_owners_name_this_instances_member_when_its_last_sync_is_stale(
         assert (await other.partition_owners("g", "orders"))[1 - kept].member == "b"
     finally:
         await other.close()
+
+
+class _WatchedLock(asyncio.Lock):
+    """A lock that says when a caller has to wait for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contended = asyncio.Event()
+
+    async def acquire(self) -> Literal[True]:
+        if self.locked():
+            self.contended.set()
+        return await super().acquire()
+
+
+async def test_owners_never_name_a_member_of_this_instance_leaving_its_group_a_stranger(
+    log: IggyLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member leaves a topic's Iggy group once it holds none of its
+    partitions. Until the server has the leave, it lists the member with its
+    partitions; owners read in that window named it ``iggy-member-<id>``,
+    another process's member, and a drain took a partition this instance
+    never read (its topic gone) for one consumed elsewhere and returned."""
+    await log.create_topic("orders", 1)
+    lease = await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    assert lease is not None
+    lock = log._groups.members[("g", "a")].joining = _WatchedLock()
+    server, sent, answered = log._server, asyncio.Event(), asyncio.Event()
+    bounded = server.bounded
+
+    async def leave_held(what: str, call: Callable[[], Awaitable[T]], *, bounds: float = 1.0) -> T:
+        if what.startswith("leave group"):
+            sent.set()
+            await answered.wait()
+        return await bounded(what, call, bounds=bounds)
+
+    monkeypatch.setattr(server, "bounded", leave_held)
+    releasing = asyncio.create_task(log.release_partition(lease))
+    await sent.wait()
+    reading = asyncio.create_task(log.partition_owners("g", "orders"))
+    waiting = asyncio.ensure_future(lock.contended.wait())
+    await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    answered.set()
+    waiting.cancel()
+    owners, _ = await asyncio.gather(reading, releasing)
+    assert owners == {}, "read after the leave: the member is gone, not a stranger"
+
+
+@pytest.mark.usefixtures("no_periodic_sync")
+async def test_owners_name_the_member_whose_dropped_session_still_holds_its_partition(
+    log: IggyLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member's connection that fails is dropped and the member joins again
+    on a new one; the old session stays in the group, with its partitions,
+    until the server sees its connection close (a call still running on it
+    keeps it open). Owners named that session ``iggy-member-<id>``, another
+    process's member, and a drain took the partition, which nobody reads,
+    for one consumed elsewhere. It is the member's own until it is gone."""
+    await log.create_topic("orders", 1)
+    assert await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is not None
+    member = log._groups.members[("g", "a")]
+    old = member.client  # held, as by a call still running on it
+    server = log._server
+    bounded = server.bounded
+
+    async def sync_fails(what: str, call: Callable[[], Awaitable[T]], *, bounds: float = 1.0) -> T:
+        if what.startswith("sync group"):
+            raise LogUnavailableError("no answer within 5 s")
+        return await bounded(what, call, bounds=bounds)
+
+    monkeypatch.setattr(server, "bounded", sync_fails)
+    with pytest.raises(LogUnavailableError):
+        await log.acquire_partition("g", "orders", 0, "a", ttl=60.0)
+    monkeypatch.setattr(server, "bounded", bounded)
+    assert member.client is None, "the failed connection was dropped"
+    # Joined again on a new connection: the old session keeps the partition.
+    assert await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is None
+    owners = await log.partition_owners("g", "orders")
+    assert owners[0].member == "a"
+    del old  # the old connection closes: the partition comes to the new session
+    async with asyncio.timeout(10):
+        while await log.acquire_partition("g", "orders", 0, "a", ttl=60.0) is None:
+            await log.ownership_changed("g", "a", 0.1)
+    assert (await log.partition_owners("g", "orders"))[0].member == "a"
 
 
 @pytest.mark.usefixtures("no_periodic_sync")

@@ -263,6 +263,15 @@ class Ghosts:
             return None
         return Sighting(key[2], members, len(members) - live)
 
+    async def in_group(self, client_id: int, group_id: int) -> bool:
+        """Whether client ``client_id`` (a session) is connected and a member of
+        the Iggy consumer group with id ``group_id`` (of any topic: group ids
+        are numbered per topic, so another topic's group may answer yes).
+
+        :raises LogError: as :meth:`look` does.
+        """
+        return any(key[2] == group_id for key in await self._groups_of(client_id))
+
     async def _groups_of(self, client_id: int) -> set[tuple[int, int, int]]:
         """The (stream id, topic id, group id) of each group client ``client_id`` is in."""
         request = struct.pack("<I", client_id)

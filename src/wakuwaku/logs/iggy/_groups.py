@@ -12,7 +12,10 @@ its own partition past offset 0, which the server fences itself
 lease generation of this process. Each change wakes whoever waits in
 :meth:`Groups.changed`. A member's connection that fails is dropped with
 its memberships (a new session is no member of anything): the engine sees
-its partitions gone and acquires them again, joining anew.
+its partitions gone and acquires them again, joining anew. The dropped
+session stays in its groups until the server sees its connection close
+(:class:`Dropped`): :meth:`Groups.owners` names its partitions after the
+member until then, not after another process's member.
 
 Each member's task also runs the ghost checks of its groups (:mod:`._ghosts`:
 members a crashed server kept, whose partitions nobody consumes); when they
@@ -49,7 +52,7 @@ from .._base import Lease
 from ._ghosts import Ghosts
 from ._server import Server, ident
 
-__all__ = ("Groups", "Joined", "Member")
+__all__ = ("Dropped", "Groups", "Joined", "Member")
 
 logger = logging.getLogger("wakuwaku.logs.iggy")
 
@@ -58,6 +61,7 @@ _T = TypeVar("_T")
 _SYNC_EVERY = 0.5  # seconds between a member's assignment syncs
 _OWNERS_TRIES = 3  # server reads of a group's members while this instance's members move
 _SYNC_GROUP = 606  # the server's binary command: a member's assignment in one group
+_GET_ME = 20  # the server's binary command: this connection's client (its id first)
 _generations = itertools.count(1)
 
 
@@ -69,12 +73,25 @@ class Joined:
     server_generation: int = -1
 
 
+@dataclass
+class Dropped:
+    """The session of a member's connection that was dropped while it was in
+    groups: it stays in them, with its partitions, until the server sees its
+    connection close (a call still running on it keeps it open)."""
+
+    group: str
+    member: str
+    topics: set[str]  # the topics whose Iggy group it may still be in
+
+
 class Member:
     """One group member: a connection of its own (Iggy's group members are
     sessions), the topics whose Iggy consumer group it joined, and a task
     that asks the server for its assignment every :data:`_SYNC_EVERY` seconds."""
 
-    def __init__(self, server: Server, group: str, member: str) -> None:
+    def __init__(
+        self, server: Server, group: str, member: str, dropped: dict[int, Dropped]
+    ) -> None:
         self.group = group
         self.member = member
         self.client: IggyClient | None = None
@@ -83,6 +100,8 @@ class Member:
         self.joining = asyncio.Lock()
         self.changed = asyncio.Event()  # replaced at each change: waiters keep theirs
         self.task: asyncio.Task[None] | None = None
+        self.session: int | None = None  # the server's client id of the connection
+        self._dropped = dropped  # Groups.dropped
         self._server = server
 
     def bump(self) -> None:
@@ -96,7 +115,9 @@ class Member:
         the engine sees its partitions gone and acquires them again, joining anew.
         """
         if self.client is None:
-            self.client = await self._server.connect()
+            client = await self._server.connect()
+            self.session = await self._session_of(client)
+            self.client = client
         client = self.client
         try:
             return await self._server.bounded(what, lambda: call(client))
@@ -104,10 +125,28 @@ class Member:
             if self.client is client:
                 self.client = None
                 if self.topics:
+                    if self.session is not None:
+                        self._dropped[self.session] = Dropped(
+                            self.group, self.member, set(self.topics)
+                        )
                     self.topics.clear()
                     self.held.clear()
                     self.bump()
             raise
+
+    async def _session_of(self, client: IggyClient) -> int | None:
+        """The server's client id of ``client``'s connection (``GetMe``), None
+        when it cannot be read (its session is then not followed once dropped)."""
+        try:
+            answer = await self._server.bounded(
+                "who am I", lambda: client.send_binary_request(_GET_ME, b"")
+            )
+        except LogUnavailableError:
+            raise
+        except LogError as exc:
+            logger.debug("Iggy group %s: cannot read the member's session: %s", self.group, exc)
+            return None
+        return struct.unpack_from("<I", answer)[0] if len(answer) >= 4 else None
 
 
 class Groups:
@@ -118,12 +157,15 @@ class Groups:
         self.members: dict[tuple[str, str], Member] = {}
         """This instance's members, by (group, member name)."""
         self.ghosts = Ghosts(server)
+        self.dropped: dict[int, Dropped] = {}
+        """Sessions of this instance's members that may still be in groups, by
+        the server's client id (see :class:`Dropped`)."""
 
     async def _member(self, group: str, member: str) -> Member:
         key = (group, member)
         found = self.members.get(key)
         if found is None:
-            found = self.members.setdefault(key, Member(self._server, group, member))
+            found = self.members.setdefault(key, Member(self._server, group, member, self.dropped))
         if found.task is None or found.task.done():
             found.task = asyncio.create_task(
                 self._keep_synced(found), name=f"wakuwaku-iggy-member-{member}"
@@ -239,18 +281,29 @@ class Groups:
         self.ghosts.joined(group, topic)
 
     async def _leave(self, member: Member, topic: str) -> None:
-        if member.topics.pop(topic, None) is None:
-            return
-        member.held = {h for h in member.held if h[0] != topic}
-        member.bump()
-        if not self._ours(member.group, topic):
-            self.ghosts.forget(member.group, topic)
-        with contextlib.suppress(LogError):  # gone already: the group or the topic
-            if member.client is not None:
-                await member.call(
-                    f"leave group {member.group!r} on {topic}",
-                    lambda c: c.leave_consumer_group(self._server.stream, topic, member.group),
-                )
+        """``member`` leaves ``topic``'s Iggy group; it is forgotten here once the
+        server has the leave.
+
+        Under the member's ``joining`` lock, which :meth:`owners` waits for:
+        until the server has the leave, it lists the member with its
+        partitions, and a member forgotten here before was named another
+        process's (a drain took a partition nobody reads for one consumed
+        elsewhere).
+        """
+        async with member.joining:
+            if topic not in member.topics:
+                return
+            with contextlib.suppress(LogError):  # gone already: the group or the topic
+                if member.client is not None:
+                    await member.call(
+                        f"leave group {member.group!r} on {topic}",
+                        lambda c: c.leave_consumer_group(self._server.stream, topic, member.group),
+                    )
+            member.topics.pop(topic, None)
+            member.held = {h for h in member.held if h[0] != topic}
+            member.bump()
+            if not self._ours(member.group, topic):
+                self.ghosts.forget(member.group, topic)
 
     async def acquire(
         self, group: str, topic: str, partition: int, member: str, ttl: float
@@ -310,7 +363,12 @@ class Groups:
         after the server's list is read, again (at most :data:`_OWNERS_TRIES`
         times) while a sync changed something meanwhile. A member known by
         an older sync than a move was listed as another process's member,
-        and a drain took its own partition for one consumed elsewhere.
+        and a drain took its own partition for one consumed elsewhere. So
+        were a member whose leave the server had not yet answered (a leave
+        holds the member's ``joining`` lock, which the syncs wait for) and
+        the session of a member's dropped connection still in the group
+        (:class:`Dropped`: its partitions are named after the member, asked
+        of the server with ``GetClient`` while it may still be there).
         """
         stream = self._server.stream
         for _ in range(_OWNERS_TRIES):
@@ -322,6 +380,9 @@ class Groups:
                 break
         if found is None:
             return {}
+        # A member's dropped session still in the group holds partitions no
+        # member of this instance knows of: they are that member's.
+        dropped = await self._dropped_in(group, topic, int(found.id))
         local = [
             (m.member, j)
             for m in self.members.values()
@@ -331,7 +392,7 @@ class Groups:
         out: dict[int, Lease] = {}
         for member in found.members:
             partitions = {int(p) for p in member.partitions}
-            name, mine = f"iggy-member-{member.id}", None
+            name, mine = dropped or f"iggy-member-{member.id}", None
             for local_name, joined in local:
                 if partitions and set(joined.partitions) == partitions:
                     name, mine = local_name, joined
@@ -339,6 +400,34 @@ class Groups:
                 generation = mine.partitions[partition] if mine is not None else 0
                 out[partition] = Lease(group, topic, partition, name, generation, now)
         return dict(sorted(out.items()))
+
+    async def _dropped_in(self, group: str, topic: str, group_id: int) -> str | None:
+        """The name of a member of this instance whose dropped session is still in
+        ``group`` on ``topic`` (the Iggy group ``group_id``), else None.
+
+        A session gone from the group (its connection closed) is forgotten
+        for the topic; so is one the server will not describe (listing
+        clients needs Iggy's ``read_servers`` permission): it cannot be told
+        then, as before sessions were followed.
+        """
+        found = None
+        for session, dropped in list(self.dropped.items()):
+            if dropped.group != group or topic not in dropped.topics:
+                continue
+            try:
+                still = await self.ghosts.in_group(session, group_id)
+            except LogUnavailableError:
+                raise
+            except LogError as exc:
+                logger.debug("Iggy group %s: cannot describe a session: %s", group, exc)
+                still = False
+            if still:
+                found = found or dropped.member
+                continue
+            dropped.topics.discard(topic)
+            if not dropped.topics:
+                del self.dropped[session]
+        return found
 
     async def changed(self, group: str, member: str, within: float) -> None:
         """Return when ``member``'s assignment changed, or after ``within`` seconds."""
