@@ -107,6 +107,10 @@ def test_the_defaults_and_the_bound_checks() -> None:
     for bad in bads:
         with pytest.raises(wk.ConfigError, match="max_poll_bytes"):
             ConsumerConfig(topic="t", group="g", max_poll_bytes=bad)
+    # One poll is one read, and no log reads more than a million records at once.
+    assert ConsumerConfig(topic="t", group="g", max_poll_records=1_000_000)
+    with pytest.raises(wk.ConfigError, match="max_poll_records must be at most 1000000"):
+        ConsumerConfig(topic="t", group="g", max_poll_records=1_000_001)
 
 
 async def test_each_poll_asks_for_what_the_last_page_allows_and_every_event_is_handled(

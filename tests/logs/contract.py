@@ -357,14 +357,19 @@ class LogContract:
     @pytest.mark.parametrize(
         ("args", "problem"),
         [
-            ((0, 0, 0, 0.0), "max_records must be an int of 1 or more, got 0"),
-            ((0, 0, -1, 0.0), "max_records must be an int of 1 or more, got -1"),
-            ((0, 0, 1.5, 0.0), "max_records must be an int of 1 or more, got 1.5"),
-            ((0, 0, True, 0.0), "max_records must be an int of 1 or more, got True"),
-            ((0, -1, 10, 0.0), "the offset must be an int of 0 or more, got -1"),
-            ((0, "0", 10, 0.0), "the offset must be an int of 0 or more, got '0'"),
-            ((0, 0, 10, -1.0), "wait must be a number of 0 or more seconds, got -1.0"),
-            ((0, 0, 10, float("nan")), "wait must be a number of 0 or more seconds, got nan"),
+            ((0, 0, 0, 0.0), "max_records must be an int from 1 to 1000000, got 0"),
+            ((0, 0, -1, 0.0), "max_records must be an int from 1 to 1000000, got -1"),
+            ((0, 0, 1.5, 0.0), "max_records must be an int from 1 to 1000000, got 1.5"),
+            ((0, 0, True, 0.0), "max_records must be an int from 1 to 1000000, got True"),
+            ((0, 0, 2**63, 0.0), "max_records must be an int from 1 to 1000000, got 9223"),
+            ((0, -1, 10, 0.0), "the offset must be an int in [0, 2**63), got -1"),
+            ((0, 2**63, 10, 0.0), "the offset must be an int in [0, 2**63), got 9223"),
+            ((0, "0", 10, 0.0), "the offset must be an int in [0, 2**63), got '0'"),
+            ((0, 0, 10, -1.0), "wait must be a number of seconds from 0 to 86400, got -1.0"),
+            ((0, 0, 10, float("nan")), "wait must be a number of seconds from 0 to 86400, got nan"),
+            ((0, 0, 10, float("inf")), "wait must be a number of seconds from 0 to 86400, got inf"),
+            ((0, 0, 10, 1e10), "wait must be a number of seconds from 0 to 86400, got 1"),
+            ((0, 0, 10, "1"), "wait must be a number of seconds from 0 to 86400, got '1'"),
             (("0", 0, 10, 0.0), "the partition must be an int, got '0'"),
         ],
     )
@@ -381,6 +386,26 @@ class LogContract:
             await log.read("orders", partition, offset, max_records, wait)  # type: ignore[arg-type]
         assert "orders" in str(caught.value)
         assert [r.body for r in await log.read("orders", 0, 0, 1)] == [b"kept"]
+
+    async def test_a_read_takes_integer_types_and_real_numbers_as_commit_does(
+        self, log: Log
+    ) -> None:
+        """An offset numpy gave (which ``commit`` takes) reads as the int it is."""
+        numpy = pytest.importorskip("numpy")
+        await log.create_topic("orders", 1)
+        await log.append("orders", 0, [rec(b"a"), rec(b"b")])
+        page = await log.read("orders", 0, numpy.int64(1), numpy.int32(5), numpy.float32(0))
+        assert [(r.offset, r.body) for r in page] == [(1, b"b")]
+
+    async def test_a_read_past_the_end_that_waits_returns_nothing(self, log: Log) -> None:
+        """Offsets >= the one asked for, also past the end with a wait (Kafka's
+        reader was reset to the earliest offset and returned offsets 0-2)."""
+        await log.create_topic("orders", 1)
+        await log.append("orders", 0, [rec(b"%d" % i) for i in range(3)])
+        assert await log.read("orders", 0, 5, 5, 0.5) == []
+        assert await log.read("orders", 0, 10**6, 5, 0.2) == []
+        page = await read_from(log, "orders", 0, 1, max_records=5)
+        assert [r.offset for r in page] == [1, 2]
 
     @pytest.mark.parametrize("partition", ["0", True, 1.0])
     async def test_a_commit_to_a_partition_that_is_not_an_int_is_refused(

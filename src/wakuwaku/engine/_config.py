@@ -32,6 +32,7 @@ from .._topics import (
     TOPIC_NAMES,
     split_derived_topic,
 )
+from ..logs import MAX_READ_RECORDS
 
 logger = logging.getLogger("wakuwaku.consumer")
 
@@ -306,7 +307,9 @@ class ConsumerConfig:
         engine less per record (its per-key and per-batch work is shared by
         more records), and a crash delivers again at most two batches per
         partition (with ``NO_EVENT_LOSE`` the next batch may start while the
-        last keys of one finish: two in flight at most).
+        last keys of one finish: two in flight at most). At most 1 000 000
+        (:data:`~wakuwaku.logs.MAX_READ_RECORDS`, the most one read of a log
+        takes).
     :param max_poll_bytes: a poll asks for fewer records when the
         partition's records are large: as many as fit this many bytes
         (default 1 MiB, Kafka's ``max.partition.fetch.bytes``) at the mean
@@ -317,7 +320,11 @@ class ConsumerConfig:
         this many bytes (at least one record): what a poll brought past it
         is read again by the next poll. So the batches in flight (at most
         two), the records a crash delivers again, hold at most twice this;
-        the next batch, read ahead, is in memory too.
+        the next batch, read ahead, is in memory too. Bodies are counted
+        exactly; headers by those of the poll's first and last record (per
+        record, sizing them would cost about a tenth of what the engine
+        spends on a record), so a page whose middle records carry much
+        larger headers than its ends can go past it.
     :param max_concurrency: how many keys of one partition run at once
         (across its batches in flight).
         Sync handlers run on the consumer's own thread pool of
@@ -501,6 +508,11 @@ class ConsumerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ConsumerConfig.{name} must be an int >= 1, got {value!r}")
+        if self.max_poll_records > MAX_READ_RECORDS:
+            raise ConfigError(
+                f"ConsumerConfig.max_poll_records must be at most {MAX_READ_RECORDS} "
+                f"(the most one read of a log takes), got {self.max_poll_records!r}"
+            )
         for name in ("poll_interval", "shutdown_timeout", "lease_ttl", "stall_timeout"):
             value = getattr(self, name)
             if (

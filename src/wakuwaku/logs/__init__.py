@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from .._errors import ConfigError, UnsupportedLogURL
 from .._sanitize import redact_url
+from ._base import MAX_READ_RECORDS as MAX_READ_RECORDS
+from ._base import MAX_READ_WAIT as MAX_READ_WAIT
 from ._base import BatchWrite as BatchWrite
 from ._base import Lease as Lease
 from ._base import Log as Log
@@ -55,6 +57,8 @@ from .sqlite import SQLiteLog as SQLiteLog
 
 __all__ = (
     "DEFAULT_LOG_URL",
+    "MAX_READ_RECORDS",
+    "MAX_READ_WAIT",
     "SUPPORTED_SCHEMES",
     "BatchWrite",
     "Lease",

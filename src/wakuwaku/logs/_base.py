@@ -39,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from numbers import Real
 from types import TracebackType
 
 from .._errors import ConfigError, UnknownPartitionError
@@ -262,26 +263,65 @@ class AppendTokens:
             self._seen.popitem(last=False)
 
 
-def check_read(topic: str, partition: int, offset: int, max_records: int, wait: float) -> None:
-    """Check a read's arguments, the same on every log.
+MAX_READ_RECORDS = 1_000_000
+"""The most records one read may ask for (confluent-kafka's ``consume``
+takes no more); :class:`~wakuwaku.engine.ConsumerConfig` bounds
+``max_poll_records`` by it too."""
 
-    :raises ConfigError: for a partition or an offset that is not an int
-        (a bool is refused), a negative offset, a ``max_records`` that is
-        not an int of 1 or more, or a ``wait`` that is not a number of 0 or
-        more seconds (NaN is refused). A read of 0 records raised
-        ``IndexError`` on one log and returned nothing on others.
+MAX_READ_WAIT = 86_400.0
+"""The longest a read may wait for a first record (seconds): NATS refuses a
+pull request whose expiry does not fit its nanoseconds (1e10 s was
+answered as an outage), so every log takes at most a day."""
+
+
+def check_read(
+    topic: str, partition: int, offset: int, max_records: int, wait: float
+) -> tuple[int, int, float]:
+    """Check a read's arguments, the same on every log, before its store is asked.
+
+    :returns: ``(offset, max_records, wait)`` as an int, an int and a float
+        (integer types such as numpy's are accepted for the two counts, as
+        :func:`check_commit` accepts them for an offset; any real number
+        for ``wait``).
+    :raises ConfigError: for a partition that is not an int (a bool is
+        refused), an offset that is not an integer in ``[0, 2**63)``, a
+        ``max_records`` that is not an integer in ``[1,``
+        :data:`MAX_READ_RECORDS` ``]``, or a ``wait`` that is not a number
+        of seconds in ``[0,`` :data:`MAX_READ_WAIT` ``]`` (NaN and infinity
+        are refused). A read of 0 records raised ``IndexError`` on one log
+        and returned nothing on others, and values past what a store takes
+        failed each log its own way (an overflow, a protocol error, an
+        outage).
     """
     where = f"read of {topic}/{partition}"
     if isinstance(partition, bool) or not isinstance(partition, int):
         raise ConfigError(
             f"read on topic {topic!r}: the partition must be an int, got {partition!r}"
         )
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ConfigError(f"{where}: the offset must be an int of 0 or more, got {offset!r}")
-    if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
-        raise ConfigError(f"{where}: max_records must be an int of 1 or more, got {max_records!r}")
-    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
-        raise ConfigError(f"{where}: wait must be a number of 0 or more seconds, got {wait!r}")
+    first = _integer(offset)
+    if first is None or not 0 <= first < 2**63:
+        raise ConfigError(f"{where}: the offset must be an int in [0, 2**63), got {offset!r}")
+    count = _integer(max_records)
+    if count is None or not 1 <= count <= MAX_READ_RECORDS:
+        raise ConfigError(
+            f"{where}: max_records must be an int from 1 to {MAX_READ_RECORDS}, got {max_records!r}"
+        )
+    seconds = None if isinstance(wait, bool) or not isinstance(wait, Real) else float(wait)
+    if seconds is None or not 0 <= seconds <= MAX_READ_WAIT:
+        raise ConfigError(
+            f"{where}: wait must be a number of seconds from 0 to {MAX_READ_WAIT:g}, got {wait!r}"
+        )
+    return first, count, seconds
+
+
+def _integer(value: object) -> int | None:
+    """``value`` as an int when it is an integer type other than bool, else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def check_commit(group: str, topic: str, partition: int, offset: int) -> int:
@@ -446,7 +486,6 @@ class Log(abc.ABC):
             A log whose offsets hold more than records (Kafka) returns a
             :class:`Page` that says where the next read starts.
         :raises UnknownTopicError: / :raises UnknownPartitionError: as :meth:`append`.
-        :raises ConfigError: for bad arguments (:func:`check_read`), on every log.
         :raises ConfigError: for bad arguments (:func:`check_read`), on every log.
         """
 

@@ -154,7 +154,7 @@ class MemoryLog(Log):
         max_records: int = 500,
         wait: float = 0.0,
     ) -> list[Record]:
-        check_read(topic, partition, offset, max_records, wait)
+        offset, max_records, wait = check_read(topic, partition, offset, max_records, wait)
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             with self._lock:

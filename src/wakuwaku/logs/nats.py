@@ -474,7 +474,7 @@ class NatsLog(Log):
         for the first record. An empty answer is checked against the stream:
         a consumer may answer none for a moment after an append.
         """
-        check_read(topic, partition, offset, max_records, wait)
+        offset, max_records, wait = check_read(topic, partition, offset, max_records, wait)
         check_partition(topic, partition, await self._partitions(topic))
         pull = self._streams.read
         try:

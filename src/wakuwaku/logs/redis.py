@@ -440,7 +440,7 @@ class RedisLog(Log):
         command is in flight closes that connection (redis-py drops a
         connection on cancellation), so no reply is left on a pooled one.
         """
-        check_read(topic, partition, offset, max_records, wait)
+        offset, max_records, wait = check_read(topic, partition, offset, max_records, wait)
         await self._partition(topic, partition)
         tag = self._tag(topic, partition)
         start = f"0-{max(0, offset) + 1}"

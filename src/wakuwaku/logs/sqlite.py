@@ -341,7 +341,7 @@ class SQLiteLog(Log):
         While nothing is there and ``wait`` (seconds) has not run out, the
         file is polled every 25 ms, so appends of other processes are seen.
         """
-        check_read(topic, partition, offset, max_records, wait)
+        offset, max_records, wait = check_read(topic, partition, offset, max_records, wait)
         return await self._reads.read(self._read, topic, partition, offset, max_records, wait)
 
     def _read(

@@ -396,7 +396,7 @@ class IggyLog(Log):
         With ``wait``, polls again every 20 ms until a record is there or
         ``wait`` seconds have passed.
         """
-        check_read(topic, partition, offset, max_records, wait)
+        offset, max_records, wait = check_read(topic, partition, offset, max_records, wait)
         check_partition(topic, partition, await self._server.partitions(topic))
         return await self._messages.read(topic, partition, offset, max_records, wait)
 

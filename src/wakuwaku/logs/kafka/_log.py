@@ -343,7 +343,7 @@ class KafkaLog(Log):
         returns the reader to a known position before the cancellation goes
         on: the next read neither waits for it nor shares the consumer.
         """
-        check_read(topic, partition, offset, max_records, wait)
+        offset, max_records, wait = check_read(topic, partition, offset, max_records, wait)
         return await self._readers.read(topic, partition, offset, max_records, wait)
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
