@@ -13,7 +13,13 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ("non_negative_float", "non_negative_int", "positive_float", "positive_int")
+__all__ = (
+    "add_workload",
+    "non_negative_float",
+    "non_negative_int",
+    "positive_float",
+    "positive_int",
+)
 
 
 def _int(text: str, minimum: int) -> int:
@@ -55,3 +61,19 @@ def positive_float(text: str) -> float:
 def non_negative_float(text: str) -> float:
     """A finite float of 0 or more: a wait that may be none (seconds)."""
     return _float(text, above_zero=False)
+
+
+def add_workload(
+    parser: argparse.ArgumentParser,
+    *,
+    events: int = 200_000,
+    rounds: int = 3,
+    events_help: str | None = None,
+) -> None:
+    """The options of a benchmark's workload, the same in every benchmark
+    that takes them: ``--events``, ``--keys`` (1 000), ``--partitions`` (4)
+    and ``--rounds``, each an int of 1 or more."""
+    parser.add_argument("--events", type=positive_int, default=events, help=events_help)
+    parser.add_argument("--keys", type=positive_int, default=1_000)
+    parser.add_argument("--partitions", type=positive_int, default=4)
+    parser.add_argument("--rounds", type=positive_int, default=rounds)

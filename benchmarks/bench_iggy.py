@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import msgspec
 from apache_iggy import Consumer, IggyClient, PollingStrategy
 
-from _args import positive_int
+from _args import add_workload
 from _ticks import TOPIC, Tick, consume, fill, verdict
 from wakuwaku.engine import ConsumerConfig
 from wakuwaku.logs.iggy import IggyLog
@@ -124,10 +124,7 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="iggy://iggy:iggy@127.0.0.1:8090")
-    parser.add_argument("--events", type=positive_int, default=200_000)
-    parser.add_argument("--keys", type=positive_int, default=1_000)
-    parser.add_argument("--partitions", type=positive_int, default=4)
-    parser.add_argument("--rounds", type=positive_int, default=3)
+    add_workload(parser)
     args = parser.parse_args(argv)
     if args.partitions > MAX_IGGY_PARTITIONS:
         parser.error(

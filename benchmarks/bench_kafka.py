@@ -45,7 +45,7 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
-from _args import positive_int
+from _args import add_workload
 from _ticks import TOPIC, Tick, consume, fill, verdict
 from wakuwaku import Retryable
 from wakuwaku.engine import Consumer as WkConsumer
@@ -215,10 +215,7 @@ async def main(bootstrap: str, events: int, keys: int, partitions: int, rounds: 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
-    parser.add_argument("--events", type=positive_int, default=200_000)
-    parser.add_argument("--keys", type=positive_int, default=1_000)
-    parser.add_argument("--partitions", type=positive_int, default=4)
-    parser.add_argument("--rounds", type=positive_int, default=3)
+    add_workload(parser)
     return parser.parse_args(argv)
 
 

@@ -55,7 +55,7 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
-from _args import positive_int
+from _args import add_workload
 from _ticks import Tick, consume, fill, verdict
 from wakuwaku.logs.nats import NatsLog
 
@@ -274,15 +274,11 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="nats://127.0.0.1:4222")
-    parser.add_argument(
-        "--events",
-        type=positive_int,
-        default=50_000,
-        help="events produced once and read by every run (default 50 000)",
+    add_workload(
+        parser,
+        events=50_000,
+        events_help="events produced once and read by every run (default 50 000)",
     )
-    parser.add_argument("--keys", type=positive_int, default=1_000)
-    parser.add_argument("--partitions", type=positive_int, default=4)
-    parser.add_argument("--rounds", type=positive_int, default=3)
     return parser.parse_args(argv)
 
 

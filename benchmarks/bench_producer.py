@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import wakuwaku as wk
-from _args import positive_int
+from _args import add_workload, positive_int
 from _ticks import Tick, verdict
 from wakuwaku.logs import Log
 
@@ -280,11 +280,8 @@ def engine_names(text: str) -> list[str]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=engine_names, default=list(ENGINES))
-    parser.add_argument("--events", type=positive_int, default=200_000)
+    add_workload(parser)
     parser.add_argument("--batch", type=positive_int, default=2_000)
-    parser.add_argument("--keys", type=positive_int, default=1_000)
-    parser.add_argument("--partitions", type=positive_int, default=4)
-    parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--nats", default="nats://127.0.0.1:4222")
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")

@@ -41,7 +41,7 @@ except ImportError:  # the optional peer baseline
 else:
     HAVE_FASTSTREAM = True
 
-from _args import positive_int
+from _args import add_workload
 from _ticks import Tick, consume, fill, verdict
 from wakuwaku.logs.redis import RedisLog
 
@@ -214,10 +214,7 @@ async def main(url: str, events: int, keys: int, partitions: int, rounds: int) -
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="redis://127.0.0.1:6379/15")
-    parser.add_argument("--events", type=positive_int, default=200_000)
-    parser.add_argument("--keys", type=positive_int, default=1_000)
-    parser.add_argument("--partitions", type=positive_int, default=4)
-    parser.add_argument("--rounds", type=positive_int, default=3)
+    add_workload(parser)
     return parser.parse_args(argv)
 
 
