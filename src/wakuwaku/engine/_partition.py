@@ -48,7 +48,7 @@ from .._control import Action
 from .._errors import ErrorClass
 from .._records import H_GROUP, ReasonCode, Record, key_or_none
 from .._sanitize import sanitize
-from ..logs import Lease, Log
+from ..logs import MAX_READ_RECORDS, Lease, Log
 from ._attempts import Attempts
 from ._config import ConsumerConfig, DeliveryMode
 from ._control import NO_CONTROL, ControlReader
@@ -97,12 +97,8 @@ def poll_size(page: Sequence[Record], max_records: int, max_bytes: int) -> int:
     """
     if not page:
         return max(1, min(max_records, FIRST_POLL_RECORDS))
-    # Headers are sized on two records, not all of them: per record, that
-    # work would cost a quarter of what the engine spends on a record.
-    head = (_header_bytes(page[0]) + _header_bytes(page[-1])) // 2
-    total = sum(len(r.body) for r in page) + (RECORD_OVERHEAD + head) * len(page)
-    fit = max_bytes * len(page) // total
-    return max(1, min(max_records, fit, max(FIRST_POLL_RECORDS, 2 * len(page))))
+    per = _record_bytes(page)
+    return _next_poll(len(page), _page_bytes(page, per), max_records, max_bytes)
 
 
 def within_bytes(page: list[Record], max_bytes: int) -> list[Record]:
@@ -120,17 +116,45 @@ def within_bytes(page: list[Record], max_bytes: int) -> list[Record]:
     about a tenth of the engine's time per record): records in the middle
     of a page whose headers are much larger than its ends' count as small.
     """
+    return fit_poll(page, MAX_READ_RECORDS, max_bytes)[0]
+
+
+def fit_poll(page: list[Record], max_records: int, max_bytes: int) -> tuple[list[Record], int]:
+    """:func:`within_bytes` of ``page``, and :func:`poll_size` of what it
+    keeps: what a poll's answer becomes, with its records sized once."""
     if len(page) < 2:
-        return page
-    per = RECORD_OVERHEAD + (_header_bytes(page[0]) + _header_bytes(page[-1])) // 2
-    if sum(len(r.body) for r in page) + per * len(page) <= max_bytes:
-        return page
-    size = 0
-    for kept, record in enumerate(page):
+        return page, poll_size(page, max_records, max_bytes)
+    per = _record_bytes(page)
+    total = _page_bytes(page, per)
+    if total <= max_bytes:
+        return page, _next_poll(len(page), total, max_records, max_bytes)
+    size, kept = 0, len(page)
+    for index, record in enumerate(page):
         size += len(record.body) + per
         if size > max_bytes:
-            return page[: max(1, kept)]
-    return page
+            kept = max(1, index)
+            break
+    cut = page[:kept]
+    return cut, poll_size(cut, max_records, max_bytes)
+
+
+def _record_bytes(page: Sequence[Record]) -> int:
+    """What a record of ``page`` holds besides its body: headers as the first
+    and last record hold them, and :data:`RECORD_OVERHEAD`. Headers are sized
+    on two records, not all of them: per record, that work would cost about
+    a tenth of what the engine spends on a record."""
+    return RECORD_OVERHEAD + (_header_bytes(page[0]) + _header_bytes(page[-1])) // 2
+
+
+def _page_bytes(page: Sequence[Record], per: int) -> int:
+    return sum(len(r.body) for r in page) + per * len(page)
+
+
+def _next_poll(count: int, total: int, max_records: int, max_bytes: int) -> int:
+    """How many records fit ``max_bytes`` at the size of the last poll's
+    ``count`` records (``total`` bytes), within the bounds of :func:`poll_size`."""
+    fit = max_bytes * count // total
+    return max(1, min(max_records, fit, max(FIRST_POLL_RECORDS, 2 * count)))
 
 
 def _header_bytes(record: Record) -> int:
@@ -451,8 +475,7 @@ class PartitionWorker:
             "poll", lambda: self.log.read(self.topic, self.partition, offset, count)
         )
         config = self.config
-        page = within_bytes(page, config.max_poll_bytes)
-        self._poll_records = poll_size(page, config.max_poll_records, config.max_poll_bytes)
+        page, self._poll_records = fit_poll(page, config.max_poll_records, config.max_poll_bytes)
         return page
 
     def _idle_wait(self) -> float:
