@@ -294,10 +294,7 @@ def check_read(
         outage).
     """
     where = f"read of {topic}/{partition}"
-    if isinstance(partition, bool) or not isinstance(partition, int):
-        raise ConfigError(
-            f"read on topic {topic!r}: the partition must be an int, got {partition!r}"
-        )
+    _check_partition_type("read", topic, partition)
     first = _integer(offset)
     if first is None or not 0 <= first < 2**63:
         raise ConfigError(f"{where}: the offset must be an int in [0, 2**63), got {offset!r}")
@@ -312,6 +309,14 @@ def check_read(
             f"{where}: wait must be a number of seconds from 0 to {MAX_READ_WAIT:g}, got {wait!r}"
         )
     return first, count, seconds
+
+
+def _check_partition_type(call: str, topic: str, partition: object) -> None:
+    """:raises ConfigError: for a partition that is not an int (a bool is refused)."""
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        raise ConfigError(
+            f"{call} on topic {topic!r}: the partition must be an int, got {partition!r}"
+        )
 
 
 def _integer(value: object) -> int | None:
@@ -332,19 +337,13 @@ def check_commit(group: str, topic: str, partition: int, offset: int) -> int:
         non-str group, or an offset that is not an integer in [0, 2**63) (a
         bool or a float is refused; 2**63 is past what SQLite stores).
     """
-    if isinstance(partition, bool) or not isinstance(partition, int):
-        raise ConfigError(
-            f"commit on topic {topic!r}: the partition must be an int, got {partition!r}"
-        )
+    _check_partition_type("commit", topic, partition)
     if not isinstance(group, str) or not group:
         raise ConfigError(
             f"commit on {topic}/{partition}: the group must be a non-empty str, got {group!r}"
         )
-    try:
-        value = operator.index(offset)
-    except TypeError:
-        value = -1
-    if isinstance(offset, bool) or not 0 <= value < 2**63:
+    value = _integer(offset)
+    if value is None or not 0 <= value < 2**63:
         raise ConfigError(
             f"commit of group {group!r} on {topic}/{partition}: the offset must "
             f"be an int in [0, 2**63), got {offset!r}"

@@ -137,18 +137,17 @@ class Readers:
                 if not running.cancelled():
                     running.exception()  # retrieved: the read was cancelled anyway
                 raise
-            if messages and messages[0].error() is None and messages[0].offset() < offset:
-                # A fetch from past the end was reset to the earliest offset
-                # (``auto.offset.reset``, there for offsets retention removed):
-                # what it brought lies below ``offset``, which this read must
-                # not return, and the reader stands where it was not asked to.
+            # A fetch from past the end is reset to the earliest offset
+            # (``auto.offset.reset``, there for offsets retention removed):
+            # what it brought lies below ``offset``, which this read must not
+            # return, and the reader stands where it was not asked to.
+            reset = bool(messages) and messages[0].error() is None and messages[0].offset() < offset
+            if reset:
                 messages = [m for m in messages if m.error() is not None or m.offset() >= offset]
                 position = offset
-                reader.next_offset = -1  # seek at the next read
             records = self._records(topic, partition, messages)
             following = records[-1].offset + 1 if records else offset
-            if reader.next_offset != -1:
-                reader.next_offset = following
+            reader.next_offset = -1 if reset else following  # -1: seek at the next read
             page = Page(records, max(following, position))
             if not records and page.next_offset > offset:
                 reader.next_offset = page.next_offset  # the next read starts there
